@@ -1,0 +1,51 @@
+# Two commands for a newcomer: `make run` and `make test`. Everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= $(shell scripts/find-python)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PORT ?= 8080
+
+.PHONY: install run test lint format check clean token admin-password help
+
+help:
+	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
+	@echo "make test   install, lint, run every test"
+
+$(STAMP): requirements.txt pyproject.toml
+	@if [ -z "$(PYTHON)" ]; then scripts/find-python; exit 1; fi
+	@echo "Installing into $(VENV) with $(PYTHON)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	@PORT=$(PORT) $(BIN)/python scripts/run.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+check: install
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/python manage.py check
+
+test: lint
+	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null || { echo "Model changes without a migration: run '$(BIN)/python manage.py makemigrations'"; exit 1; }
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+token: install
+	@$(BIN)/python manage.py create_token --user admin --role operator
+
+admin-password: install
+	$(BIN)/python manage.py changepassword admin
+
+clean:
+	rm -rf $(VENV) var/pg var/pg-test

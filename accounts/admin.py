@@ -1,0 +1,30 @@
+from django.contrib import admin, messages
+
+from accounts.models import ApiToken
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = [
+        "prefix",
+        "user",
+        "name",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = ["revoked_at", "expires_at"]
+    search_fields = ["prefix", "name", "user__username"]
+    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    list_select_related = ["user"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False  # the secret must be shown once: use `manage.py create_token`
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset:
+            token.revoke()
+        self.message_user(request, f"Revoked {queryset.count()} token(s).", messages.SUCCESS)

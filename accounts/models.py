@@ -1,0 +1,71 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+TOKEN_PREFIX = "lsk_"  # noqa: S105 (a label, not a secret)
+
+
+def hash_token(raw: str) -> str:
+    # A 256-bit random secret needs no slow hash: SHA-256 makes a leaked table useless.
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "viewer (read)"
+    OPERATOR = "operator", "operator (read and act)"
+    DAEMON = "daemon", "daemon (daemon protocol only)"
+
+
+class ApiTokenQuerySet(models.QuerySet):
+    def usable(self, now=None):
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+
+class ApiToken(models.Model):
+    """A bearer token. Only its SHA-256 is stored; the secret is shown once."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=16, help_text="First characters, to recognise a token.")
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+    @property
+    def is_usable(self) -> bool:
+        return self.revoked_at is None and (
+            self.expires_at is None or self.expires_at > timezone.now()
+        )
+
+    @classmethod
+    def issue(cls, *, user, name: str = "", expires_at=None) -> tuple["ApiToken", str]:
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        token = cls.objects.create(
+            user=user, name=name, prefix=raw[:12], digest=hash_token(raw), expires_at=expires_at
+        )
+        return token, raw
+
+    def revoke(self) -> None:
+        ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        self.refresh_from_db(fields=["revoked_at"])

@@ -1,0 +1,1 @@
+"""The lakeshore CLI client and daemon. No Django imports here: HTTP only."""

@@ -1,0 +1,67 @@
+"""The one place that turns errors into the API's error body:
+{"error": {"code": "...", "message": "...", "fields": {...}}}."""
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from lakeshore_admin.errors import DomainError
+
+
+def error_body(code: str, message: str, fields: dict | None = None, **extra) -> dict:
+    return {"error": {"code": code, "message": message, "fields": fields or {}, **extra}}
+
+
+def _flatten(detail, prefix: str = "") -> dict[str, str]:
+    """DRF's nested error detail → {"field.sub": "message; message"}."""
+    out: dict[str, str] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            out.update(_flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name))
+    elif isinstance(detail, list):
+        if detail and all(not isinstance(item, (dict, list)) for item in detail):
+            out[prefix or "__all__"] = " ".join(str(item) for item in detail)
+        else:
+            for index, item in enumerate(detail):
+                out.update(_flatten(item, f"{prefix}[{index}]"))
+    else:
+        out[prefix or "__all__"] = str(detail)
+    return out
+
+
+def _summary(fields: dict[str, str]) -> str:
+    parts = [f"{name}: {msg}" if name != "__all__" else msg for name, msg in fields.items()]
+    return "; ".join(parts) or "Invalid input."
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, DomainError):
+        body = error_body(exc.code, exc.message, exc.fields, **exc.extra)
+        return Response(body, status=exc.status)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        )
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", str(exc) or "Not found."), status=404)
+    if isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(str(exc) or None)
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        response.data = error_body("invalid", _summary(fields), fields)
+        response.status_code = status.HTTP_400_BAD_REQUEST
+        return response
+    detail = getattr(exc, "detail", str(exc))
+    code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.ParseError):
+        code = "invalid"
+    response.data = error_body(code, str(detail))
+    return response

@@ -1,0 +1,15 @@
+"""Settings for pytest: the same as production, but the embedded PostgreSQL (when no
+DATABASE_URL is set) keeps its data apart from `make run`'s, so both can run at once.
+LAKESHORE_TEST_PGDATA moves it (parallel checkouts, helper sessions)."""
+
+import os
+from pathlib import Path
+
+_base = Path(__file__).resolve().parent.parent
+os.environ["LAKESHORE_PGDATA"] = os.environ.get(
+    "LAKESHORE_TEST_PGDATA", str(_base / "var" / "pg-test")
+)
+
+from lakeshore_admin.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -1,0 +1,274 @@
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
+NAME_MAX_LENGTH = 63
+name_validator = RegexValidator(
+    NAME_PATTERN,
+    "Names use lower-case letters, digits and '-', starting with a letter or digit "
+    "(^[a-z0-9][a-z0-9-]*$).",
+)
+
+
+class QueueKind(models.TextChoices):
+    FIFO = "fifo"
+    PRIORITY = "priority"
+    BOLTZMANN = "boltzmann"
+    FILO = "filo"
+
+
+class QueueState(models.TextChoices):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    PAUSED = "paused"
+    ARCHIVED = "archived"
+
+
+class ElasticityKind(models.TextChoices):
+    FIXED = "fixed"
+    FULLY_ELASTIC = "fully_elastic"
+    POOL_WITH_THRESHOLD = "pool_with_threshold"
+    MAX_COUNT = "max_count"
+
+
+class OnFull(models.TextChoices):
+    REJECT = "reject"
+    BLOCK = "block"
+
+
+class Provider(models.Model):
+    """A plug-in that launches and terminates daemons. `config` never holds secrets."""
+
+    class Kind(models.TextChoices):
+        LOCAL = "local", "local (processes on this host)"
+        SIMULATED = "simulated", "simulated (records only)"
+
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[name_validator])
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    description = models.CharField(max_length=500, blank=True)
+    config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DaemonState(models.TextChoices):
+    PROVISIONING = "provisioning"
+    IDLE = "idle"
+    BUSY = "busy"
+    DRAINING = "draining"
+    TERMINATED = "terminated"
+    LOST = "lost"
+
+
+LIVE_DAEMON_STATES = [
+    DaemonState.PROVISIONING,
+    DaemonState.IDLE,
+    DaemonState.BUSY,
+    DaemonState.DRAINING,
+]
+
+
+class DaemonQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(state__in=LIVE_DAEMON_STATES)
+
+    def subscribed_to(self, queue_name: str):
+        return self.filter(queues__contains=[queue_name])
+
+    def for_list(self):
+        return self.select_related("provider")
+
+
+class Daemon(models.Model):
+    """A worker process subscribed to queues by name; `queues == []` is the default queue."""
+
+    name = models.CharField(max_length=200)
+    queues = ArrayField(models.CharField(max_length=NAME_MAX_LENGTH), default=list, blank=True)
+    state = models.CharField(max_length=16, choices=DaemonState.choices, default=DaemonState.IDLE)
+    provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="daemons"
+    )
+    instance_type = models.CharField(max_length=100, blank=True)
+    external_id = models.CharField(
+        max_length=200, blank=True, help_text="The provider's id for this daemon."
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="daemons",
+        help_text="The user whose token registered it; only that user (or an operator) "
+        "may speak the daemon protocol for it.",
+    )
+    current_invocation = models.ForeignKey(
+        "jobs.Invocation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = DaemonQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            GinIndex(fields=["queues"], name="daemon_queues_gin"),
+            models.Index(fields=["state", "last_heartbeat_at"], name="daemon_state_heartbeat"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.pk})"
+
+    @property
+    def is_live(self) -> bool:
+        return self.state in LIVE_DAEMON_STATES
+
+
+class QueueQuerySet(models.QuerySet):
+    def with_members(self):
+        """MEMBERS in the same query: live daemons whose `queues` holds the name."""
+        members = (
+            Daemon.objects.live()
+            .filter(
+                queues__contains=models.Func(
+                    OuterRef("name"),
+                    function="ARRAY",
+                    template="ARRAY[%(expressions)s]::varchar(63)[]",
+                    output_field=ArrayField(models.CharField(max_length=NAME_MAX_LENGTH)),
+                )
+            )
+            .order_by()
+            .annotate(n=models.Func(models.F("id"), function="COUNT"))
+            .values("n")
+        )
+        return self.annotate(members=Coalesce(Subquery(members), 0))
+
+    def for_list(self):
+        return self.select_related("provider").with_members()
+
+    def visible(self, state: str | None = None):
+        """`ls` hides archived queues unless asked for them."""
+        if state:
+            return self.filter(state=state)
+        return self.exclude(state=QueueState.ARCHIVED)
+
+
+class Queue(models.Model):
+    name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[name_validator])
+    kind = models.CharField(max_length=16, choices=QueueKind.choices, default=QueueKind.FIFO)
+    description = models.CharField(max_length=500, blank=True)
+    state = models.CharField(max_length=16, choices=QueueState.choices, default=QueueState.ACTIVE)
+    provider = models.ForeignKey(
+        Provider, null=True, blank=True, on_delete=models.PROTECT, related_name="queues"
+    )
+    elasticity_kind = models.CharField(
+        max_length=32, choices=ElasticityKind.choices, blank=True, default=""
+    )
+    elasticity_min = models.PositiveIntegerField(null=True, blank=True)
+    elasticity_max = models.PositiveIntegerField(null=True, blank=True)
+    elasticity_threshold = models.FloatField(null=True, blank=True)
+    instance_type = models.CharField(max_length=100, blank=True)
+    image_id = models.CharField(max_length=200, blank=True)
+    runner = models.CharField(max_length=200, blank=True)
+    max_depth = models.PositiveIntegerField(null=True, blank=True)
+    on_full = models.CharField(max_length=8, choices=OnFull.choices, default=OnFull.REJECT)
+    temperature = models.FloatField(default=1.0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = QueueQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["state", "name"], name="queue_state_name")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(temperature__gt=0), name="queue_temperature_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(elasticity_min__isnull=True)
+                | Q(elasticity_max__isnull=True)
+                | Q(elasticity_min__lte=models.F("elasticity_max")),
+                name="queue_elasticity_min_le_max",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def elasticity(self) -> dict | None:
+        if not self.elasticity_kind:
+            return None
+        return {
+            "kind": self.elasticity_kind,
+            "min": self.elasticity_min,
+            "max": self.elasticity_max,
+            "threshold": self.elasticity_threshold,
+        }
+
+    @property
+    def admits_submissions(self) -> bool:
+        return self.state in (QueueState.ACTIVE, QueueState.PAUSED)
+
+    @property
+    def dispatches(self) -> bool:
+        return self.state in (QueueState.ACTIVE, QueueState.DRAINING)
+
+
+class EventAction(models.TextChoices):
+    TICK_NOOP = "tick_noop"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    LAUNCH_FAILED = "launch_failed"
+    TERMINATE_FAILED = "terminate_failed"
+    HOLD = "hold"
+
+
+class QueueEventQuerySet(models.QuerySet):
+    def decisions(self):
+        """Everything but tick_noop: what `events` shows without --verbose."""
+        return self.exclude(action=EventAction.TICK_NOOP)
+
+
+class QueueEvent(models.Model):
+    """One row per controller decision, with the signals it saw."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(db_index=False)
+    action = models.CharField(max_length=20, choices=EventAction.choices)
+    reason = models.CharField(max_length=500)
+    daemons = models.PositiveIntegerField()
+    busy = models.PositiveIntegerField()
+    pending = models.PositiveIntegerField()
+    utilization = models.FloatField()
+    desired = models.PositiveIntegerField()
+    delta = models.IntegerField(default=0)
+
+    objects = QueueEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["queue", "-at", "-id"], name="event_queue_at"),
+            models.Index(
+                fields=["queue", "-at", "-id"],
+                name="event_queue_decisions",
+                condition=~Q(action="tick_noop"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.action} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,125 @@
+"""`make run`: migrate, create the admin and a token on first start, then serve the
+console until Ctrl-C. Runs inside .venv; stops the embedded PostgreSQL on the way out."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PY = sys.executable
+PORT = os.environ.get("PORT", "8080")
+BIND = os.environ.get("LAKESHORE_BIND", "127.0.0.1")
+URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # noqa: S104
+
+
+def manage(*args: str, capture: bool = False) -> str:
+    result = subprocess.run(
+        [PY, "manage.py", *args], cwd=ROOT, check=True, text=True, capture_output=capture
+    )
+    return result.stdout if capture else ""
+
+
+def write_cli_config(token: str) -> str:
+    """Point the `lakeshore` CLI at this server, unless it is set up for another one."""
+    import yaml
+
+    path = Path.home() / ".config" / "lakeshore" / "auth.yml"
+    if path.exists():
+        current = yaml.safe_load(path.read_text()) or {}
+        if current.get("server") not in (None, URL, f"http://localhost:{PORT}"):
+            return f"left {path} alone (it points at {current.get('server')})"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        yaml.safe_dump({"server": URL, "token": token}, fh)
+    os.chmod(path, 0o600)
+    return f"wrote {path} (mode 0600): the lakeshore CLI works from any shell"
+
+
+def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"The web server exited with code {proc.returncode}; see above.")
+        try:
+            with urllib.request.urlopen(f"{URL}/healthz", timeout=1) as response:  # noqa: S310
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    sys.exit(f"The web server did not answer {URL}/healthz within {timeout:.0f} s.")
+
+
+def main() -> None:
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
+    import django
+
+    django.setup()  # starts (or attaches to) the embedded PostgreSQL when no DATABASE_URL
+    from django.conf import settings
+
+    print("Migrating the database…", flush=True)
+    manage("migrate", "--no-input", "-v", "0")
+    boot = json.loads(manage("bootstrap", capture=True))
+
+    procs: list[subprocess.Popen] = []
+    web = subprocess.Popen(
+        [PY, "manage.py", "runserver", f"{BIND}:{PORT}", "--noreload", "--insecure"],
+        cwd=ROOT,
+    )
+    procs.append(web)
+
+    def shutdown(*_):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if settings.EMBEDDED_PGDATA is not None:
+            from django.db import connections
+
+            connections.close_all()
+            from lakeshore_admin import embedded_db
+
+            embedded_db.stop(settings.EMBEDDED_PGDATA)
+        print("Stopped.", flush=True)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        wait_healthy(web)
+        lines = ["", f"Lakeshore Admin is up: {URL}/"]
+        lines.append(f"  console and Django admin: {URL}/admin/   API: {URL}/api/v1/")
+        lines.append(f"  API docs: {URL}/api/docs/")
+        if boot["created"]:
+            lines.append(f"  admin login: {boot['username']} / {boot['password']}  (shown once)")
+            lines.append(f"  API token (operator): {boot['token']}  (shown once)")
+            lines.append(f"  CLI: {write_cli_config(boot['token'])}")
+            lines.append(f"    or: export LAKESHORE_URL={URL} LAKESHORE_TOKEN={boot['token']}")
+        else:
+            lines.append(
+                f"  admin login: {boot['username']} (password shown at first start; "
+                "'make admin-password' sets a new one)"
+            )
+            lines.append("  API token: 'make token' prints a new operator token")
+        lines.append("Press Ctrl-C to stop.")
+        print("\n".join(lines), flush=True)
+        while all(proc.poll() is None for proc in procs):
+            time.sleep(0.5)
+        sys.exit("A server process exited; stopping the rest.")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

