@@ -138,6 +138,14 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "QueueStateEnum": "queues.models.QueueState",
+        "QueueKindEnum": "queues.models.QueueKind",
+        "DaemonStateEnum": "queues.models.DaemonState",
+        "ProviderKindEnum": "queues.models.Provider.Kind",
+        "ElasticityKindEnum": "queues.models.ElasticityKind",
+        "InvocationStateEnum": "jobs.models.InvocationState",
+    },
 }
 
 # --- Lakeshore ---------------------------------------------------------------------------

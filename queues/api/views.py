@@ -1,0 +1,277 @@
+"""Thin views: parse → authorise (permission classes) → call the service → respond."""
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import DaemonProtocol
+from lakeshore_admin.api_docs import errors
+from lakeshore_admin.errors import NotFound
+from lakeshore_admin.pagination import LimitOffset, bounded_int
+from queues import services
+from queues.api import serializers as s
+from queues.filters import DaemonFilter, QueueFilter
+from queues.models import Daemon, Provider, Queue, QueueEvent
+
+MEMBERS_SHOWN = 500
+
+
+def _filtered(filterset_class, request, queryset):
+    filterset = filterset_class(request.query_params, queryset=queryset)
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    return filterset.qs
+
+
+def _list_response(rows, link, serializer_class):
+    response = Response(serializer_class(rows, many=True).data)
+    if link:
+        response["Link"] = link
+    return response
+
+
+def _queue_read(name: str) -> Queue:
+    try:
+        return Queue.objects.for_list().get(name=name)
+    except Queue.DoesNotExist:
+        raise NotFound(f"Queue '{name}' does not exist.") from None
+
+
+def _truthy(request, name: str) -> bool:
+    return request.query_params.get(name, "").lower() in ("1", "true", "yes")
+
+
+LIMIT = OpenApiParameter("limit", int, description="page size")
+OFFSET = OpenApiParameter("offset", int, description="rows to skip (≥ 0)")
+
+
+class QueueList(APIView):
+    pages = LimitOffset(default=100, maximum=1000)
+
+    @extend_schema(
+        summary="List queues (archived ones only with state=archived)",
+        parameters=[
+            OpenApiParameter("state", str, enum=["active", "draining", "paused", "archived"]),
+            OpenApiParameter("limit", int, description="1–1000, default 100"),
+            OFFSET,
+        ],
+        responses={200: s.QueueSerializer(many=True), **errors(400)},
+    )
+    def get(self, request):
+        queryset = _filtered(QueueFilter, request, Queue.objects.for_list())
+        rows, link = self.pages.paginate(queryset, request)
+        return _list_response(rows, link, s.QueueSerializer)
+
+    @extend_schema(
+        summary="Add a queue",
+        request=s.QueueInput,
+        responses={201: s.QueueSerializer, **errors(400, 409)},
+    )
+    def post(self, request):
+        data = s.QueueInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        queue = services.queue_create(elasticity_spec=fields.pop("elasticity", None), **fields)
+        return Response(
+            s.QueueSerializer(_queue_read(queue.name)).data, status=status.HTTP_201_CREATED
+        )
+
+
+class QueueDetail(APIView):
+    @extend_schema(
+        summary="One queue and its member daemons",
+        responses={200: s.QueueDetailSerializer, **errors(404)},
+    )
+    def get(self, request, name):
+        queue = _queue_read(name)
+        queue.member_daemons = list(
+            Daemon.objects.live().subscribed_to(name).for_list().order_by("id")[:MEMBERS_SHOWN]
+        )
+        return Response(s.QueueDetailSerializer(queue).data)
+
+    @extend_schema(
+        summary="Change a queue in place (not its name, kind or elasticity kind)",
+        request=s.QueuePatch,
+        parameters=[
+            OpenApiParameter(
+                "dry_run", bool, description="show the result and desired count; save nothing"
+            )
+        ],
+        responses={200: s.QueueSerializer, **errors(400, 404)},
+    )
+    def patch(self, request, name):
+        data = s.QueuePatch(data=request.data)
+        data.is_valid(raise_exception=True)
+        dry_run = _truthy(request, "dry_run")
+        queue = services.queue_patch(name=name, changes=data.validated_data, dry_run=dry_run)
+        if dry_run:
+            seen = services.queue_signals(queue)
+            queue.members = _queue_read(name).members
+            queue.desired = services.queue_plan(queue, seen["signals"])["desired"]
+            return Response(s.QueueDryRunSerializer(queue).data)
+        return Response(s.QueueSerializer(_queue_read(name)).data)
+
+    @extend_schema(
+        summary="Remove a queue",
+        parameters=[
+            OpenApiParameter(
+                "force",
+                bool,
+                description="unbind its daemons and kill its queued invocations first",
+            )
+        ],
+        responses={200: OpenApiTypes.OBJECT, **errors(404, 409)},
+    )
+    def delete(self, request, name):
+        return Response(services.queue_delete(name=name, force=_truthy(request, "force")))
+
+
+class QueueAction(APIView):
+    action_name = ""
+
+    @extend_schema(request=None, responses={200: s.QueueSerializer, **errors(404, 409)})
+    def post(self, request, name):
+        services.queue_transition(name=name, action=self.action_name)
+        return Response(s.QueueSerializer(_queue_read(name)).data)
+
+
+def queue_action(action: str, summary: str):
+    view = type(
+        f"Queue{action.title()}",
+        (QueueAction,),
+        {"action_name": action},
+    )
+    return extend_schema(summary=summary)(view).as_view()
+
+
+class QueueEvents(APIView):
+    @extend_schema(
+        summary="The elasticity audit trail, newest first",
+        parameters=[
+            OpenApiParameter("limit", int, description="1–200, default 50"),
+            OpenApiParameter("verbose", bool, description="include tick_noop rows"),
+            OpenApiParameter("before", str, description="only events older than this id"),
+        ],
+        responses={200: s.EventSerializer(many=True), **errors(400, 404)},
+    )
+    def get(self, request, name):
+        queue = services.queue_get(name)
+        limit = bounded_int(request, "limit", default=50, low=1, high=200)
+        events = QueueEvent.objects.filter(queue=queue)
+        if not _truthy(request, "verbose"):
+            events = events.decisions()
+        before = request.query_params.get("before")
+        if before:
+            before_id = bounded_int(request, "before", default=0, low=1, high=None)
+            events = events.filter(id__lt=before_id)
+        rows = list(events.order_by("-id")[: limit + 1])
+        link = None
+        if len(rows) > limit:
+            from lakeshore_admin.pagination import next_link
+
+            link = next_link(request, before=rows[limit - 1].id, limit=limit)
+        return _list_response(rows[:limit], link, s.EventSerializer)
+
+
+class QueueStats(APIView):
+    @extend_schema(
+        summary="What the controller sees now, and what its next tick would do",
+        responses={200: s.StatsSerializer, **errors(404)},
+    )
+    def get(self, request, name):
+        return Response(s.StatsSerializer(services.queue_stats(services.queue_get(name))).data)
+
+
+class ProviderList(APIView):
+    pages = LimitOffset(default=100, maximum=1000)
+
+    @extend_schema(
+        summary="List providers",
+        parameters=[LIMIT, OFFSET],
+        responses={200: s.ProviderSerializer(many=True), **errors(400)},
+    )
+    def get(self, request):
+        rows, link = self.pages.paginate(Provider.objects.order_by("name"), request)
+        return _list_response(rows, link, s.ProviderSerializer)
+
+    @extend_schema(
+        summary="Add a provider (config holds no credentials: name them with credential_ref)",
+        request=s.ProviderInput,
+        responses={201: s.ProviderSerializer, **errors(400, 409)},
+    )
+    def post(self, request):
+        data = s.ProviderInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = services.provider_create(**data.validated_data)
+        return Response(s.ProviderSerializer(provider).data, status=status.HTTP_201_CREATED)
+
+
+class ProviderDetail(APIView):
+    @extend_schema(summary="One provider", responses={200: s.ProviderSerializer, **errors(404)})
+    def get(self, request, name):
+        return Response(s.ProviderSerializer(services.provider_get(name)).data)
+
+    @extend_schema(
+        summary="Change a provider's description or config",
+        request=s.ProviderPatch,
+        responses={200: s.ProviderSerializer, **errors(400, 404)},
+    )
+    def patch(self, request, name):
+        data = s.ProviderPatch(data=request.data)
+        data.is_valid(raise_exception=True)
+        provider = services.provider_patch(name=name, changes=data.validated_data)
+        return Response(s.ProviderSerializer(provider).data)
+
+    @extend_schema(
+        summary="Remove a provider (refused while a queue uses it)",
+        responses={204: None, **errors(404, 409)},
+    )
+    def delete(self, request, name):
+        services.provider_delete(name=name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DaemonList(APIView):
+    pages = LimitOffset(default=100, maximum=1000)
+
+    @extend_schema(
+        summary="List daemons, newest first",
+        parameters=[
+            OpenApiParameter("queue", str, description="subscribed to this queue"),
+            OpenApiParameter("state", str, many=True),
+            LIMIT,
+            OFFSET,
+        ],
+        responses={200: s.DaemonSerializer(many=True), **errors(400)},
+    )
+    def get(self, request):
+        queryset = _filtered(DaemonFilter, request, Daemon.objects.for_list().order_by("-id"))
+        rows, link = self.pages.paginate(queryset, request)
+        return _list_response(rows, link, s.DaemonSerializer)
+
+
+class DaemonRegisterView(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="A daemon announces itself and its queues ([] = the default queue)",
+        request=s.DaemonRegister,
+        responses={201: s.DaemonSerializer, **errors(400)},
+    )
+    def post(self, request):
+        data = s.DaemonRegister(data=request.data)
+        data.is_valid(raise_exception=True)
+        daemon = services.daemon_register(owner=request.user, **data.validated_data)
+        return Response(
+            s.DaemonSerializer(services.daemon_get(daemon.pk)).data,
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class DaemonDetail(APIView):
+    @extend_schema(summary="One daemon", responses={200: s.DaemonSerializer, **errors(404)})
+    def get(self, request, daemon_id):
+        return Response(s.DaemonSerializer(services.daemon_get(daemon_id)).data)

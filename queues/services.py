@@ -1,0 +1,487 @@
+"""Writes on queues, providers and daemons. The API, the console, admin actions and
+tasks all call these; the rules live here once (STYLE: one rule, one place)."""
+
+import re
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Func, Max, Value
+from django.utils import timezone
+
+from jobs.models import Invocation, InvocationState
+from lakeshore_admin.errors import Conflict, Invalid, NotFound
+from queues import elasticity
+from queues.models import (
+    LIVE_DAEMON_STATES,
+    Daemon,
+    DaemonState,
+    EventAction,
+    Provider,
+    Queue,
+    QueueEvent,
+    QueueKind,
+    QueueState,
+)
+
+# ---------------------------------------------------------------------------- lookups
+
+
+def queue_get(name: str, *, for_update: bool = False) -> Queue:
+    manager = Queue.objects.select_for_update(of=("self",)) if for_update else Queue.objects
+    try:
+        return manager.select_related("provider").get(name=name)
+    except Queue.DoesNotExist:
+        raise NotFound(f"Queue '{name}' does not exist.") from None
+
+
+def provider_get(name: str) -> Provider:
+    try:
+        return Provider.objects.get(name=name)
+    except Provider.DoesNotExist:
+        raise NotFound(f"Provider '{name}' does not exist.") from None
+
+
+def _provider_for(name: str | None, *, field: str = "provider") -> Provider | None:
+    """'' or None clears; an unknown name is refused."""
+    if not name:
+        return None
+    try:
+        return Provider.objects.get(name=name)
+    except Provider.DoesNotExist:
+        known = ", ".join(Provider.objects.values_list("name", flat=True)[:20]) or "none yet"
+        raise Invalid(
+            f"Unknown provider '{name}' (known: {known}). Add it with "
+            f"'lakeshore providers add {name} --kind …'.",
+            fields={field: f"unknown provider '{name}'"},
+        ) from None
+
+
+def _name_list(names: list[str], limit: int = 10) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------------------- queues
+
+
+def _apply_elasticity(queue: Queue, kind: str, params: dict) -> None:
+    values, errors = elasticity.normalise(kind, params)
+    if errors:
+        message = "; ".join(f"{name}: {msg}" for name, msg in errors.items())
+        raise Invalid(
+            f"Invalid elasticity: {message}",
+            fields={f"elasticity.{name}": msg for name, msg in errors.items()},
+        )
+    queue.elasticity_kind = kind
+    queue.elasticity_min = values["min"]
+    queue.elasticity_max = values["max"]
+    queue.elasticity_threshold = values["threshold"]
+
+
+def _check_temperature(queue: Queue) -> None:
+    if queue.kind != QueueKind.BOLTZMANN and queue.temperature != 1.0:
+        raise Invalid(
+            "temperature applies to boltzmann queues only.",
+            fields={"temperature": f"a {queue.kind} queue has no temperature"},
+        )
+
+
+def queue_create(
+    *,
+    name: str,
+    kind: str = QueueKind.FIFO,
+    description: str = "",
+    provider: str | None = None,
+    elasticity_spec: dict | None = None,
+    instance_type: str = "",
+    image_id: str = "",
+    runner: str = "",
+    max_depth: int | None = None,
+    on_full: str = "reject",
+    temperature: float = 1.0,
+) -> Queue:
+    queue = Queue(
+        name=name,
+        kind=kind,
+        description=description,
+        provider=_provider_for(provider),
+        instance_type=instance_type,
+        image_id=image_id,
+        runner=runner,
+        max_depth=max_depth,
+        on_full=on_full,
+        temperature=temperature,
+    )
+    if elasticity_spec:
+        spec = dict(elasticity_spec)
+        _apply_elasticity(queue, spec.pop("kind"), spec)
+    _check_temperature(queue)
+    try:
+        with transaction.atomic():
+            queue.save()
+    except IntegrityError:
+        raise Conflict(
+            f"Queue '{name}' already exists.", fields={"name": "already exists"}
+        ) from None
+    return queue
+
+
+IMMUTABLE_ON_PATCH = {
+    "name": "A queue's name cannot change: add a new queue and remove this one.",
+    "kind": "A queue's kind is immutable: add a new queue with the kind you want.",
+    "state": "Change the state with drain, pause, resume, archive or unarchive.",
+}
+
+
+def queue_patch(*, name: str, changes: dict, dry_run: bool = False) -> Queue:
+    """Apply `changes` (description, provider, elasticity {min,max,threshold},
+    max_depth, on_full, temperature, instance_type, image_id, runner).
+    With dry_run nothing is saved; the returned queue shows the result."""
+    for field, message in IMMUTABLE_ON_PATCH.items():
+        if field in changes:
+            raise Invalid(message, fields={field: "immutable"})
+    with transaction.atomic():
+        queue = queue_get(name, for_update=True)
+        changes = dict(changes)
+        if "provider" in changes:
+            queue.provider = _provider_for(changes.pop("provider"))
+        numbers = changes.pop("elasticity", None)
+        if numbers:
+            if "kind" in numbers:
+                raise Invalid(
+                    "The elasticity kind is immutable; only min, max and threshold can be "
+                    "patched. Add a new queue for another kind.",
+                    fields={"elasticity.kind": "immutable"},
+                )
+            if not queue.elasticity_kind:
+                raise Invalid(
+                    f"Queue '{name}' has no elasticity declaration, so min, max and "
+                    "threshold do not apply. Add a queue with --elasticity to scale it.",
+                    fields={f"elasticity.{key}": "no elasticity declared" for key in numbers},
+                )
+            current = {
+                "min": queue.elasticity_min,
+                "max": queue.elasticity_max,
+                "threshold": queue.elasticity_threshold,
+            }
+            current.update(numbers)
+            _apply_elasticity(queue, queue.elasticity_kind, current)
+        for field, value in changes.items():
+            setattr(queue, field, value)
+        _check_temperature(queue)
+        if not dry_run:
+            queue.save()
+    return queue
+
+
+# action -> (states it may start from, state it leads to)
+TRANSITIONS: dict[str, tuple[set[str], str]] = {
+    "drain": ({QueueState.ACTIVE, QueueState.PAUSED, QueueState.DRAINING}, QueueState.DRAINING),
+    "pause": ({QueueState.ACTIVE, QueueState.PAUSED}, QueueState.PAUSED),
+    "resume": (set(QueueState.values), QueueState.ACTIVE),
+    "unarchive": (set(QueueState.values), QueueState.ACTIVE),
+    "archive": (set(QueueState.values), QueueState.ARCHIVED),
+}
+
+
+def queue_transition(*, name: str, action: str) -> Queue:
+    """drain, pause, resume, unarchive, archive. Repeating one is harmless; a move the
+    current state forbids is a Conflict that says what to do instead."""
+    allowed, target = TRANSITIONS[action]
+    updated = Queue.objects.filter(name=name, state__in=allowed).update(
+        state=target, updated_at=timezone.now()
+    )
+    queue = queue_get(name)
+    if not updated:
+        hint = {
+            QueueState.ARCHIVED: f"unarchive it first ('lakeshore queues unarchive {name}')",
+            QueueState.DRAINING: f"resume it first ('lakeshore queues resume {name}')",
+        }.get(queue.state, "")
+        raise Conflict(
+            f"Cannot {action} queue '{name}': it is {queue.state}"
+            + (f"; {hint}." if hint else "."),
+            extra={"state": queue.state},
+        )
+    return queue
+
+
+def queue_delete(*, name: str, force: bool = False) -> dict:
+    """Remove a queue. Refused while live daemons are bound to it or invocations are
+    queued (unless force) or running (always: drain it first). Force scrubs the name
+    from every daemon's `queues` and kills its queued invocations, in one transaction."""
+    with transaction.atomic():
+        queue = queue_get(name, for_update=True)
+        bound = list(
+            Daemon.objects.live().subscribed_to(name).order_by("id").values_list("name", "id")
+        )
+        running = Invocation.objects.filter(queue=name, state=InvocationState.RUNNING).exists()
+        if running:
+            raise Conflict(
+                f"Queue '{name}' has running invocations: drain it and wait "
+                f"('lakeshore queues drain {name} --wait'), then remove it.",
+                extra={"running": True},
+            )
+        queued = Invocation.objects.filter(queue=name, state=InvocationState.QUEUED)
+        if not force:
+            if bound:
+                labels = [f"{dname} ({did})" for dname, did in bound]
+                raise Conflict(
+                    f"Queue '{name}' still has {len(bound)} bound daemon(s): "
+                    f"{_name_list(labels)}. Remove them or use --force to unbind them.",
+                    extra={"daemons": [str(did) for _, did in bound][:100]},
+                )
+            if queued.exists():
+                raise Conflict(
+                    f"Queue '{name}' has queued invocations; 'lakeshore jobs bulk-cancel "
+                    f"--queue {name}' cancels them, or --force kills them.",
+                )
+        now = timezone.now()
+        killed = queued.update(
+            state=InvocationState.KILLED, reason="queue removed", finished_at=now
+        )
+        # A daemon left with no queue would silently start serving the default queue:
+        # drain it instead (it finishes and stops).
+        Daemon.objects.live().filter(queues=[name]).update(
+            state=DaemonState.DRAINING, updated_at=now
+        )
+        unbound = Daemon.objects.subscribed_to(name).update(
+            queues=Func(F("queues"), Value(name), function="array_remove"), updated_at=now
+        )
+        queue.delete()
+    return {"name": name, "deleted": True, "unbound_daemons": unbound, "killed": killed}
+
+
+# ---------------------------------------------------------------------------- signals
+
+
+PENDING_CAP = 10_000  # no unbounded COUNT(*) over invocations on a request path
+
+
+def _capped_count(queryset, cap: int = PENDING_CAP) -> int:
+    return queryset.order_by().values("id")[: cap + 1].count()
+
+
+def queue_signals(queue: Queue) -> dict:
+    """What the controller looks at for this queue, now."""
+    counts = {state: 0 for state in LIVE_DAEMON_STATES}
+    rows = (
+        Daemon.objects.live()
+        .subscribed_to(queue.name)
+        .order_by()
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
+    for state, n in rows:
+        counts[state] = n
+    pending = _capped_count(Invocation.objects.filter(queue=queue.name, state="queued"))
+    running = _capped_count(Invocation.objects.filter(queue=queue.name, state="running"))
+    working = counts[DaemonState.PROVISIONING] + counts[DaemonState.IDLE] + counts[DaemonState.BUSY]
+    return {
+        "signals": elasticity.Signals(
+            daemons=working, busy=counts[DaemonState.BUSY], pending=pending
+        ),
+        "idle": counts[DaemonState.IDLE],
+        "provisioning": counts[DaemonState.PROVISIONING],
+        "draining": counts[DaemonState.DRAINING],
+        "running": running,
+        "pending_capped": pending > PENDING_CAP,
+    }
+
+
+def queue_plan(queue: Queue, signals: elasticity.Signals, *, now=None) -> dict:
+    """The desired count and what the next tick would do (a dry run of the controller)."""
+    now = now or timezone.now()
+    cap = settings.LAKESHORE_MAX_DAEMONS_PER_QUEUE
+    d = signals.daemons
+    if queue.state == QueueState.ARCHIVED:
+        return {"desired": 0, "delta": -d, "next_action": _describe(-d, "archived: scale to zero")}
+    if not queue.elasticity_kind:
+        return {"desired": d, "delta": 0, "next_action": "none (no elasticity declared)"}
+    if queue.state == QueueState.PAUSED:
+        return {"desired": d, "delta": 0, "next_action": "hold (paused)"}
+    params = {
+        "min": queue.elasticity_min,
+        "max": queue.elasticity_max,
+        "threshold": queue.elasticity_threshold,
+    }
+    desired = elasticity.desired_count(queue.elasticity_kind, params, signals, cap=cap)
+    if queue.state == QueueState.DRAINING and signals.busy + signals.pending == 0:
+        desired = 0
+    if desired < d:
+        # Down slowly: never below the highest desired of the scale-down window.
+        window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
+        peak = (
+            QueueEvent.objects.filter(queue=queue, at__gte=now - window)
+            .exclude(action=EventAction.LAUNCH_FAILED)
+            .aggregate(peak=Max("desired"))["peak"]
+        )
+        if peak is not None and peak > desired and queue.state != QueueState.DRAINING:
+            desired = min(peak, d)
+    delta = desired - d
+    if delta > 0:
+        delta = min(delta, settings.LAKESHORE_MAX_LAUNCH_PER_TICK)
+        if not queue.provider_id:
+            return {
+                "desired": desired,
+                "delta": 0,
+                "next_action": f"none: wants {desired - d} more daemon(s) but has no provider",
+            }
+    return {"desired": desired, "delta": delta, "next_action": _describe(delta)}
+
+
+def _describe(delta: int, why: str = "") -> str:
+    suffix = f" ({why})" if why else ""
+    if delta > 0:
+        return f"launch {delta}{suffix}"
+    if delta < 0:
+        return f"terminate up to {-delta} idle{suffix}"
+    return "none" + suffix
+
+
+def queue_stats(queue: Queue) -> dict:
+    seen = queue_signals(queue)
+    signals: elasticity.Signals = seen["signals"]
+    plan = queue_plan(queue, signals)
+    recent = list(QueueEvent.objects.filter(queue=queue).decisions()[:5])
+    return {
+        "queue": queue.name,
+        "state": queue.state,
+        "daemons": signals.daemons,
+        "busy": signals.busy,
+        "idle": seen["idle"],
+        "provisioning": seen["provisioning"],
+        "draining": seen["draining"],
+        "utilization": round(signals.utilization, 4),
+        "pending": signals.pending,
+        "pending_capped": seen["pending_capped"],
+        "running": seen["running"],
+        "desired": plan["desired"],
+        "next_action": plan["next_action"],
+        "recent_actions": recent,
+    }
+
+
+# ---------------------------------------------------------------------------- providers
+
+_SECRET_KEY = re.compile(
+    r"(secret|password|passwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)",
+    re.IGNORECASE,
+)
+
+
+def _secret_paths(value, path: str = "config") -> list[str]:
+    found = []
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            here = f"{path}.{key}"
+            if _SECRET_KEY.search(str(key)) and str(key).lower() != "credential_ref":
+                found.append(here)
+            found.extend(_secret_paths(inner, here))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            found.extend(_secret_paths(inner, f"{path}[{index}]"))
+    return found
+
+
+def _check_config(config) -> dict:
+    if not isinstance(config, dict):
+        raise Invalid("config must be a JSON object.", fields={"config": "not an object"})
+    secrets = _secret_paths(config)
+    if secrets:
+        raise Invalid(
+            "Provider config must not hold credentials ("
+            + ", ".join(secrets)
+            + "): store them outside Lakeshore and name them with 'credential_ref'.",
+            fields={path: "credentials are refused" for path in secrets},
+        )
+    return config
+
+
+def provider_create(*, name: str, kind: str, description: str = "", config=None) -> Provider:
+    provider = Provider(
+        name=name, kind=kind, description=description, config=_check_config(config or {})
+    )
+    try:
+        with transaction.atomic():
+            provider.save()
+    except IntegrityError:
+        raise Conflict(
+            f"Provider '{name}' already exists.", fields={"name": "already exists"}
+        ) from None
+    return provider
+
+
+def provider_patch(*, name: str, changes: dict) -> Provider:
+    if "name" in changes or "kind" in changes:
+        field = "name" if "name" in changes else "kind"
+        raise Invalid(
+            f"A provider's {field} cannot change: add a new provider.",
+            fields={field: "immutable"},
+        )
+    provider = provider_get(name)
+    if "config" in changes:
+        provider.config = _check_config(changes["config"])
+    if "description" in changes:
+        provider.description = changes["description"]
+    provider.save()
+    return provider
+
+
+def provider_delete(*, name: str) -> None:
+    with transaction.atomic():
+        provider = provider_get(name)
+        queues = list(provider.queues.order_by("name").values_list("name", flat=True))
+        if queues:
+            raise Conflict(
+                f"Provider '{name}' is used by queue(s) {_name_list(queues)}: clear it "
+                "there first ('lakeshore queues patch NAME --provider \"\"').",
+                extra={"queues": queues[:100]},
+            )
+        live = Daemon.objects.live().filter(provider=provider).count()
+        if live:
+            raise Conflict(
+                f"Provider '{name}' still runs {live} live daemon(s): remove them first."
+            )
+        Daemon.objects.filter(provider=provider).update(provider=None)
+        provider.delete()
+
+
+# ---------------------------------------------------------------------------- daemons
+
+MAX_DAEMON_QUEUES = 64
+
+
+def daemon_register(
+    *, owner, name: str, queues: list[str], provider: str | None = None, instance_type: str = ""
+) -> Daemon:
+    """A daemon announces itself and the queues it serves (`[]` = the default queue)."""
+    names = list(dict.fromkeys(queues))  # keep order, drop repeats
+    if len(names) > MAX_DAEMON_QUEUES:
+        raise Invalid(
+            f"A daemon may serve at most {MAX_DAEMON_QUEUES} queues.", fields={"queues": "too many"}
+        )
+    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise Invalid(
+            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
+            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
+        )
+    now = timezone.now()
+    return Daemon.objects.create(
+        name=name,
+        queues=names,
+        provider=_provider_for(provider),
+        instance_type=instance_type,
+        owner=owner,
+        state=DaemonState.IDLE,
+        last_heartbeat_at=now,
+    )
+
+
+def daemon_get(daemon_id) -> Daemon:
+    try:
+        return Daemon.objects.for_list().get(pk=int(daemon_id))
+    except (Daemon.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"Daemon '{daemon_id}' does not exist.") from None

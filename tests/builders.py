@@ -1,0 +1,31 @@
+"""Small builders for tests: real rows through the real services."""
+
+import itertools
+
+from accounts.services import token_create
+from queues import services
+from queues.models import Daemon, DaemonState
+
+_seq = itertools.count(1)
+
+
+def token(role: str = "operator", username: str | None = None) -> str:
+    _, raw = token_create(username=username or f"{role}-{next(_seq)}", role=role)
+    return raw
+
+
+def auth(raw: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {raw}"}
+
+
+def queue(name: str | None = None, **fields):
+    return services.queue_create(name=name or f"q-{next(_seq)}", **fields)
+
+
+def provider(name: str | None = None, kind: str = "simulated", **fields):
+    return services.provider_create(name=name or f"p-{next(_seq)}", kind=kind, **fields)
+
+
+def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fields) -> Daemon:
+    fields.setdefault("name", f"d-{next(_seq)}")
+    return Daemon.objects.create(queues=queues or [], state=state, **fields)
