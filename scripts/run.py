@@ -42,6 +42,31 @@ def write_cli_config(token: str) -> str:
     return f"wrote {path} (mode 0600): the lakeshore CLI works from any shell"
 
 
+def link_cli() -> str:
+    """Put `lakeshore` on PATH so the cookbook's examples work in any shell."""
+    import shutil
+
+    ours = ROOT / ".venv" / "bin" / "lakeshore"
+    found = shutil.which("lakeshore")
+    if found and Path(found).resolve() == ours.resolve():
+        return f"lakeshore is on PATH ({found})"
+    path_dirs = [Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    candidates = [Path.home() / ".local" / "bin", Path("/usr/local/bin")]
+    for directory in candidates:
+        target = directory / "lakeshore"
+        if directory not in path_dirs or not os.access(directory, os.W_OK):
+            continue
+        if target.exists() and not target.is_symlink():
+            continue  # somebody else's lakeshore: leave it alone
+        if target.is_symlink():
+            target.unlink()
+        target.symlink_to(ours)
+        if found:
+            return f"linked {target} -> {ours} (it shadows {found})"
+        return f"linked {target} -> {ours}"
+    return f"put it on PATH with: export PATH={ours.parent}:$PATH"
+
+
 def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -110,6 +135,7 @@ def main() -> None:
                 "'make admin-password' sets a new one)"
             )
             lines.append("  API token: 'make token' prints a new operator token")
+        lines.append(f"  lakeshore CLI: {link_cli()}")
         lines.append("Press Ctrl-C to stop.")
         print("\n".join(lines), flush=True)
         while all(proc.poll() is None for proc in procs):
