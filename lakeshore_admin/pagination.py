@@ -20,8 +20,10 @@ def bounded_int(request, name: str, *, default: int, low: int, high: int | None)
     return value
 
 
-def next_link(request, **changes) -> str:
+def next_link(request, drop: tuple[str, ...] = (), **changes) -> str:
     params = request.query_params.copy()
+    for key in drop:
+        params.pop(key, None)
     for key, value in changes.items():
         params[key] = str(value)
     url = f"{request.build_absolute_uri(request.path)}?{urlencode(params, doseq=True)}"

@@ -275,3 +275,12 @@ class DaemonDetail(APIView):
     @extend_schema(summary="One daemon", responses={200: s.DaemonSerializer, **errors(404)})
     def get(self, request, daemon_id):
         return Response(s.DaemonSerializer(services.daemon_get(daemon_id)).data)
+
+    @extend_schema(
+        summary="Drop a daemon: terminate it; its running invocation ends killed",
+        responses={200: OpenApiTypes.OBJECT, **errors(404)},
+    )
+    def delete(self, request, daemon_id):
+        from jobs.services import daemon_drop
+
+        return Response(daemon_drop(daemon=services.daemon_get(daemon_id)))

@@ -1,0 +1,98 @@
+from rest_framework import serializers
+
+from jobs.models import Invocation
+from queues.api.serializers import StrictInput, name_field
+
+
+class InvocationSerializer(serializers.ModelSerializer):
+    id = serializers.CharField(read_only=True)
+    worker = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Invocation
+        fields = [
+            "id",
+            "queue",
+            "function",
+            "args",
+            "kwargs",
+            "priority",
+            "state",
+            "worker",
+            "attempts",
+            "max_attempts",
+            "timeout_s",
+            "key",
+            "reason",
+            "result",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_worker(self, invocation) -> str | None:
+        return None if invocation.daemon_id is None else str(invocation.daemon_id)
+
+
+class PositionSerializer(serializers.Serializer):
+    ahead = serializers.FloatField()
+    exact = serializers.BooleanField()
+    capped = serializers.BooleanField()
+
+
+class InvocationDetailSerializer(InvocationSerializer):
+    position = PositionSerializer(allow_null=True, read_only=True)
+
+    class Meta(InvocationSerializer.Meta):
+        fields = [*InvocationSerializer.Meta.fields, "position"]
+
+
+class SubmitInput(StrictInput):
+    function = serializers.CharField(max_length=300)
+    queue = serializers.CharField(allow_blank=True, allow_null=True, default="")
+    args = serializers.ListField(child=serializers.JSONField(), default=list)
+    kwargs = serializers.DictField(child=serializers.JSONField(), default=dict)
+    priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000, default=0)
+    key = serializers.CharField(max_length=200, allow_blank=True, default="")
+    timeout_s = serializers.IntegerField(min_value=1, allow_null=True, default=None)
+    max_attempts = serializers.IntegerField(min_value=1, max_value=100, default=1)
+
+    def validate_queue(self, value):
+        if not value:
+            return ""
+        return name_field().run_validation(value)
+
+
+class KillInput(StrictInput):
+    reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+
+
+class BulkCancelInput(StrictInput):
+    queue = serializers.CharField(allow_null=True, allow_blank=True, default=None)
+    reason = serializers.CharField(max_length=500, allow_blank=True, default="")
+    dry_run = serializers.BooleanField(default=False)
+
+
+class BulkCancelOutput(serializers.Serializer):
+    cancelled = serializers.IntegerField()
+    dry_run = serializers.BooleanField()
+    queue = serializers.CharField(allow_null=True)
+
+
+class ClaimInput(StrictInput):
+    limit = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    wait = serializers.FloatField(min_value=0, max_value=20, default=0)
+
+
+class CompleteInput(StrictInput):
+    invocation = serializers.IntegerField()
+    attempt = serializers.IntegerField(min_value=1)
+    state = serializers.ChoiceField(choices=["succeeded", "failed"])
+    result = serializers.JSONField(required=False, allow_null=True, default=None)
+    error = serializers.CharField(allow_blank=True, default="", max_length=100_000)
+
+
+class HeartbeatOutput(serializers.Serializer):
+    state = serializers.CharField()
+    running = serializers.ListField(child=serializers.CharField())

@@ -1,0 +1,26 @@
+from django.urls import path
+
+from jobs.api import views
+
+urlpatterns = [
+    path("jobs/", views.JobList.as_view(), name="job-list"),
+    path("jobs/bulk-cancel/", views.JobBulkCancel.as_view(), name="job-bulk-cancel"),
+    path("jobs/<str:invocation_id>/", views.JobDetail.as_view(), name="job-detail"),
+    path("jobs/<str:invocation_id>/kill/", views.JobKill.as_view(), name="job-kill"),
+    path(
+        "daemons/<str:daemon_id>/heartbeat/",
+        views.DaemonHeartbeat.as_view(),
+        name="daemon-heartbeat",
+    ),
+    path("daemons/<str:daemon_id>/claim/", views.DaemonClaim.as_view(), name="daemon-claim"),
+    path(
+        "daemons/<str:daemon_id>/complete/",
+        views.DaemonComplete.as_view(),
+        name="daemon-complete",
+    ),
+    path(
+        "daemons/<str:daemon_id>/deregister/",
+        views.DaemonDeregister.as_view(),
+        name="daemon-deregister",
+    ),
+]

@@ -1,0 +1,205 @@
+"""Jobs (invocations) and the daemon protocol. Thin views over jobs/services.py."""
+
+from django.db import transaction
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import Role
+from accounts.permissions import DaemonProtocol
+from accounts.roles import roles_of
+from jobs import services
+from jobs.api import serializers as s
+from jobs.filters import InvocationFilter
+from jobs.models import Invocation
+from lakeshore_admin.api_docs import errors
+from lakeshore_admin.pagination import bounded_int, next_link
+from queues.api.views import _filtered, _list_response
+from queues.services import daemon_get
+
+BATCH_MAX = 1000
+
+
+class JobList(APIView):
+    @extend_schema(
+        summary="List invocations, newest first",
+        parameters=[
+            OpenApiParameter("limit", int, description="1–200, default 50"),
+            OpenApiParameter("offset", int, description="rows to skip, ≥ 0 (default 0)"),
+            OpenApiParameter(
+                "state",
+                str,
+                many=True,
+                enum=["queued", "running", "succeeded", "failed", "killed", "timeout"],
+            ),
+            OpenApiParameter("worker", str, description="daemon id"),
+            OpenApiParameter("queue", str, description="queue name"),
+            OpenApiParameter(
+                "cursor", str, description="keyset: only ids below this (from the Link header)"
+            ),
+        ],
+        responses={200: s.InvocationSerializer(many=True), **errors(400)},
+    )
+    def get(self, request):
+        limit = bounded_int(request, "limit", default=50, low=1, high=200)
+        offset = bounded_int(request, "offset", default=0, low=0, high=None)
+        queryset = _filtered(InvocationFilter, request, Invocation.objects.order_by("-id"))
+        rows = list(queryset[offset : offset + limit + 1])
+        link = None
+        if len(rows) > limit:  # the next page by keyset: fast at any depth
+            link = next_link(request, drop=("offset",), limit=limit, cursor=rows[limit - 1].pk)
+        return _list_response(rows[:limit], link, s.InvocationSerializer)
+
+    @extend_schema(
+        summary="Submit one invocation (an object) or a batch (a list of up to 1,000)",
+        request=s.SubmitInput,
+        responses={
+            201: s.InvocationSerializer,
+            200: s.InvocationSerializer,
+            **errors(400, 404, 409, 429),
+        },
+    )
+    def post(self, request):
+        if isinstance(request.data, list):
+            return self._batch(request.data)
+        data = s.SubmitInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        invocation, created = services.invocation_submit(**data.validated_data)
+        return Response(
+            s.InvocationSerializer(invocation).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+    def _batch(self, items):
+        if not items or len(items) > BATCH_MAX:
+            raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} invocations."})
+        data = s.SubmitInput(data=items, many=True)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():  # all or nothing; a batch never blocks on a full queue
+            results = [
+                services.invocation_submit(**item, block_timeout=0) for item in data.validated_data
+            ]
+        created = any(made for _, made in results)
+        return Response(
+            s.InvocationSerializer([inv for inv, _ in results], many=True).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
+
+
+class JobDetail(APIView):
+    @extend_schema(
+        summary="One invocation; a queued one shows its position in its queue",
+        responses={200: s.InvocationDetailSerializer, **errors(404)},
+    )
+    def get(self, request, invocation_id):
+        invocation = services.invocation_get(invocation_id)
+        invocation.position = services.queue_position(invocation)
+        return Response(s.InvocationDetailSerializer(invocation).data)
+
+
+class JobKill(APIView):
+    @extend_schema(
+        summary="Kill a queued invocation (running or finished ones answer 409)",
+        request=s.KillInput,
+        responses={200: s.InvocationSerializer, **errors(400, 404, 409)},
+    )
+    def post(self, request, invocation_id):
+        data = s.KillInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        invocation = services.invocation_kill(invocation_id=invocation_id, **data.validated_data)
+        return Response(s.InvocationSerializer(invocation).data)
+
+
+class JobBulkCancel(APIView):
+    @extend_schema(
+        summary="Cancel every queued invocation (of one queue); running work is untouched",
+        request=s.BulkCancelInput,
+        responses={200: s.BulkCancelOutput, **errors(400, 404)},
+    )
+    def post(self, request):
+        data = s.BulkCancelInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        count = services.invocation_bulk_cancel(**fields)
+        return Response(
+            {"cancelled": count, "dry_run": fields["dry_run"], "queue": fields["queue"]}
+        )
+
+
+# ---------------------------------------------------------------------------- daemon protocol
+
+
+def own_daemon(request, daemon_id):
+    """A daemon token acts only for the daemons it registered; operators for any."""
+    daemon = daemon_get(daemon_id)
+    roles = roles_of(request.user)
+    if Role.OPERATOR not in roles and daemon.owner_id != request.user.pk:
+        raise PermissionDenied(f"This token may act only for its own daemons, not {daemon.pk}.")
+    return daemon
+
+
+class DaemonHeartbeat(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon is alive; answers its state and what it should be running",
+        request=None,
+        responses={200: s.HeartbeatOutput, **errors(404, 409)},
+    )
+    def post(self, request, daemon_id):
+        return Response(services.daemon_heartbeat(daemon=own_daemon(request, daemon_id)))
+
+
+class DaemonClaim(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Claim up to `limit` invocations of the daemon's queues (long-poll `wait` s)",
+        request=s.ClaimInput,
+        responses={200: s.InvocationSerializer(many=True), **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.ClaimInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        claimed = services.invocation_claim(daemon=daemon, **data.validated_data)
+        return Response(s.InvocationSerializer(claimed, many=True).data)
+
+
+class DaemonComplete(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Report an outcome (fenced by daemon and attempt: a stale claim gets 409)",
+        request=s.CompleteInput,
+        responses={200: s.InvocationSerializer, **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.CompleteInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        invocation = services.invocation_complete(
+            daemon=daemon,
+            invocation_id=fields["invocation"],
+            attempt=fields["attempt"],
+            succeeded=fields["state"] == "succeeded",
+            result=fields["result"],
+            error=fields["error"],
+        )
+        return Response(s.InvocationSerializer(invocation).data)
+
+
+class DaemonDeregister(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon leaves after finishing its work (SIGTERM)",
+        request=None,
+        responses={200: None, **errors(404)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        return Response(services.daemon_deregister(daemon=daemon))
