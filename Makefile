@@ -39,7 +39,7 @@ check: install
 
 test: lint
 	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null || { echo "Model changes without a migration: run '$(BIN)/python manage.py makemigrations'"; exit 1; }
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
 
 token: install
 	@$(BIN)/python manage.py create_token --user admin --role operator

@@ -322,19 +322,25 @@ def invocation_complete(
     daemon: Daemon,
     invocation_id: int,
     attempt: int,
-    succeeded: bool,
+    outcome: str = "succeeded",
+    succeeded: bool | None = None,
     result=None,
     error: str = "",
 ) -> Invocation:
-    """Record an outcome. Fenced by daemon and attempt: a daemon that lost its claim
-    (reaped, killed, re-dispatched) gets a Conflict and changes nothing. A failure with
-    attempts left goes back to the queue."""
+    """Record an outcome: succeeded (with a JSON result), failed (with an error) or
+    timeout (the daemon stopped it at timeout_s). Fenced by daemon and attempt: a daemon
+    that lost its claim (reaped, killed, re-dispatched) gets a Conflict and changes
+    nothing. A failure with attempts left goes back to the queue."""
+    if succeeded is not None:
+        outcome = "succeeded" if succeeded else "failed"
     now = timezone.now()
     mine = Invocation.objects.filter(
         pk=invocation_id, daemon=daemon, attempts=attempt, state=Q_.RUNNING
     )
-    if succeeded:
+    if outcome == "succeeded":
         updated = mine.update(state=Q_.SUCCEEDED, result=result, error="", finished_at=now)
+    elif outcome == "timeout":
+        updated = mine.update(state=Q_.TIMEOUT, error=error, finished_at=now)
     else:
         updated = mine.filter(attempts__lt=F("max_attempts")).update(
             state=Q_.QUEUED, daemon=None, started_at=None, error=error

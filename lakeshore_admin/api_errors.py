@@ -20,7 +20,7 @@ def _flatten(detail, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = key if key != "non_field_errors" else ""
+            name = str(key) if key != "non_field_errors" else ""
             out.update(_flatten(value, f"{prefix}.{name}" if prefix and name else prefix or name))
     elif isinstance(detail, list):
         if detail and all(not isinstance(item, (dict, list)) for item in detail):

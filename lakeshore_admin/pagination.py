@@ -30,6 +30,9 @@ def next_link(request, drop: tuple[str, ...] = (), **changes) -> str:
     return f'<{url}>; rel="next"'
 
 
+MAX_OFFSET = 10**9  # beyond any real list; keeps PostgreSQL's bigint out of reach
+
+
 class LimitOffset:
     """`limit` (default, 1..max) and `offset` (≥ 0); out of range answers 400."""
 
@@ -39,7 +42,7 @@ class LimitOffset:
 
     def paginate(self, queryset, request):
         limit = bounded_int(request, "limit", default=self.default, low=1, high=self.maximum)
-        offset = bounded_int(request, "offset", default=0, low=0, high=None)
+        offset = bounded_int(request, "offset", default=0, low=0, high=MAX_OFFSET)
         rows = list(queryset[offset : offset + limit + 1])
         link = next_link(request, limit=limit, offset=offset + limit) if len(rows) > limit else None
         return rows[:limit], link

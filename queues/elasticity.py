@@ -3,6 +3,7 @@ daemons a queue wants for the signals a tick sees (SPEC "elasticity")."""
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from queues.models import ElasticityKind
 
@@ -80,7 +81,8 @@ def desired_count(kind: str, params: dict, signals: Signals, *, cap: int) -> int
     elif kind == ElasticityKind.FULLY_ELASTIC:
         wanted = work
     elif kind == ElasticityKind.POOL_WITH_THRESHOLD:
-        wanted = math.ceil(work / params["threshold"]) if work else 0
+        # Exact decimal arithmetic: 21 / 0.7 is 30, not 30.000000000000004 → 31.
+        wanted = math.ceil(Fraction(work) / Fraction(str(params["threshold"])))
     elif kind == ElasticityKind.MAX_COUNT:
         return min(work, high)
     else:  # pragma: no cover - the model's choices forbid it

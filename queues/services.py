@@ -364,10 +364,22 @@ def queue_stats(queue: Queue) -> dict:
 
 # ---------------------------------------------------------------------------- providers
 
-_SECRET_KEY = re.compile(
-    r"(secret|password|passwd|token|api[_-]?key|access[_-]?key|private[_-]?key|credential)",
-    re.IGNORECASE,
-)
+_SECRET_WORDS = {
+    "secret", "secrets", "password", "passwd", "passphrase", "token", "authorization",
+    "credential", "credentials", "cookie", "bearer", "apikey", "pat",
+}  # fmt: skip
+_SECRET_PAIRS = {("api", "key"), ("access", "key"), ("private", "key"), ("ssh", "key"),
+                 ("secret", "key"), ("client", "secret"), ("signing", "key")}  # fmt: skip
+
+
+def _looks_secret(key: str) -> bool:
+    """Split camelCase, snake_case and kebab-case keys into words and look for the
+    words credentials are named with (so 'max_tokens' passes and 'apiKey' does not)."""
+    if key.lower() == "credential_ref":
+        return False
+    words = [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", key)]
+    pairs = set(zip(words, words[1:], strict=False))
+    return bool(set(words) & _SECRET_WORDS or pairs & _SECRET_PAIRS)
 
 
 def _secret_paths(value, path: str = "config") -> list[str]:
@@ -375,7 +387,7 @@ def _secret_paths(value, path: str = "config") -> list[str]:
     if isinstance(value, dict):
         for key, inner in value.items():
             here = f"{path}.{key}"
-            if _SECRET_KEY.search(str(key)) and str(key).lower() != "credential_ref":
+            if _looks_secret(str(key)):
                 found.append(here)
             found.extend(_secret_paths(inner, here))
     elif isinstance(value, list):

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from jobs.models import Invocation
-from queues.api.serializers import StrictInput, name_field
+from queues.api.serializers import INT_MAX, StrictInput, name_field
 
 
 class InvocationSerializer(serializers.ModelSerializer):
@@ -55,7 +55,9 @@ class SubmitInput(StrictInput):
     kwargs = serializers.DictField(child=serializers.JSONField(), default=dict)
     priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000, default=0)
     key = serializers.CharField(max_length=200, allow_blank=True, default="")
-    timeout_s = serializers.IntegerField(min_value=1, allow_null=True, default=None)
+    timeout_s = serializers.IntegerField(
+        min_value=1, max_value=INT_MAX, allow_null=True, default=None
+    )
     max_attempts = serializers.IntegerField(min_value=1, max_value=100, default=1)
 
     def validate_queue(self, value):
@@ -86,9 +88,9 @@ class ClaimInput(StrictInput):
 
 
 class CompleteInput(StrictInput):
-    invocation = serializers.IntegerField()
-    attempt = serializers.IntegerField(min_value=1)
-    state = serializers.ChoiceField(choices=["succeeded", "failed"])
+    invocation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+    attempt = serializers.IntegerField(min_value=1, max_value=INT_MAX)
+    state = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
     result = serializers.JSONField(required=False, allow_null=True, default=None)
     error = serializers.CharField(allow_blank=True, default="", max_length=100_000)
 

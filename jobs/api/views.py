@@ -15,7 +15,7 @@ from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation
 from lakeshore_admin.api_docs import errors
-from lakeshore_admin.pagination import bounded_int, next_link
+from lakeshore_admin.pagination import MAX_OFFSET, bounded_int, next_link
 from queues.api.views import _filtered, _list_response
 from queues.services import daemon_get
 
@@ -37,14 +37,14 @@ class JobList(APIView):
             OpenApiParameter("worker", str, description="daemon id"),
             OpenApiParameter("queue", str, description="queue name"),
             OpenApiParameter(
-                "cursor", str, description="keyset: only ids below this (from the Link header)"
+                "cursor", int, description="keyset: only ids below this (from the Link header)"
             ),
         ],
         responses={200: s.InvocationSerializer(many=True), **errors(400)},
     )
     def get(self, request):
         limit = bounded_int(request, "limit", default=50, low=1, high=200)
-        offset = bounded_int(request, "offset", default=0, low=0, high=None)
+        offset = bounded_int(request, "offset", default=0, low=0, high=MAX_OFFSET)
         queryset = _filtered(InvocationFilter, request, Invocation.objects.order_by("-id"))
         rows = list(queryset[offset : offset + limit + 1])
         link = None
@@ -185,7 +185,7 @@ class DaemonComplete(APIView):
             daemon=daemon,
             invocation_id=fields["invocation"],
             attempt=fields["attempt"],
-            succeeded=fields["state"] == "succeeded",
+            outcome=fields["state"],
             result=fields["result"],
             error=fields["error"],
         )

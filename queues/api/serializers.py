@@ -13,6 +13,8 @@ from queues.models import (
     QueueKind,
 )
 
+INT_MAX = 2_147_483_647  # PostgreSQL integer columns
+
 
 class StrictInput(serializers.Serializer):
     """Refuses keys it does not know: a misspelt field is an error, never ignored."""
@@ -52,15 +54,15 @@ class ElasticityKindField(serializers.ChoiceField):
 
 class ElasticityInput(StrictInput):
     kind = ElasticityKindField()
-    min = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    max = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    min = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=INT_MAX)
+    max = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT_MAX)
     threshold = serializers.FloatField(required=False, allow_null=True)
 
 
 class ElasticityPatch(StrictInput):
     kind = serializers.CharField(required=False)  # refused by the service, with a reason
-    min = serializers.IntegerField(required=False, allow_null=True, min_value=0)
-    max = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    min = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=INT_MAX)
+    max = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT_MAX)
     threshold = serializers.FloatField(required=False, allow_null=True)
 
 
@@ -73,7 +75,9 @@ class QueueInput(StrictInput):
     instance_type = serializers.CharField(max_length=100, allow_blank=True, default="")
     image_id = serializers.CharField(max_length=200, allow_blank=True, default="")
     runner = serializers.CharField(max_length=200, allow_blank=True, default="")
-    max_depth = serializers.IntegerField(min_value=1, allow_null=True, default=None)
+    max_depth = serializers.IntegerField(
+        min_value=1, max_value=INT_MAX, allow_null=True, default=None
+    )
     on_full = serializers.ChoiceField(choices=OnFull.choices, default=OnFull.REJECT)
     temperature = serializers.FloatField(default=1.0)
 
@@ -93,7 +97,9 @@ class QueuePatch(StrictInput):
     instance_type = serializers.CharField(max_length=100, allow_blank=True, required=False)
     image_id = serializers.CharField(max_length=200, allow_blank=True, required=False)
     runner = serializers.CharField(max_length=200, allow_blank=True, required=False)
-    max_depth = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    max_depth = serializers.IntegerField(
+        min_value=1, max_value=INT_MAX, allow_null=True, required=False
+    )
     on_full = serializers.ChoiceField(choices=OnFull.choices, required=False)
     temperature = serializers.FloatField(required=False)
 

@@ -165,7 +165,7 @@ class QueueEvents(APIView):
             events = events.decisions()
         before = request.query_params.get("before")
         if before:
-            before_id = bounded_int(request, "before", default=0, low=1, high=None)
+            before_id = bounded_int(request, "before", default=0, low=1, high=2**63 - 1)
             events = events.filter(id__lt=before_id)
         rows = list(events.order_by("-id")[: limit + 1])
         link = None

@@ -1,0 +1,202 @@
+"""`lakeshore jobs list|show|kill|bulk-cancel|submit`: invocations tracked by the
+control plane."""
+
+import json
+
+import click
+
+from lakeshore.client import Client, path
+from lakeshore.context import pass_client
+from lakeshore.output import emit, fields, json_option, table, when
+from lakeshore.params import JsonOf
+
+JOB_STATES = ["queued", "running", "succeeded", "failed", "killed", "timeout"]
+
+
+def _not_empty(ctx, param, value):
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty: give an id (is the shell variable set?)", ctx, param)
+    return value
+
+
+def _queue_label(name: str | None) -> str:
+    return name or "(default)"
+
+
+def print_jobs(jobs: list[dict]) -> None:
+    table(
+        ["ID", "QUEUE", "FUNCTION", "STATE", "WORKER", "ATTEMPTS", "PRIORITY", "CREATED"],
+        [
+            [
+                j["id"],
+                _queue_label(j.get("queue")),
+                j.get("function"),
+                j.get("state"),
+                j.get("worker"),
+                f"{j.get('attempts')}/{j.get('max_attempts')}",
+                j.get("priority"),
+                when(j.get("created_at")),
+            ]
+            for j in jobs
+        ],
+    )
+
+
+def print_job(j: dict) -> None:
+    position = j.get("position")
+    ahead = None
+    if position:
+        count = position["ahead"]
+        ahead = f"{count:g}{'+' if position.get('capped') else ''} ahead"
+        ahead += "" if position.get("exact") else " (expected)"
+    result = j.get("result")
+    fields(
+        [
+            ("ID", j["id"]),
+            ("Function", j.get("function")),
+            ("Queue", _queue_label(j.get("queue"))),
+            ("State", j.get("state")),
+            ("Position", ahead),
+            ("Priority", j.get("priority")),
+            ("Worker", j.get("worker")),
+            ("Attempts", f"{j.get('attempts')}/{j.get('max_attempts')}"),
+            ("Timeout", f"{j['timeout_s']} s" if j.get("timeout_s") else None),
+            ("Key", j.get("key")),
+            ("Args", json.dumps(j.get("args"))),
+            ("Kwargs", json.dumps(j.get("kwargs"))),
+            ("Result", None if result is None else json.dumps(result)),
+            ("Reason", j.get("reason")),
+            ("Created", when(j.get("created_at"))),
+            ("Started", when(j.get("started_at"))),
+            ("Finished", when(j.get("finished_at"))),
+        ]
+    )
+    if j.get("error"):
+        click.echo("Error:")
+        for line in str(j["error"]).rstrip().splitlines():
+            click.echo(f"  {line}")
+
+
+@click.group()
+def jobs() -> None:
+    """Invocations (jobs): list, show, kill, bulk-cancel, submit."""
+
+
+@jobs.command("list")
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 200),
+    default=50,
+    show_default=True,
+    help="How many, 1–200.",
+)
+@click.option(
+    "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="How many to skip."
+)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(JOB_STATES),
+    help="Only these states (repeatable).",
+)
+@click.option("--worker", metavar="ID", callback=_not_empty, help="Only this daemon's jobs.")
+@click.option("--queue", metavar="ID", callback=_not_empty, help="Only this queue's jobs.")
+@json_option
+@pass_client
+def list_(client: Client, limit, offset, states, worker, queue, as_json) -> None:
+    """Recent invocations, newest first."""
+    params = {"limit": limit, "offset": offset or None, "worker": worker, "queue": queue}
+    query = [(k, v) for k, v in params.items() if v is not None]
+    query += [("state", s) for s in states]
+    found = client.request("GET", "jobs/", params=query)
+    if not found and not as_json:
+        click.echo("No jobs found.", err=True)
+        return
+    emit(found, as_json, print_jobs)
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@json_option
+@pass_client
+def show(client: Client, job_id: str, as_json: bool) -> None:
+    """One invocation; a queued one shows its position in its queue."""
+    emit(client.get(path("jobs", job_id)), as_json, print_job)
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@click.option("--reason", default="", help="Why (stored on the invocation).")
+@json_option
+@pass_client
+def kill(client: Client, job_id: str, reason: str, as_json: bool) -> None:
+    """Cancel one queued invocation (running ones: drop the daemon instead)."""
+    killed = client.post(path("jobs", job_id, "kill"), json={"reason": reason})
+    emit(killed, as_json, lambda j: click.echo(f"job/{j['id']} killed"))
+
+
+@jobs.command("bulk-cancel")
+@click.option("--queue", metavar="NAME", help="Only this queue's queued invocations.")
+@click.option("--reason", default="", help="Why (stored on each invocation).")
+@click.option("--dry-run", is_flag=True, help="Count what would be cancelled; change nothing.")
+@json_option
+@pass_client
+def bulk_cancel(client: Client, queue, reason, dry_run, as_json) -> None:
+    """Cancel every queued invocation; running work is untouched."""
+    body = {"reason": reason, "dry_run": dry_run}
+    if queue is not None:
+        body["queue"] = queue
+    answer = client.post("jobs/bulk-cancel/", json=body)
+
+    def human(a):
+        where = f" in queue {queue}" if queue is not None else ""
+        verb = "would cancel" if a["dry_run"] else "cancelled"
+        click.echo(f"{verb} {a['cancelled']} queued invocation(s){where}")
+
+    emit(answer, as_json, human)
+
+
+@jobs.command()
+@click.argument("function")
+@click.option("--queue", metavar="NAME", help="Queue name (default: the default queue).")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option(
+    "--args", "args", type=JsonOf(list), default="[]", help="Positional args, a JSON array."
+)
+@click.option(
+    "--kwargs", "kwargs", type=JsonOf(dict), default="{}", help="Keyword args, a JSON object."
+)
+@click.option("--key", default="", help="Idempotency key: a repeat returns the first job.")
+@click.option(
+    "--timeout", "timeout_s", type=click.IntRange(min=1), help="Seconds before it times out."
+)
+@click.option(
+    "--max-attempts", type=click.IntRange(1, 100), default=1, show_default=True, help="Tries."
+)
+@json_option
+@pass_client
+def submit(
+    client: Client, function, queue, priority, args, kwargs, key, timeout_s, max_attempts, as_json
+):
+    """Queue one invocation of FUNCTION (a dotted path, e.g. lakeshore.functions.echo)."""
+    body = {
+        "function": function,
+        "queue": queue or "",
+        "priority": priority,
+        "args": args,
+        "kwargs": kwargs,
+        "key": key,
+        "timeout_s": timeout_s,
+        "max_attempts": max_attempts,
+    }
+    response = client.send("POST", "jobs/", json=body)
+    job = client.decode(response)
+
+    def human(j):
+        if response.status_code == 200:
+            click.echo(f"job/{j['id']} already exists with key {key!r} ({j['state']})")
+        else:
+            click.echo(f"job/{j['id']} queued in {_queue_label(j.get('queue'))}")
+
+    emit(job, as_json, human)

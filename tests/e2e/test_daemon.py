@@ -1,0 +1,141 @@
+"""A real `lakeshore daemon run` process against the live server."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from jobs import services
+from jobs.models import Invocation
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
+
+
+def _start_daemon(live_server, tmp_path, *args):
+    env = {
+        **os.environ,
+        "LAKESHORE_URL": live_server.url,
+        "LAKESHORE_TOKEN": builders.token("daemon"),
+        "XDG_CONFIG_HOME": str(tmp_path),
+    }
+    log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed by the caller's process end
+    return subprocess.Popen(
+        [LAKESHORE, "daemon", "run", "--heartbeat", "1", *args],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: kill -9 takes its children too
+    )
+
+
+def _wait_for(condition, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _log(tmp_path) -> str:
+    return (tmp_path / "daemon.log").read_text()
+
+
+def test_it_runs_echo_sleep_and_fail_to_their_final_states(live_server, tmp_path):
+    builders.queue(name="e2e")
+    echo, _ = services.invocation_submit(
+        function="lakeshore.functions.echo", queue="e2e", args=["hi"], kwargs={"n": 1}
+    )
+    nap, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[0.2]
+    )
+    boom, _ = services.invocation_submit(
+        function="lakeshore.functions.fail", queue="e2e", args=["kaboom"]
+    )
+    forbidden, _ = services.invocation_submit(function="os.getcwd", queue="e2e")
+    slow, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[30], timeout_s=1
+    )
+    ids = [echo.pk, nap.pk, boom.pk, forbidden.pk, slow.pk]
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--concurrency", "2")
+    try:
+        _wait_for(
+            lambda: not Invocation.objects.filter(pk__in=ids, state__in=["queued", "running"]),
+            what="every invocation to finish",
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, _log(tmp_path)
+    got = {inv.pk: inv for inv in Invocation.objects.filter(pk__in=ids)}
+    assert got[echo.pk].state == "succeeded"
+    assert got[echo.pk].result == {"args": ["hi"], "kwargs": {"n": 1}}
+    assert (got[nap.pk].state, got[nap.pk].result) == ("succeeded", 0.2)
+    assert got[boom.pk].state == "failed"
+    assert "RuntimeError: kaboom" in got[boom.pk].error and "Traceback" in got[boom.pk].error
+    assert got[forbidden.pk].state == "failed"
+    assert "LAKESHORE_ALLOWED_MODULES" in got[forbidden.pk].error
+    assert got[slow.pk].state == "timeout"
+    daemon = Daemon.objects.get()
+    assert daemon.state == "terminated"  # it deregistered on SIGTERM
+    assert "deregistered" in _log(tmp_path)
+
+
+def test_sigterm_lets_the_running_invocation_finish(live_server, tmp_path):
+    builders.queue(name="e2e")
+    inv, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[1.5]
+    )
+    later, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="e2e")
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
+    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, _log(tmp_path)
+    inv.refresh_from_db()
+    later.refresh_from_db()
+    assert inv.state == "succeeded"
+    assert later.state == "queued"  # no claims after SIGTERM
+
+
+def test_kill_9_then_the_reaper_requeues_or_fails_as_attempts_allow(live_server, tmp_path):
+    builders.queue(name="e2e")
+    retry, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[60], max_attempts=2
+    )
+    once, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[60], max_attempts=1
+    )
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--concurrency", "2")
+    _wait_for(lambda: Invocation.objects.filter(state="running").count() == 2, what="both claims")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    report = services.reap(now=timezone.now() + timedelta(seconds=61))
+    assert report["lost"] == 1
+    retry.refresh_from_db()
+    once.refresh_from_db()
+    assert (retry.state, retry.attempts, retry.daemon_id) == ("queued", 1, None)
+    assert once.state == "failed" and "daemon lost" in once.error
+    assert Daemon.objects.get().state == "lost"
+
+
+def test_the_daemon_rides_out_an_unreachable_server(tmp_path):
+    """With nothing listening it retries with back-off instead of crashing."""
+
+    class Nowhere:
+        url = "http://127.0.0.1:9"  # discard port: connection refused
+
+    proc = _start_daemon(Nowhere, tmp_path, "--queues", "e2e")
+    time.sleep(2.5)
+    assert proc.poll() is None, _log(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    assert "retrying in" in _log(tmp_path)
