@@ -139,3 +139,105 @@ def test_the_daemon_rides_out_an_unreachable_server(tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.wait(10)
     assert "retrying in" in _log(tmp_path)
+
+
+def test_daemon_remove_stops_the_daemon_and_kills_its_work(live_server, tmp_path):
+    builders.queue(name="e2e")
+    inv, _ = services.invocation_submit(
+        function="lakeshore.functions.sleep", queue="e2e", args=[60]
+    )
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
+    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    daemon = Daemon.objects.get()
+    env = {
+        **os.environ,
+        "LAKESHORE_URL": live_server.url,
+        "LAKESHORE_TOKEN": builders.token("operator"),
+        "XDG_CONFIG_HOME": str(tmp_path),
+    }
+    out = subprocess.run(
+        [LAKESHORE, "daemon", "remove", str(daemon.pk)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"daemon/{daemon.pk} removed; 1 running invocation(s) killed"
+    assert proc.wait(15) == 0, _log(tmp_path)  # it noticed at its next heartbeat
+    inv.refresh_from_db()
+    assert inv.state == "killed"
+    assert "was removed on the server" in _log(tmp_path)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(port: int, tmp_path):
+    """A real web server process on the test database (runserver, no reloader)."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if str(db["HOST"]).startswith("/"):  # the embedded server's unix socket
+        url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
+    else:
+        url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+        "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
+    }
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import urllib.request
+
+    def up():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                return True
+        except OSError:
+            return False
+
+    _wait_for(up, what="the web server")
+    return proc
+
+
+def test_the_daemon_survives_a_server_restart(tmp_path):
+    builders.queue(name="e2e")
+    inv, _ = services.invocation_submit(function="lakeshore.functions.sleep", queue="e2e", args=[2])
+    port = _free_port()
+    server = _serve(port, tmp_path)
+
+    class Address:
+        url = f"http://127.0.0.1:{port}"
+
+    proc = _start_daemon(Address, tmp_path, "--queues", "e2e")
+    try:
+        _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="claim")
+        server.terminate()
+        server.wait(10)
+        time.sleep(3)  # the invocation finishes while the server is down
+        server = _serve(port, tmp_path)
+        _wait_for(
+            lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded",
+            what="the outcome reported after the restart",
+        )
+        assert "retrying in" in _log(tmp_path)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+        server.terminate()
+        server.wait(10)
