@@ -1,5 +1,8 @@
 # Two commands for a newcomer: `make run` and `make test`. Everything else is a helper.
 SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+# This machine's pip config names local mirrors that may be absent: hide that noise.
+PIP_QUIET := 2>&1 | { grep -v "^WARNING: Location .* is ignored" || true; }
 PYTHON ?= $(shell scripts/find-python)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,8 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then scripts/find-python; exit 1; fi
 	@echo "Installing into $(VENV) with $(PYTHON)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt $(PIP_QUIET)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e . $(PIP_QUIET)
 	@touch $(STAMP)
 
 install: $(STAMP)

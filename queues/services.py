@@ -52,7 +52,7 @@ def _provider_for(name: str | None, *, field: str = "provider") -> Provider | No
         known = ", ".join(Provider.objects.values_list("name", flat=True)[:20]) or "none yet"
         raise Invalid(
             f"Unknown provider '{name}' (known: {known}). Add it with "
-            f"'lakeshore providers add {name} --kind …'.",
+            f"'lakeshore providers add {name} --kind simulated' (or --kind local).",
             fields={field: f"unknown provider '{name}'"},
         ) from None
 
@@ -101,6 +101,8 @@ def queue_create(
     on_full: str = "reject",
     temperature: float = 1.0,
 ) -> Queue:
+    if Queue.objects.filter(name=name).exists():
+        raise Conflict(f"Queue '{name}' already exists.", fields={"name": "already exists"})
     queue = Queue(
         name=name,
         kind=kind,

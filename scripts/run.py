@@ -119,6 +119,7 @@ def main() -> None:
         print("Stopped.", flush=True)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))  # the terminal went away
     try:
         wait_healthy(web)
         lines = ["", f"Lakeshore Admin is up: {URL}/"]
