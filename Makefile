@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run test lint format check clean token admin-password help
+.PHONY: install run test lint format check clean token admin-password help bench
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -52,3 +52,6 @@ admin-password: install
 
 clean:
 	rm -rf $(VENV) var/pg var/pg-test
+
+bench: install
+	$(BIN)/python bench/queue_bench.py

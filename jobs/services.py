@@ -5,12 +5,13 @@ the same row can never both win (STYLE 4)."""
 import math
 import random
 import re
+import threading
 import time
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from jobs.models import Invocation, InvocationState
@@ -135,7 +136,7 @@ UPDATE jobs_invocation
          ORDER BY {order}
          LIMIT %(limit)s
          FOR UPDATE SKIP LOCKED))
-RETURNING id
+RETURNING *
 """
 _ORDER = {
     QueueKind.FIFO: "id",
@@ -144,11 +145,19 @@ _ORDER = {
 }
 
 
-def _claim_in_order(daemon_id: int, queue: str, order: str, limit: int, extra: str = "", **p):
+def _claim_in_order(
+    daemon_id: int, queue: str, order: str, limit: int, extra: str = "", **p
+) -> list[Invocation]:
     sql = _CLAIM_SQL.format(order=order, extra=extra)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, {"daemon": daemon_id, "queue": queue, "limit": limit, **p})
-        return [row[0] for row in cursor.fetchall()]
+    params = {"daemon": daemon_id, "queue": queue, "limit": limit, **p}
+    return sorted(Invocation.objects.raw(sql, params), key=_claim_key[order])
+
+
+_claim_key = {
+    "id": lambda inv: inv.pk,
+    "id DESC": lambda inv: -inv.pk,
+    "priority DESC, id": lambda inv: (-inv.priority, inv.pk),
+}
 
 
 def boltzmann_levels(queue: str) -> dict[int, int]:
@@ -160,6 +169,27 @@ def boltzmann_levels(queue: str) -> dict[int, int]:
         .annotate(n=Count("id"))
     )
     return dict(rows)
+
+
+LEVELS_TTL = 2.0  # seconds a process reuses a queue's level counts
+_levels_cache: dict[int, tuple[float, dict[int, int]]] = {}
+_levels_lock = threading.Lock()
+
+
+def _levels_for(queue: Queue, *, fresh: bool = False) -> dict[int, int]:
+    """Level counts, counted at most every LEVELS_TTL seconds per queue and process, so
+    a claim does not scan the backlog. Counts a few seconds old only nudge the odds; a
+    level found empty is dropped at once, and an empty answer is always recounted."""
+    now = time.monotonic()
+    if not fresh:
+        with _levels_lock:
+            hit = _levels_cache.get(queue.pk)
+        if hit and now - hit[0] < LEVELS_TTL and hit[1]:
+            return dict(hit[1])
+    levels = boltzmann_levels(queue.name)
+    with _levels_lock:
+        _levels_cache[queue.pk] = (now, levels)
+    return dict(levels)
 
 
 def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Random) -> int:
@@ -176,21 +206,30 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
     return weights[-1][0]
 
 
-def _claim_boltzmann(daemon_id: int, queue: Queue, limit: int, rng: random.Random) -> list[int]:
-    levels = boltzmann_levels(queue.name)
-    claimed: list[int] = []
-    while levels and len(claimed) < limit:
+def _claim_boltzmann(
+    daemon_id: int, queue: Queue, limit: int, rng: random.Random
+) -> list[Invocation]:
+    levels = _levels_for(queue)
+    claimed: list[Invocation] = []
+    recounted = False
+    while len(claimed) < limit:
+        if not levels:
+            if recounted:
+                break
+            levels, recounted = _levels_for(queue, fresh=True), True
+            continue
         level = boltzmann_pick(levels, queue.temperature, rng)
         got = _claim_in_order(
             daemon_id, queue.name, "id", 1, extra="AND priority = %(level)s", level=level
         )
-        if got:
-            claimed.extend(got)
-            levels[level] -= 1
-        else:  # taken by another daemon meanwhile: drop the level, count it again later
-            levels[level] = 0
+        claimed.extend(got)
+        # taken, or found empty (another daemon got there first): count it down
+        levels[level] = levels[level] - 1 if got else 0
         if levels[level] <= 0:
             del levels[level]
+    with _levels_lock:  # what this claim learnt, for the next one in this process
+        if queue.pk in _levels_cache:
+            _levels_cache[queue.pk] = (_levels_cache[queue.pk][0], levels)
     return claimed
 
 
@@ -227,7 +266,7 @@ def invocation_claim(
     deadline = time.monotonic() + wait
     while True:
         _live_daemon(daemon)
-        claimed: list[int] = []
+        claimed: list[Invocation] = []
         if daemon.state != DaemonState.DRAINING:
             with transaction.atomic():
                 for queue in _dispatching(daemon.queues):
@@ -240,34 +279,33 @@ def invocation_claim(
                         claimed += _claim_boltzmann(daemon.pk, queue, want, rng)
                     else:
                         claimed += _claim_in_order(daemon.pk, queue.name, _ORDER[queue.kind], want)
-                _daemon_touch(daemon, latest=claimed[-1] if claimed else None)
+                _daemon_touch(daemon, latest=claimed[-1].pk if claimed else None)
         if claimed or time.monotonic() >= deadline:
-            return list(Invocation.objects.filter(pk__in=claimed).order_by("id"))
+            return claimed
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
+_TOUCH_SQL = """
+UPDATE queues_daemon d
+   SET last_heartbeat_at = now(), updated_at = now(),
+       state = CASE
+           WHEN d.state IN ('provisioning', 'idle', 'busy')
+           THEN CASE WHEN w.running THEN 'busy' ELSE 'idle' END
+           ELSE d.state END,
+       current_invocation_id = CASE
+           WHEN %(latest)s::bigint IS NOT NULL THEN %(latest)s::bigint
+           WHEN w.running THEN d.current_invocation_id
+           ELSE NULL END
+  FROM (SELECT EXISTS (SELECT 1 FROM jobs_invocation
+                        WHERE daemon_id = %(daemon)s AND state = 'running') AS running) w
+ WHERE d.id = %(daemon)s AND d.state IN ('provisioning', 'idle', 'busy', 'draining')
+"""
+
+
 def _daemon_touch(daemon: Daemon, latest: int | None = None) -> None:
-    """Heartbeat, and busy/idle from what the daemon is running now."""
-    running = Invocation.objects.filter(daemon=OuterRef("pk"), state=Q_.RUNNING)
-    fields = {"last_heartbeat_at": timezone.now(), "updated_at": timezone.now()}
-    if latest is not None:
-        fields["current_invocation_id"] = latest
-    Daemon.objects.filter(pk=daemon.pk, state__in=[DaemonState.IDLE, DaemonState.BUSY]).update(
-        **fields
-    )
-    # busy iff it runs something (two statements keep each one simple and conditional)
-    Daemon.objects.filter(pk=daemon.pk, state=DaemonState.IDLE).filter(Exists(running)).update(
-        state=DaemonState.BUSY
-    )
-    Daemon.objects.filter(pk=daemon.pk, state=DaemonState.BUSY).exclude(Exists(running)).update(
-        state=DaemonState.IDLE, current_invocation=None
-    )
-    Daemon.objects.filter(
-        pk=daemon.pk, state__in=[DaemonState.PROVISIONING, DaemonState.DRAINING]
-    ).update(last_heartbeat_at=timezone.now())
-    Daemon.objects.filter(pk=daemon.pk, state=DaemonState.PROVISIONING).update(
-        state=DaemonState.IDLE
-    )
+    """Heartbeat, and busy/idle from what the daemon runs now, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TOUCH_SQL, {"daemon": daemon.pk, "latest": latest})
 
 
 def daemon_heartbeat(*, daemon: Daemon) -> dict:
