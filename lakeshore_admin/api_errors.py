@@ -1,8 +1,9 @@
 """The one place that turns errors into the API's error body:
 {"error": {"code": "...", "message": "...", "fields": {...}}}."""
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DataError, InterfaceError, OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -39,6 +40,20 @@ def _summary(fields: dict[str, str]) -> str:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, DataError):  # a value the database refuses: still the caller's input
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid value"
+        return Response(
+            error_body("invalid", f"The database refused a value: {detail}."), status=400
+        )
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return Response(
+            error_body("unavailable", "The database is unavailable; try again shortly."),
+            status=503,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            error_body("too_large", "The request body is too large (at most 10 MB)."), status=413
+        )
     if isinstance(exc, DomainError):
         body = error_body(exc.code, exc.message, exc.fields, **exc.extra)
         return Response(body, status=exc.status)

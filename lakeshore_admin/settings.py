@@ -106,6 +106,8 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # a batch of invocations can be large
+
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"

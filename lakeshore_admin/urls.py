@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.http import JsonResponse
 from django.urls import include, path, re_path
+from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from lakeshore_admin.health import healthz
@@ -14,6 +15,24 @@ def api_not_found(request, *args, **kwargs):
     message = f"No API endpoint at {request.path}{hint}; see /api/docs/."
     return JsonResponse(error_body("not_found", message), status=404)
 
+
+def _json_for_api(status: int, code: str, message: str, html_view):
+    def view(request, *args, **kwargs):
+        if request.path.startswith("/api/"):
+            from lakeshore_admin.api_errors import error_body
+
+            return JsonResponse(error_body(code, message), status=status)
+        return html_view(request, *args, **kwargs)
+
+    return view
+
+
+handler400 = _json_for_api(
+    400, "invalid", "Bad request (a body over 10 MB is refused).", defaults.bad_request
+)
+handler500 = _json_for_api(
+    500, "server_error", "The server failed; the error was logged.", defaults.server_error
+)
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from jobs.models import Invocation
-from queues.api.serializers import INT_MAX, StrictInput, name_field
+from queues.api.serializers import INT_MAX, StrictInput, name_field, without_nul
 
 
 class InvocationSerializer(serializers.ModelSerializer):
@@ -51,8 +51,12 @@ class InvocationDetailSerializer(InvocationSerializer):
 class SubmitInput(StrictInput):
     function = serializers.CharField(max_length=300)
     queue = serializers.CharField(allow_blank=True, allow_null=True, default="")
-    args = serializers.ListField(child=serializers.JSONField(), default=list)
-    kwargs = serializers.DictField(child=serializers.JSONField(), default=dict)
+    args = serializers.ListField(
+        child=serializers.JSONField(), default=list, validators=[without_nul]
+    )
+    kwargs = serializers.DictField(
+        child=serializers.JSONField(), default=dict, validators=[without_nul]
+    )
     priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000, default=0)
     key = serializers.CharField(max_length=200, allow_blank=True, default="")
     timeout_s = serializers.IntegerField(
@@ -91,8 +95,13 @@ class CompleteInput(StrictInput):
     invocation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     attempt = serializers.IntegerField(min_value=1, max_value=INT_MAX)
     state = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
-    result = serializers.JSONField(required=False, allow_null=True, default=None)
+    result = serializers.JSONField(
+        required=False, allow_null=True, default=None, validators=[without_nul]
+    )
     error = serializers.CharField(allow_blank=True, default="", max_length=100_000)
+
+    def validate_error(self, value):
+        return value.replace("\x00", "\\x00")  # keep the traceback, drop what PG can't store
 
 
 class HeartbeatOutput(serializers.Serializer):

@@ -16,6 +16,23 @@ from queues.models import (
 INT_MAX = 2_147_483_647  # PostgreSQL integer columns
 
 
+def without_nul(value, path: str = ""):
+    """PostgreSQL stores no NUL character in text or JSON: refuse it with a clear error."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise serializers.ValidationError(
+                f"{path or 'value'} holds a NUL character (\\u0000), which cannot be stored."
+            )
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            without_nul(key, path)
+            without_nul(inner, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            without_nul(inner, f"{path}[{index}]" if path else f"[{index}]")
+    return value
+
+
 class StrictInput(serializers.Serializer):
     """Refuses keys it does not know: a misspelt field is an error, never ignored."""
 
@@ -227,14 +244,14 @@ class ProviderInput(StrictInput):
     name = name_field()
     kind = serializers.ChoiceField(choices=Provider.Kind.choices)
     description = serializers.CharField(max_length=500, allow_blank=True, default="")
-    config = serializers.JSONField(default=dict)
+    config = serializers.JSONField(default=dict, validators=[without_nul])
 
 
 class ProviderPatch(StrictInput):
     name = serializers.CharField(required=False)
     kind = serializers.CharField(required=False)
     description = serializers.CharField(max_length=500, allow_blank=True, required=False)
-    config = serializers.JSONField(required=False)
+    config = serializers.JSONField(required=False, validators=[without_nul])
 
 
 class DaemonRegister(StrictInput):

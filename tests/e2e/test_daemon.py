@@ -241,3 +241,10 @@ def test_the_daemon_survives_a_server_restart(tmp_path):
         proc.wait(15)
         server.terminate()
         server.wait(10)
+
+
+def test_a_daemon_for_an_unknown_queue_stops_with_the_servers_reason(live_server, tmp_path):
+    proc = _start_daemon(live_server, tmp_path, "--queues", "nope")
+    assert proc.wait(15) == 1
+    log = _log(tmp_path)
+    assert "error: Unknown queue(s): nope" in log and "Traceback" not in log
