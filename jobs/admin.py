@@ -1,10 +1,14 @@
 from django.contrib import admin
 
+from jobs import services
 from jobs.models import Invocation
+from queues.admin import _run
 
 
 @admin.register(Invocation)
 class InvocationAdmin(admin.ModelAdmin):
+    """Read-only: invocations change state through the API, the daemons and these actions."""
+
     list_display = [
         "id",
         "function",
@@ -19,13 +23,23 @@ class InvocationAdmin(admin.ModelAdmin):
     search_fields = ["function", "key"]
     list_select_related = ["daemon"]
     show_full_result_count = False  # no COUNT(*) over every invocation
-    readonly_fields = [
-        "state",
-        "daemon",
-        "attempts",
-        "result",
-        "error",
-        "created_at",
-        "started_at",
-        "finished_at",
-    ]
+    actions = ["kill"]
+
+    def has_add_permission(self, request):
+        return False  # submit through the API or `lakeshore jobs submit`: admission rules apply
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # history is kept; queued ones can be killed
+
+    @admin.action(description="Kill the selected queued invocations")
+    def kill(self, request, queryset):
+        _run(
+            self,
+            request,
+            queryset,
+            "Kill",
+            lambda inv: services.invocation_kill(invocation_id=inv.pk, reason="killed in admin"),
+        )

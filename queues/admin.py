@@ -191,6 +191,32 @@ class ProviderAdmin(admin.ModelAdmin):
     list_filter = ["kind"]
     search_fields = ["name", "description"]
 
+    def get_readonly_fields(self, request, obj=None):
+        return ["name", "kind"] if obj is not None else []
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+
+        class CheckedForm(form):
+            def clean_config(self):
+                try:  # the credential rule is the service's
+                    return services.check_provider_config(self.cleaned_data.get("config"))
+                except DomainError as exc:
+                    raise ValidationError(exc.message) from exc
+
+        return CheckedForm
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            services.provider_patch(
+                name=obj.name, changes={"description": obj.description, "config": obj.config}
+            )
+        else:
+            created = services.provider_create(
+                name=obj.name, kind=obj.kind, description=obj.description, config=obj.config
+            )
+            obj.pk = created.pk
+
     def delete_model(self, request, obj):
         try:
             services.provider_delete(name=obj.name)
@@ -203,6 +229,8 @@ class ProviderAdmin(admin.ModelAdmin):
 
 @admin.register(Daemon)
 class DaemonAdmin(admin.ModelAdmin):
+    """Daemons register themselves: admin shows them and can drop them."""
+
     list_display = [
         "id",
         "name",
@@ -215,13 +243,22 @@ class DaemonAdmin(admin.ModelAdmin):
     list_filter = ["state", "provider"]
     search_fields = ["name", "external_id"]
     list_select_related = ["provider"]
-    readonly_fields = [
-        "created_at",
-        "updated_at",
-        "last_heartbeat_at",
-        "current_invocation",
-        "owner",
-    ]
+    actions = ["drop"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # "drop" keeps the row and ends its work as the protocol says
+
+    @admin.action(description="Drop the selected daemons (their running work ends killed)")
+    def drop(self, request, queryset):
+        from jobs.services import daemon_drop
+
+        _run(self, request, queryset, "Drop", lambda d: daemon_drop(daemon=d))
 
     @admin.display(description="queues")
     def queue_list(self, daemon):

@@ -398,7 +398,7 @@ def _secret_paths(value, path: str = "config") -> list[str]:
     return found
 
 
-def _check_config(config) -> dict:
+def check_provider_config(config) -> dict:
     if not isinstance(config, dict):
         raise Invalid("config must be a JSON object.", fields={"config": "not an object"})
     secrets = _secret_paths(config)
@@ -414,7 +414,7 @@ def _check_config(config) -> dict:
 
 def provider_create(*, name: str, kind: str, description: str = "", config=None) -> Provider:
     provider = Provider(
-        name=name, kind=kind, description=description, config=_check_config(config or {})
+        name=name, kind=kind, description=description, config=check_provider_config(config or {})
     )
     try:
         with transaction.atomic():
@@ -435,7 +435,7 @@ def provider_patch(*, name: str, changes: dict) -> Provider:
         )
     provider = provider_get(name)
     if "config" in changes:
-        provider.config = _check_config(changes["config"])
+        provider.config = check_provider_config(changes["config"])
     if "description" in changes:
         provider.description = changes["description"]
     provider.save()

@@ -123,3 +123,85 @@ def test_it_refuses_a_bad_threshold_on_change(staff):
     assert b"threshold must be in (0, 1]" in response.content
     queue.refresh_from_db()
     assert queue.elasticity_threshold == 0.5
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/admin/",
+        "/admin/queues/queue/",
+        "/admin/queues/queue/add/",
+        "/admin/queues/provider/",
+        "/admin/queues/provider/add/",
+        "/admin/queues/daemon/",
+        "/admin/queues/queueevent/",
+        "/admin/jobs/invocation/",
+        "/admin/accounts/apitoken/",
+        "/admin/auth/user/",
+    ],
+)
+def test_every_admin_page_opens(staff, url):
+    builders.queue(name="eval")
+    builders.daemon(queues=["eval"])
+    assert staff.get(url).status_code == 200
+
+
+def test_each_object_page_opens(staff):
+    from queues.models import QueueEvent
+
+    queue = builders.queue(name="eval", elasticity_spec={"kind": "fixed", "min": 1})
+    provider = builders.provider(name="gpu")
+    daemon = builders.daemon(queues=["eval"])
+    invocation = Invocation.objects.create(function="lakeshore.functions.echo", queue="eval")
+    event = QueueEvent.objects.create(
+        queue=queue, at="2026-01-01T00:00:00Z", action="tick_noop", reason="-",
+        daemons=1, busy=0, pending=0, utilization=0, desired=1,
+    )  # fmt: skip
+    for url in [
+        f"/admin/queues/queue/{queue.pk}/change/",
+        f"/admin/queues/provider/{provider.pk}/change/",
+        f"/admin/queues/daemon/{daemon.pk}/change/",
+        f"/admin/jobs/invocation/{invocation.pk}/change/",
+        f"/admin/queues/queueevent/{event.pk}/change/",
+    ]:
+        assert staff.get(url).status_code == 200, url
+
+
+def test_it_kills_queued_invocations_with_an_action(staff):
+    from jobs.services import invocation_submit
+
+    inv, _ = invocation_submit(function="lakeshore.functions.echo")
+    response = staff.post(
+        "/admin/jobs/invocation/", {"action": "kill", "_selected_action": [inv.pk]}
+    )
+    assert response.status_code == 302
+    inv.refresh_from_db()
+    assert (inv.state, inv.reason) == ("killed", "killed in admin")
+
+
+def test_it_drops_daemons_with_an_action(staff):
+    daemon = builders.daemon(queues=[])
+    response = staff.post(
+        "/admin/queues/daemon/", {"action": "drop", "_selected_action": [daemon.pk]}
+    )
+    assert response.status_code == 302
+    daemon.refresh_from_db()
+    assert daemon.state == "terminated"
+
+
+def test_it_refuses_credentials_in_a_providers_config(staff):
+    from queues.models import Provider
+
+    response = staff.post(
+        "/admin/queues/provider/add/",
+        {"name": "gpu", "kind": "simulated", "description": "", "config": '{"api_key": "x"}'},
+    )
+    assert response.status_code == 200
+    assert b"must not hold credentials" in response.content
+    assert not Provider.objects.exists()
+    response = staff.post(
+        "/admin/queues/provider/add/",
+        {"name": "gpu", "kind": "simulated", "description": "", "config": '{"region": "eu"}'},
+    )
+    assert response.status_code == 302
+    assert Provider.objects.get().config == {"region": "eu"}
