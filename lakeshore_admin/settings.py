@@ -158,9 +158,34 @@ LAKESHORE_SCALE_DOWN_WINDOW = env_number("LAKESHORE_SCALE_DOWN_WINDOW", 300, min
 LAKESHORE_BLOCK_TIMEOUT = env_number("LAKESHORE_BLOCK_TIMEOUT", 30, minimum=0, kind=float)
 LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
 
-# --- Celery (the app comes with the elasticity issue; the broker is configured now) ---
-CELERY_BROKER_URL = env_str("LAKESHORE_BROKER_URL", "")
-CELERY_TASK_ALWAYS_EAGER = False
+# --- Celery: worker and beat ---------------------------------------------------------------
+# LAKESHORE_BROKER_URL (e.g. redis://127.0.0.1:6379/0) in production. Without it, a
+# filesystem broker under var/broker: no server to run, fine for one machine. The
+# database, not the broker, records what was done: every tick is safe to run twice.
+CELERY_BROKER_URL = env_str("LAKESHORE_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    _broker = VAR_DIR / "broker"
+    for _folder in ("queue", "control"):
+        (_broker / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker / "queue"),
+        "data_folder_out": str(_broker / "queue"),
+        "control_folder": str(_broker / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE = {
+    "reap": {
+        "task": "jobs.reap",
+        "schedule": float(LAKESHORE_TICK_SECONDS),
+        "options": {"expires": float(LAKESHORE_TICK_SECONDS)},  # a missed tick is not owed
+    },
+}
 
 LOGGING = {
     "version": 1,

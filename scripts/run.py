@@ -58,11 +58,15 @@ def link_cli() -> str:
             continue
         if target.exists() and not target.is_symlink():
             continue  # somebody else's lakeshore: leave it alone
+        previous = None
         if target.is_symlink():
+            previous = os.readlink(target)
             target.unlink()
         target.symlink_to(ours)
-        if found:
-            return f"linked {target} -> {ours} (it shadows {found})"
+        if previous:
+            return f"linked {target} -> {ours} (it pointed at {previous})"
+        if found and Path(found) != target:
+            return f"linked {target} -> {ours} (check that it comes before {found} on PATH)"
         return f"linked {target} -> {ours}"
     return f"put it on PATH with: export PATH={ours.parent}:$PATH"
 
@@ -99,6 +103,24 @@ def main() -> None:
         cwd=ROOT,
     )
     procs.append(web)
+    # One Celery worker with beat inside (-B): the reaper and, later, elasticity ticks.
+    celery = subprocess.Popen(
+        [
+            str(Path(PY).parent / "celery"),
+            "-A",
+            "lakeshore_admin",
+            "worker",
+            "-B",
+            "--pool=solo",
+            "--loglevel=warning",
+            "--hostname=lakeshore@%h",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        # As root (these machines) Celery warns on every start; the worker runs JSON only.
+        env={**os.environ, "PYTHONWARNINGS": "ignore:You're running the worker with superuser"},
+    )
+    procs.append(celery)
 
     def shutdown(*_):
         for proc in procs:
@@ -125,6 +147,9 @@ def main() -> None:
         lines = ["", f"Lakeshore Admin is up: {URL}/"]
         lines.append(f"  console and Django admin: {URL}/admin/   API: {URL}/api/v1/")
         lines.append(f"  API docs: {URL}/api/docs/")
+        lines.append(
+            f"  Celery worker and beat: running (reaper every {settings.LAKESHORE_TICK_SECONDS} s)"
+        )
         if boot["created"]:
             lines.append(f"  admin login: {boot['username']} / {boot['password']}  (shown once)")
             lines.append(f"  API token (operator): {boot['token']}  (shown once)")
