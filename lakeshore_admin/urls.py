@@ -5,6 +5,7 @@ from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from lakeshore_admin.health import healthz
+from queues import views as queue_views
 
 
 def api_not_found(request, *args, **kwargs):
@@ -35,6 +36,7 @@ handler500 = _json_for_api(
 )
 
 urlpatterns = [
+    path("", queue_views.queue_list, name="console-home"),
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("queues.api.urls")),

@@ -71,15 +71,7 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="elasticity")
     def elasticity_summary(self, queue):
-        spec = queue.elasticity
-        if not spec:
-            return "-"
-        parts = [spec["kind"]]
-        if spec["min"] is not None or spec["max"] is not None:
-            parts.append(f"{spec['min'] if spec['min'] is not None else ''}..{spec['max'] or '∞'}")
-        if spec["threshold"] is not None:
-            parts.append(f"@{spec['threshold']}")
-        return " ".join(parts)
+        return queue.elasticity_text
 
     def get_readonly_fields(self, request, obj=None):
         fields = list(super().get_readonly_fields(request, obj))

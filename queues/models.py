@@ -220,6 +220,21 @@ class Queue(models.Model):
         }
 
     @property
+    def elasticity_text(self) -> str:
+        """As `queues ls` shows it: `pool-with-threshold 2..16 @0.7`, `fixed 3`, `-`."""
+        spec = self.elasticity
+        if not spec:
+            return "-"
+        text = spec["kind"].replace("_", "-")
+        low, high = spec["min"], spec["max"]
+        if spec["kind"] == ElasticityKind.FIXED:
+            return f"{text} {low}"
+        text += f" {low if low is not None else 0}..{high if high is not None else 'unbounded'}"
+        if spec["threshold"] is not None:
+            text += f" @{spec['threshold']:g}"
+        return text
+
+    @property
     def admits_submissions(self) -> bool:
         return self.state in (QueueState.ACTIVE, QueueState.PAUSED)
 
