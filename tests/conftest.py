@@ -13,7 +13,7 @@ def pytest_unconfigure(config):
         return  # an xdist worker: the controller owns the server
     from django.conf import settings
 
-    if getattr(settings, "EMBEDDED_PGDATA", None) is not None:
+    if settings.configured and getattr(settings, "EMBEDDED_PGDATA", None) is not None:
         from django.db import connections
 
         connections.close_all()
