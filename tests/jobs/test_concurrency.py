@@ -133,3 +133,33 @@ def test_kill_and_claim_of_the_same_invocation_never_both_win():
             services.invocation_complete(
                 daemon=daemon, invocation_id=inv.pk, attempt=1, succeeded=True
             )
+
+
+def test_a_claim_long_polls_until_work_arrives():
+    import time
+
+    builders.queue(name="lp")
+    daemon = builders.daemon(queues=["lp"])
+
+    def submit_later(_i):
+        time.sleep(0.5)
+        services.invocation_submit(function="x.y", queue="lp")
+
+    waiter = threading.Thread(target=lambda: _run_threads(submit_later, 1))
+    started = time.monotonic()
+    waiter.start()
+    got = services.invocation_claim(daemon=daemon, wait=5)
+    waited = time.monotonic() - started
+    waiter.join()
+    assert len(got) == 1
+    assert 0.4 < waited < 3  # it waited for the submit, and answered soon after it
+
+
+def test_a_claim_with_nothing_to_do_answers_empty_after_its_wait():
+    import time
+
+    builders.queue(name="lp")
+    daemon = builders.daemon(queues=["lp"])
+    started = time.monotonic()
+    assert services.invocation_claim(daemon=daemon, wait=0.6) == []
+    assert time.monotonic() - started >= 0.6
