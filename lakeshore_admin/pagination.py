@@ -4,6 +4,7 @@ fetched to know whether there is a next page: no COUNT(*)."""
 
 from django.utils.http import urlencode
 from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 
 
 def bounded_int(request, name: str, *, default: int, low: int, high: int | None) -> int:
@@ -46,3 +47,18 @@ class LimitOffset:
         rows = list(queryset[offset : offset + limit + 1])
         link = next_link(request, limit=limit, offset=offset + limit) if len(rows) > limit else None
         return rows[:limit], link
+
+
+def filtered(filterset_class, request, queryset):
+    """Apply a list's FilterSet to the query string; bad values answer 400."""
+    filterset = filterset_class(request.query_params, queryset=queryset)
+    if not filterset.is_valid():
+        raise ValidationError(filterset.errors)
+    return filterset.qs
+
+
+def list_response(rows, link, serializer_class) -> Response:
+    response = Response(serializer_class(rows, many=True).data)
+    if link:
+        response["Link"] = link
+    return response

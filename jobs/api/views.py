@@ -15,8 +15,13 @@ from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation
 from lakeshore_admin.api_docs import errors
-from lakeshore_admin.pagination import MAX_OFFSET, bounded_int, next_link
-from queues.api.views import _filtered, _list_response
+from lakeshore_admin.pagination import (
+    MAX_OFFSET,
+    bounded_int,
+    filtered,
+    list_response,
+    next_link,
+)
 from queues.services import daemon_get
 
 BATCH_MAX = 1000
@@ -45,12 +50,12 @@ class JobList(APIView):
     def get(self, request):
         limit = bounded_int(request, "limit", default=50, low=1, high=200)
         offset = bounded_int(request, "offset", default=0, low=0, high=MAX_OFFSET)
-        queryset = _filtered(InvocationFilter, request, Invocation.objects.order_by("-id"))
+        queryset = filtered(InvocationFilter, request, Invocation.objects.order_by("-id"))
         rows = list(queryset[offset : offset + limit + 1])
         link = None
         if len(rows) > limit:  # the next page by keyset: fast at any depth
             link = next_link(request, drop=("offset",), limit=limit, cursor=rows[limit - 1].pk)
-        return _list_response(rows[:limit], link, s.InvocationSerializer)
+        return list_response(rows[:limit], link, s.InvocationSerializer)
 
     @extend_schema(
         summary="Submit one invocation (an object) or a batch (a list of up to 1,000)",

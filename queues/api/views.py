@@ -3,34 +3,19 @@
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
-from lakeshore_admin.pagination import LimitOffset, bounded_int
+from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
 from queues import services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
 from queues.models import Daemon, Provider, Queue, QueueEvent
 
 MEMBERS_SHOWN = 500
-
-
-def _filtered(filterset_class, request, queryset):
-    filterset = filterset_class(request.query_params, queryset=queryset)
-    if not filterset.is_valid():
-        raise ValidationError(filterset.errors)
-    return filterset.qs
-
-
-def _list_response(rows, link, serializer_class):
-    response = Response(serializer_class(rows, many=True).data)
-    if link:
-        response["Link"] = link
-    return response
 
 
 def _queue_read(name: str) -> Queue:
@@ -61,9 +46,9 @@ class QueueList(APIView):
         responses={200: s.QueueSerializer(many=True), **errors(400)},
     )
     def get(self, request):
-        queryset = _filtered(QueueFilter, request, Queue.objects.for_list())
+        queryset = filtered(QueueFilter, request, Queue.objects.for_list())
         rows, link = self.pages.paginate(queryset, request)
-        return _list_response(rows, link, s.QueueSerializer)
+        return list_response(rows, link, s.QueueSerializer)
 
     @extend_schema(
         summary="Add a queue",
@@ -170,10 +155,8 @@ class QueueEvents(APIView):
         rows = list(events.order_by("-id")[: limit + 1])
         link = None
         if len(rows) > limit:
-            from lakeshore_admin.pagination import next_link
-
             link = next_link(request, before=rows[limit - 1].id, limit=limit)
-        return _list_response(rows[:limit], link, s.EventSerializer)
+        return list_response(rows[:limit], link, s.EventSerializer)
 
 
 class QueueStats(APIView):
@@ -195,7 +178,7 @@ class ProviderList(APIView):
     )
     def get(self, request):
         rows, link = self.pages.paginate(Provider.objects.order_by("name"), request)
-        return _list_response(rows, link, s.ProviderSerializer)
+        return list_response(rows, link, s.ProviderSerializer)
 
     @extend_schema(
         summary="Add a provider (config holds no credentials: name them with credential_ref)",
@@ -248,9 +231,9 @@ class DaemonList(APIView):
         responses={200: s.DaemonSerializer(many=True), **errors(400)},
     )
     def get(self, request):
-        queryset = _filtered(DaemonFilter, request, Daemon.objects.for_list().order_by("-id"))
+        queryset = filtered(DaemonFilter, request, Daemon.objects.for_list().order_by("-id"))
         rows, link = self.pages.paginate(queryset, request)
-        return _list_response(rows, link, s.DaemonSerializer)
+        return list_response(rows, link, s.DaemonSerializer)
 
 
 class DaemonRegisterView(APIView):
