@@ -107,6 +107,7 @@ def main() -> None:
     celery = subprocess.Popen(
         [
             str(Path(PY).parent / "celery"),
+            "--quiet",
             "-A",
             "lakeshore_admin",
             "worker",
@@ -114,7 +115,6 @@ def main() -> None:
             "--pool=solo",
             "--loglevel=warning",
             "--hostname=lakeshore@%h",
-            "--quiet",
         ],
         cwd=ROOT,
         # As root (these machines) Celery warns on every start; the worker runs JSON only.
@@ -140,6 +140,8 @@ def main() -> None:
             embedded_db.stop(settings.EMBEDDED_PGDATA)
         print("Stopped.", flush=True)
 
+    # Ctrl-C stops everything, even when a shell started us with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))  # the terminal went away
     try:
@@ -166,7 +168,9 @@ def main() -> None:
         print("\n".join(lines), flush=True)
         while all(proc.poll() is None for proc in procs):
             time.sleep(0.5)
-        sys.exit("A server process exited; stopping the rest.")
+        gone = next(proc for proc in procs if proc.poll() is not None)
+        name = "The web server" if gone is web else "The Celery worker"
+        sys.exit(f"{name} exited with code {gone.returncode} (see above); stopping the rest.")
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,0 +1,43 @@
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from queues.services import queue_transition
+from tests import builders
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def logged_in(page, live_server):
+    get_user_model().objects.create_user("alice", password="a-long-test-password")
+    page.goto(f"{live_server.url}/")
+    page.fill("#id_username", "alice")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    return page
+
+
+def test_the_queue_list_filters_by_state_without_a_reload(logged_in, live_server):
+    page = logged_in
+    builders.queue(name="training-h100", description="h100 prod")
+    builders.queue(name="retired-queue")
+    queue_transition(name="retired-queue", action="archive")
+    page.reload()
+    table = page.locator("#queue-table")
+    expect(table).to_contain_text("training-h100")
+    expect(table).not_to_contain_text("retired-queue")
+
+    page.evaluate("window.__marker = 'same page'")  # survives only if nothing reloads
+    page.select_option("select[name=state]", "archived")
+    expect(table).to_contain_text("retired-queue")
+    expect(table).not_to_contain_text("training-h100")
+    assert page.evaluate("window.__marker") == "same page"
+    assert page.url.endswith("/?state=archived")
+
+
+def test_htmx_comes_from_this_server(logged_in, live_server):
+    sources = logged_in.eval_on_selector_all("script[src]", "els => els.map(e => e.src)")
+    assert sources and all(src.startswith(live_server.url) for src in sources)
+    assert logged_in.evaluate("typeof htmx") == "object"
