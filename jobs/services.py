@@ -519,9 +519,9 @@ def queue_position(invocation: Invocation) -> dict | None:
     else:
         # Expected number claimed before it: older ones at its level, plus for each other
         # level the chance that one of its invocations wins a draw against this one.
-        levels = boltzmann_levels(invocation.queue)
+        levels = _levels_for(queue)  # counted at most every LEVELS_TTL s: no scan per request
         same_level = capped(same.filter(priority=invocation.priority, id__lt=invocation.pk))
-        top = max(levels)
+        top = max([*levels, invocation.priority])
         mine = math.exp((invocation.priority - top) / queue.temperature)
         expected = float(same_level)
         for level, count in levels.items():
