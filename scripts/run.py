@@ -85,8 +85,40 @@ def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
     sys.exit(f"The web server did not answer {URL}/healthz within {timeout:.0f} s.")
 
 
+def single_instance():
+    """One `make run` per checkout: a second one would fight over the port and stop the
+    first one's database on its way out."""
+    import fcntl
+
+    var = Path(os.environ.get("LAKESHORE_VAR_DIR", ROOT / "var"))
+    var.mkdir(parents=True, exist_ok=True)
+    handle = open(var / "make-run.lock", "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        sys.exit(f"make run is already running here (pid {holder}); stop it first.")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def die_with_parent() -> None:
+    """In a child: get SIGTERM when make run dies, even by kill -9 (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     os.chdir(ROOT)
+    lock = single_instance()  # noqa: F841 - the lock lives as long as this process
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     import django
 
@@ -101,6 +133,7 @@ def main() -> None:
     web = subprocess.Popen(
         [PY, "manage.py", "runserver", f"{BIND}:{PORT}", "--noreload", "--insecure"],
         cwd=ROOT,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads yet in this process
     )
     procs.append(web)
     # One Celery worker with beat inside (-B): the reaper and, later, elasticity ticks.
@@ -117,6 +150,7 @@ def main() -> None:
             "--hostname=lakeshore@%h",
         ],
         cwd=ROOT,
+        preexec_fn=die_with_parent,  # noqa: PLW1509
         # As root (these machines) Celery warns on every start; the worker runs JSON only.
         env={**os.environ, "PYTHONWARNINGS": "ignore:You're running the worker with superuser"},
     )
