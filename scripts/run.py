@@ -181,7 +181,7 @@ def main() -> None:
     try:
         wait_healthy(web)
         lines = ["", f"Lakeshore Admin is up: {URL}/"]
-        lines.append(f"  console and Django admin: {URL}/admin/   API: {URL}/api/v1/")
+        lines.append(f"  console: {URL}/   Django admin: {URL}/admin/   API: {URL}/api/v1/")
         lines.append(f"  API docs: {URL}/api/docs/")
         lines.append(
             f"  Celery worker and beat: running (reaper every {settings.LAKESHORE_TICK_SECONDS} s)"
