@@ -159,6 +159,9 @@ LAKESHORE_MAX_LAUNCH_PER_TICK = env_number("LAKESHORE_MAX_LAUNCH_PER_TICK", 10, 
 LAKESHORE_SCALE_DOWN_WINDOW = env_number("LAKESHORE_SCALE_DOWN_WINDOW", 300, minimum=0)
 LAKESHORE_BLOCK_TIMEOUT = env_number("LAKESHORE_BLOCK_TIMEOUT", 30, minimum=0, kind=float)
 LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
+LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK", 2, minimum=1)
+LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
+LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
 
 # --- Celery: worker and beat ---------------------------------------------------------------
 # LAKESHORE_BROKER_URL (e.g. redis://127.0.0.1:6379/0) in production. Without it, a
@@ -182,6 +185,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
+    "elasticity": {
+        "task": "queues.tick",
+        "schedule": float(LAKESHORE_TICK_SECONDS),
+        "options": {"expires": float(LAKESHORE_TICK_SECONDS)},
+    },
     "reap": {
         "task": "jobs.reap",
         "schedule": float(LAKESHORE_TICK_SECONDS),

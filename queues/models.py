@@ -185,6 +185,10 @@ class Queue(models.Model):
     max_depth = models.PositiveIntegerField(null=True, blank=True)
     on_full = models.CharField(max_length=8, choices=OnFull.choices, default=OnFull.REJECT)
     temperature = models.FloatField(default=1.0)
+    launch_failures = models.PositiveIntegerField(
+        default=0, help_text="Failed launches in a row (the controller backs off)."
+    )
+    launch_backoff_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -269,7 +273,10 @@ class QueueEvent(models.Model):
     busy = models.PositiveIntegerField()
     pending = models.PositiveIntegerField()
     utilization = models.FloatField()
-    desired = models.PositiveIntegerField()
+    desired = models.PositiveIntegerField(help_text="The count the controller moved toward.")
+    wanted = models.PositiveIntegerField(
+        default=0, help_text="What the formula asked for, before the scale-down window."
+    )
     delta = models.IntegerField(default=0)
 
     objects = QueueEventQuerySet.as_manager()

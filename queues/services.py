@@ -2,21 +2,18 @@
 tasks all call these; the rules live here once (STYLE: one rule, one place)."""
 
 import re
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Func, Max, Value
+from django.db.models import Count, F, Func, Value
 from django.utils import timezone
 
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
-from queues import elasticity
+from queues import controller, elasticity
 from queues.models import (
     LIVE_DAEMON_STATES,
     Daemon,
     DaemonState,
-    EventAction,
     Provider,
     Queue,
     QueueEvent,
@@ -291,60 +288,10 @@ def queue_signals(queue: Queue) -> dict:
     }
 
 
-def queue_plan(queue: Queue, signals: elasticity.Signals, *, now=None) -> dict:
-    """The desired count and what the next tick would do (a dry run of the controller)."""
-    now = now or timezone.now()
-    cap = settings.LAKESHORE_MAX_DAEMONS_PER_QUEUE
-    d = signals.daemons
-    if queue.state == QueueState.ARCHIVED:
-        return {"desired": 0, "delta": -d, "next_action": _describe(-d, "archived: scale to zero")}
-    if not queue.elasticity_kind:
-        return {"desired": d, "delta": 0, "next_action": "none (no elasticity declared)"}
-    if queue.state == QueueState.PAUSED:
-        return {"desired": d, "delta": 0, "next_action": "hold (paused)"}
-    params = {
-        "min": queue.elasticity_min,
-        "max": queue.elasticity_max,
-        "threshold": queue.elasticity_threshold,
-    }
-    desired = elasticity.desired_count(queue.elasticity_kind, params, signals, cap=cap)
-    if queue.state == QueueState.DRAINING and signals.busy + signals.pending == 0:
-        desired = 0
-    if desired < d:
-        # Down slowly: never below the highest desired of the scale-down window.
-        window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
-        peak = (
-            QueueEvent.objects.filter(queue=queue, at__gte=now - window)
-            .exclude(action=EventAction.LAUNCH_FAILED)
-            .aggregate(peak=Max("desired"))["peak"]
-        )
-        if peak is not None and peak > desired and queue.state != QueueState.DRAINING:
-            desired = min(peak, d)
-    delta = desired - d
-    if delta > 0:
-        delta = min(delta, settings.LAKESHORE_MAX_LAUNCH_PER_TICK)
-        if not queue.provider_id:
-            return {
-                "desired": desired,
-                "delta": 0,
-                "next_action": f"none: wants {desired - d} more daemon(s) but has no provider",
-            }
-    return {"desired": desired, "delta": delta, "next_action": _describe(delta)}
-
-
-def _describe(delta: int, why: str = "") -> str:
-    suffix = f" ({why})" if why else ""
-    if delta > 0:
-        return f"launch {delta}{suffix}"
-    if delta < 0:
-        return f"terminate up to {-delta} idle{suffix}"
-    return "none" + suffix
-
-
 def queue_stats(queue: Queue) -> dict:
     seen = queue_signals(queue)
     signals: elasticity.Signals = seen["signals"]
-    plan = queue_plan(queue, signals)
+    plan = controller.plan(queue, signals)
     recent = list(QueueEvent.objects.filter(queue=queue).decisions()[:5])
     return {
         "queue": queue.name,
@@ -358,8 +305,8 @@ def queue_stats(queue: Queue) -> dict:
         "pending": signals.pending,
         "pending_capped": seen["pending_capped"],
         "running": seen["running"],
-        "desired": plan["desired"],
-        "next_action": plan["next_action"],
+        "desired": plan.desired,
+        "next_action": plan.next_action,
         "recent_actions": recent,
     }
 

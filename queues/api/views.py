@@ -10,7 +10,7 @@ from accounts.permissions import DaemonProtocol
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
-from queues import services
+from queues import controller, services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
 from queues.models import Daemon, Provider, Queue, QueueEvent
@@ -95,7 +95,7 @@ class QueueDetail(APIView):
         if dry_run:
             seen = services.queue_signals(queue)
             queue.members = _queue_read(name).members
-            queue.desired = services.queue_plan(queue, seen["signals"])["desired"]
+            queue.desired = controller.plan(queue, seen["signals"]).desired
             return Response(s.QueueDryRunSerializer(queue).data)
         return Response(s.QueueSerializer(_queue_read(name)).data)
 

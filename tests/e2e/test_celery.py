@@ -31,15 +31,7 @@ def _database_url() -> str:
     return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-@pytest.mark.parametrize("broker", BROKERS)
-def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function="x.y", queue="w", max_attempts=2)
-    daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    services.invocation_claim(daemon=daemon)
-    Daemon.objects.filter(pk=daemon.pk).update(
-        last_heartbeat_at=timezone.now() - timedelta(seconds=120)
-    )
+def _start_worker(tmp_path, broker):
     env = {
         **os.environ,
         "DATABASE_URL": _database_url(),
@@ -50,7 +42,7 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
         "PYTHONWARNINGS": "ignore",
     }
     log = open(tmp_path / "celery.log", "w")  # noqa: SIM115 - lives as long as the worker
-    worker = subprocess.Popen(
+    return subprocess.Popen(
         [
             str(Path(sys.executable).parent / "celery"),
             "-A",
@@ -66,6 +58,18 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function="x.y", queue="w", max_attempts=2)
+    daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
+    services.invocation_claim(daemon=daemon)
+    Daemon.objects.filter(pk=daemon.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=120)
+    )
+    worker = _start_worker(tmp_path, broker)
     try:
         _wait_for(
             lambda: Daemon.objects.get(pk=daemon.pk).state == "lost",
@@ -79,3 +83,22 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
     assert (inv.state, inv.daemon_id) == ("queued", None)
     text = (tmp_path / "celery.log").read_text()
     assert "jobs.reap" in text and "'lost': 1" in text
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_beat_runs_the_elasticity_controller(tmp_path, broker):
+    from queues.models import QueueEvent
+
+    builders.provider(name="sim", kind="simulated")
+    builders.queue(name="train", provider="sim", elasticity_spec={"kind": "fixed", "min": 2})
+    worker = _start_worker(tmp_path, broker)
+    try:
+        _wait_for(
+            lambda: QueueEvent.objects.filter(queue__name="train", action="scale_up").exists(),
+            timeout=40,
+            what="the controller's first tick",
+        )
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    assert Daemon.objects.live().subscribed_to("train").count() == 2

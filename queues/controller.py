@@ -1,0 +1,219 @@
+"""The elasticity controller. Each tick, per queue: look at the signals (D, B, P, U),
+work out the desired count with the queue's formula (queues/elasticity.py), then act —
+up fast (straight to desired, at most LAKESHORE_MAX_LAUNCH_PER_TICK launches), down
+slowly (never below the highest count wanted in the last LAKESHORE_SCALE_DOWN_WINDOW
+seconds, idle daemons only, a few a tick) — and write one event saying why.
+
+A tick of one queue holds a transaction-scoped advisory lock, so two beats (or a beat
+and a retried message) never act on the same queue at once; the database, not the
+broker, records what was done."""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max, Q
+from django.utils import timezone
+
+from queues import elasticity
+from queues.drivers import ProviderError, driver_for
+from queues.models import (
+    Daemon,
+    DaemonState,
+    EventAction,
+    Queue,
+    QueueEvent,
+    QueueState,
+)
+
+BACKOFF_MAX_SECONDS = 600
+
+
+@dataclass(frozen=True)
+class Plan:
+    wanted: int  # what the formula asks for now
+    desired: int  # what the controller moves toward (after the scale-down window)
+    delta: int  # launches (+) or terminations (−) the next tick would try
+    action: str  # launch | terminate | hold | backoff | none
+    why: str  # the human reason, for the event
+    note: str = ""  # why nothing happens, when that is not obvious (for `stats`)
+
+    @property
+    def next_action(self) -> str:
+        if self.action == "launch":
+            return f"launch {self.delta}"
+        if self.action == "terminate":
+            return f"terminate up to {-self.delta} idle"
+        if self.action in ("hold", "backoff"):
+            return f"{self.action} ({self.why})"
+        return f"none ({self.note})" if self.note else "none"
+
+
+def _signals_text(s: elasticity.Signals) -> str:
+    return f"D={s.daemons} B={s.busy} P={s.pending} U={s.utilization:.2f}"
+
+
+def plan(queue: Queue, signals: elasticity.Signals, *, now=None) -> Plan:
+    """What the next tick would do, without doing it (also `stats` and `patch --dry-run`)."""
+    now = now or timezone.now()
+    d = signals.daemons
+    if queue.state == QueueState.ARCHIVED:
+        step = max(-d, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
+        why = "archived: scale to zero"
+        return Plan(0, 0, step, "terminate" if d else "none", why, note="archived")
+    if not queue.elasticity_kind:
+        return Plan(d, d, 0, "none", "no elasticity declared", note="no elasticity declared")
+    if queue.state == QueueState.PAUSED:
+        return Plan(d, d, 0, "hold", "paused: holding the pool's size")
+    params = {
+        "min": queue.elasticity_min,
+        "max": queue.elasticity_max,
+        "threshold": queue.elasticity_threshold,
+    }
+    cap = settings.LAKESHORE_MAX_DAEMONS_PER_QUEUE
+    wanted = elasticity.desired_count(queue.elasticity_kind, params, signals, cap=cap)
+    why = f"{_signals_text(signals)}: {queue.elasticity_kind} wants {wanted}"
+    if queue.state == QueueState.DRAINING and signals.busy + signals.pending == 0:
+        wanted, why = 0, "draining and nothing left: scale to zero"
+    desired = wanted
+    if wanted < d and queue.state != QueueState.DRAINING:
+        window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
+        peak = QueueEvent.objects.filter(queue=queue, at__gt=now - window).aggregate(
+            peak=Max("wanted")
+        )["peak"]
+        if peak is not None and peak > wanted:
+            desired = min(peak, d)
+            why += f"; holding {desired} for the scale-down window ({window.seconds} s)"
+    delta = desired - d
+    if delta > 0:
+        delta = min(delta, settings.LAKESHORE_MAX_LAUNCH_PER_TICK)
+        if not queue.provider_id:
+            note = f"wants {delta} more daemon(s) but has no provider"
+            return Plan(wanted, desired, 0, "none", f"{why}; {note}", note=note)
+        if queue.launch_backoff_until and queue.launch_backoff_until > now:
+            until = queue.launch_backoff_until.strftime("%H:%M:%S")
+            return Plan(
+                wanted,
+                desired,
+                0,
+                "backoff",
+                f"{queue.launch_failures} failed launch(es) in a row; next try at {until} UTC",
+            )
+        return Plan(wanted, desired, delta, "launch", why + f" → launching {delta}")
+    if delta < 0:
+        delta = max(delta, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
+        return Plan(wanted, desired, delta, "terminate", why + f" → terminating {-delta}")
+    return Plan(wanted, desired, 0, "none", why)
+
+
+def _try_lock(queue_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [f"tick:{queue_id}"])
+        return bool(cursor.fetchone()[0])
+
+
+def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
+    """One controller decision for one queue. None when another tick holds the queue."""
+    from queues.services import queue_signals
+
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not _try_lock(queue_id):
+            return None
+        queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
+        if queue is None:
+            return None
+        driver = driver_for(queue.provider) if queue.provider else None
+        if driver:
+            driver.sync(provider=queue.provider, queue=queue, now=now)
+        signals = queue_signals(queue)["signals"]
+        decided = plan(queue, signals, now=now)
+        action, delta, reason = EventAction.TICK_NOOP, 0, decided.why
+        if decided.action == "hold":
+            action = EventAction.HOLD
+        elif decided.action == "launch":
+            action, delta, reason = _launch(queue, driver, decided, now)
+        elif decided.action == "terminate":
+            action, delta, reason = _terminate(queue, driver, decided, now)
+        return QueueEvent.objects.create(
+            queue=queue,
+            at=now,
+            action=action,
+            reason=reason[:500],
+            daemons=signals.daemons,
+            busy=signals.busy,
+            pending=signals.pending,
+            utilization=round(signals.utilization, 4),
+            desired=decided.desired,
+            wanted=decided.wanted,
+            delta=delta,
+        )
+
+
+def _launch(queue: Queue, driver, decided: Plan, now):
+    try:
+        launched = driver.launch(provider=queue.provider, queue=queue, count=decided.delta, now=now)
+    except ProviderError as exc:
+        failures = queue.launch_failures + 1
+        wait = min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+        Queue.objects.filter(pk=queue.pk).update(
+            launch_failures=failures, launch_backoff_until=now + timedelta(seconds=wait)
+        )
+        return (
+            EventAction.LAUNCH_FAILED,
+            0,
+            f"launch of {decided.delta} failed ({queue.provider.name}: {exc}); "
+            f"backing off {wait:.0f} s",
+        )
+    Queue.objects.filter(pk=queue.pk).update(launch_failures=0, launch_backoff_until=None)
+    return EventAction.SCALE_UP, len(launched), decided.why
+
+
+def _terminate(queue: Queue, driver, decided: Plan, now):
+    """Idle daemons only (never busy, provisioning, or inside the start-up grace), and
+    only ones the queue's provider runs: self-registered daemons are left alone."""
+    grace = timedelta(seconds=settings.LAKESHORE_STARTUP_GRACE)
+    candidates = list(
+        Daemon.objects.subscribed_to(queue.name)
+        .filter(state=DaemonState.IDLE, created_at__lte=now - grace)
+        .filter(Q(provider_id=queue.provider_id) if queue.provider_id else Q(pk__in=[]))
+        .order_by("-created_at")[: -decided.delta]
+    )
+    if not candidates or driver is None:
+        return (
+            EventAction.TICK_NOOP,
+            0,
+            decided.why.split(" → ")[0] + f"; {-decided.delta} fewer wanted, but no idle "
+            "daemon of its provider is past the start-up grace",
+        )
+    ended, errors = 0, []
+    for daemon in candidates:
+        try:
+            driver.terminate(daemon=daemon)
+            ended += 1
+        except ProviderError as exc:
+            errors.append(f"{daemon.name}: {exc}")
+    if errors and not ended:
+        return EventAction.TERMINATE_FAILED, 0, "; ".join(errors)
+    reason = decided.why.split(" → ")[0] + f" → terminated {ended}"
+    if errors:
+        reason += f" ({len(errors)} failed: {'; '.join(errors)})"
+    return EventAction.SCALE_DOWN, -ended, reason
+
+
+def tick(*, now=None) -> dict:
+    """A tick over every queue the controller manages; prunes old tick_noop rows."""
+    now = now or timezone.now()
+    managed = Queue.objects.filter(~Q(elasticity_kind="") | Q(state=QueueState.ARCHIVED))
+    decided = skipped = 0
+    for queue_id in managed.values_list("pk", flat=True):
+        if tick_queue(queue_id, now=now) is None:
+            skipped += 1
+        else:
+            decided += 1
+    retention = timedelta(seconds=settings.LAKESHORE_NOOP_RETENTION)
+    pruned, _ = QueueEvent.objects.filter(
+        action=EventAction.TICK_NOOP, at__lt=now - retention
+    ).delete()
+    return {"queues": decided, "skipped": skipped, "pruned": pruned}

@@ -1,0 +1,10 @@
+"""Celery adapters over the controller. Safe to run twice at once (advisory locks)."""
+
+from celery import shared_task
+
+from queues import controller
+
+
+@shared_task(name="queues.tick", ignore_result=True)
+def tick() -> dict:
+    return controller.tick()
