@@ -52,7 +52,13 @@ class QueueAdmin(admin.ModelAdmin):
     ]
     list_filter = ["state", "kind", "elasticity_kind", "on_full", "provider"]
     search_fields = ["name", "description"]
-    readonly_fields = ["state", "created_at", "updated_at"]
+    readonly_fields = [
+        "state",
+        "launch_failures",
+        "launch_backoff_until",
+        "created_at",
+        "updated_at",
+    ]
     list_select_related = ["provider"]
     actions = [
         _transition("drain", "Drain: stop admitting, finish what is admitted"),
