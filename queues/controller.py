@@ -205,9 +205,26 @@ def _terminate(queue: Queue, driver, decided: Plan, now):
 def tick(*, now=None) -> dict:
     """A tick over every queue the controller manages; prunes old tick_noop rows."""
     now = now or timezone.now()
-    managed = Queue.objects.filter(~Q(elasticity_kind="") | Q(state=QueueState.ARCHIVED))
+    managed = set(
+        Queue.objects.exclude(elasticity_kind="")
+        .exclude(state=QueueState.ARCHIVED)
+        .values_list("pk", flat=True)
+    )
+    # An archived queue needs ticks only while its provider still runs daemons for it.
+    still_running = {
+        name
+        for names in Daemon.objects.live()
+        .filter(provider__isnull=False)
+        .values_list("queues", flat=True)
+        for name in names
+    }
+    managed |= set(
+        Queue.objects.filter(state=QueueState.ARCHIVED, name__in=still_running).values_list(
+            "pk", flat=True
+        )
+    )
     decided = skipped = 0
-    for queue_id in managed.values_list("pk", flat=True):
+    for queue_id in sorted(managed):
         if tick_queue(queue_id, now=now) is None:
             skipped += 1
         else:

@@ -175,3 +175,15 @@ def test_stats_shows_what_the_next_tick_would_do(sim, operator_client):
     controller.tick_queue(Queue.objects.get(name="train").pk)
     body = operator_client.get("/api/v1/queues/train/stats/").json()
     assert body["recent_actions"][0]["action"] == "scale_up"
+
+
+def test_an_archived_queue_stops_being_ticked_once_its_daemons_are_gone(sim, settings):
+    settings.LAKESHORE_STARTUP_GRACE = 0
+    queue = _queue(sim, kind="fixed", min=1)
+    now = timezone.now()
+    controller.tick_queue(queue.pk, now=now)
+    controller.tick_queue(queue.pk, now=now + timedelta(seconds=1))
+    queue_transition(name="train", action="archive")
+    assert controller.tick(now=now + timedelta(seconds=2))["queues"] == 1  # scales to zero
+    assert _members().count() == 0
+    assert controller.tick(now=now + timedelta(seconds=3))["queues"] == 0  # then rests
