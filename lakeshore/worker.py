@@ -178,10 +178,12 @@ class Worker:
             except Stopped:
                 return
             except ApiError as exc:
-                if exc.status == 409 and not self._should_stop():
-                    self._handle_not_live(exc, failed_id)
-                    continue
-                raise
+                if exc.status != 409:
+                    raise
+                if self._should_stop() and "terminated" not in exc.message:
+                    return  # stopping anyway; nothing to re-register for
+                self._handle_not_live(exc, failed_id)
+                continue
             for invocation in claimed:
                 self._start(invocation)
 

@@ -430,6 +430,12 @@ def daemon_register(
             fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
         )
     now = timezone.now()
+    # A daemon a provider launched registers into the row the provider made for it.
+    adopted = Daemon.objects.filter(
+        name=name, owner=owner, state=DaemonState.PROVISIONING, provider__isnull=False
+    ).update(queues=names, state=DaemonState.IDLE, last_heartbeat_at=now, updated_at=now)
+    if adopted:
+        return Daemon.objects.filter(name=name, owner=owner).order_by("-id").first()
     return Daemon.objects.create(
         name=name,
         queues=names,

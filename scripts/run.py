@@ -119,6 +119,7 @@ def die_with_parent() -> None:
 def main() -> None:
     os.chdir(ROOT)
     lock = single_instance()  # noqa: F841 - the lock lives as long as this process
+    os.environ.setdefault("LAKESHORE_PUBLIC_URL", URL)  # for daemons the local provider starts
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     import django
 

@@ -1,0 +1,63 @@
+"""The `local` provider starts real `lakeshore daemon run` processes, which register into
+the rows it made, run work, and leave when the controller scales down."""
+
+import pytest
+
+from accounts.models import ApiToken
+from jobs import services
+from jobs.models import Invocation
+from queues import controller
+from queues.drivers import DRIVERS
+from queues.models import Daemon
+from queues.services import queue_patch
+from tests import builders
+from tests.e2e.test_daemon import _wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def local_provider(live_server, settings, tmp_path):
+    settings.LAKESHORE_PUBLIC_URL = live_server.url
+    settings.VAR_DIR = tmp_path
+    settings.LAKESHORE_STARTUP_GRACE = 0
+    settings.LAKESHORE_SCALE_DOWN_WINDOW = 0
+    yield builders.provider(name="here", kind="local", config={"concurrency": 1})
+    for process in DRIVERS["local"].processes.values():  # never leave one behind
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    DRIVERS["local"].processes.clear()
+
+
+def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_provider, tmp_path):
+    queue = builders.queue(
+        name="train", provider="here", elasticity_spec={"kind": "fixed", "min": 1}
+    )
+    up = controller.tick_queue(queue.pk)
+    assert (up.action, up.delta) == ("scale_up", 1)
+    daemon = Daemon.objects.get()
+    _wait_for(
+        lambda: Daemon.objects.get(pk=daemon.pk).state == "idle",
+        what="the launched daemon to register",
+    )
+    assert Daemon.objects.count() == 1  # it registered into the provider's row
+    process = DRIVERS["local"].processes[daemon.pk]
+
+    inv, _ = services.invocation_submit(
+        function="lakeshore.functions.echo", queue="train", args=["from a local daemon"]
+    )
+    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
+    inv.refresh_from_db()
+    assert inv.daemon_id == daemon.pk and inv.result["args"] == ["from a local daemon"]
+
+    queue_patch(name="train", changes={"elasticity": {"min": 0}})
+    down = controller.tick_queue(queue.pk)
+    assert (down.action, down.delta) == ("scale_down", -1)
+    code = process.wait(20)
+    log = (tmp_path / "log" / "daemons" / f"{daemon.name}.log").read_text()
+    assert code == 0, log
+    assert Daemon.objects.get(pk=daemon.pk).state == "terminated"
+    token = ApiToken.objects.get(name=f"daemon {daemon.name}")
+    assert token.revoked_at is not None
+    assert "registered daemon" in log and "succeeded" in log
