@@ -38,6 +38,12 @@ handler500 = _json_for_api(
 
 urlpatterns = [
     path("", queue_views.queue_list, name="console-home"),
+    path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),
+    path(
+        "queues/<str:name>/<str:action>/",
+        queue_views.queue_action,
+        name="console-queue-action",
+    ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),

@@ -34,3 +34,82 @@ def queue_list(request):
             "states": QueueState.choices,
         },
     )
+
+
+MEMBERS_SHOWN = 200
+EVENTS_SHOWN = 20
+ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
+
+
+def _can_act(user) -> bool:
+    from accounts.models import Role
+    from accounts.roles import roles_of
+
+    return Role.OPERATOR in roles_of(user)
+
+
+def _detail_context(request, name: str, *, error: str = "") -> dict:
+    from django.http import Http404
+
+    from queues import services
+    from queues.models import Daemon, QueueEvent
+
+    try:
+        queue = Queue.objects.for_list().get(name=name)
+    except Queue.DoesNotExist:
+        raise Http404(f"Queue '{name}' does not exist.") from None
+    return {
+        "queue": queue,
+        "stats": services.queue_stats(queue),
+        "members": list(
+            Daemon.objects.live().subscribed_to(name).for_list().order_by("id")[:MEMBERS_SHOWN]
+        ),
+        "members_shown": MEMBERS_SHOWN,
+        "events": list(QueueEvent.objects.filter(queue=queue).decisions()[:EVENTS_SHOWN]),
+        "can_act": _can_act(request.user),
+        "actions": ACTIONS,
+        "error": error,
+    }
+
+
+@require_GET
+@login_required
+def queue_detail(request, name: str):
+    template = "queues/queue_detail.html"
+    if request.htmx and request.htmx.target == "queue-summary":
+        template += "#queue-summary"
+    return render(request, template, _detail_context(request, name))
+
+
+@login_required
+def queue_action(request, name: str, action: str):
+    """drain, pause, resume, archive, unarchive from the console: the same service as
+    the API; a refusal shows in the page instead of an error status."""
+    from django.core.exceptions import PermissionDenied
+    from django.http import HttpResponseNotAllowed
+
+    from lakeshore_admin.errors import DomainError
+    from queues import services
+
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if action not in ACTIONS:
+        from django.http import Http404
+
+        raise Http404(f"No action '{action}'.")
+    if not _can_act(request.user):
+        raise PermissionDenied("This action needs the operator role.")
+    error = ""
+    try:
+        services.queue_transition(name=name, action=action)
+    except DomainError as exc:
+        error = exc.message
+    if not request.htmx:
+        from django.shortcuts import redirect
+
+        return redirect("console-queue", name=name)
+    return render(
+        request,
+        "queues/queue_detail.html#queue-summary",
+        _detail_context(request, name, error=error),
+    )

@@ -41,3 +41,23 @@ def test_htmx_comes_from_this_server(logged_in, live_server):
     sources = logged_in.eval_on_selector_all("script[src]", "els => els.map(e => e.src)")
     assert sources and all(src.startswith(live_server.url) for src in sources)
     assert logged_in.evaluate("typeof htmx") == "object"
+
+
+def test_an_operator_drains_a_queue_from_its_page(page, live_server):
+    from queues.models import Queue
+
+    get_user_model().objects.create_superuser("root", "", "a-long-test-password")
+    builders.queue(name="training-h100")
+    page.goto(f"{live_server.url}/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "a-long-test-password")
+    page.click("input[type=submit]")
+    page.click("text=training-h100")
+    page.wait_for_url(f"{live_server.url}/queues/training-h100/")
+    page.evaluate("window.__marker = 'same page'")
+    page.get_by_role("button", name="Drain").click()
+    expect(page.locator("#queue-summary .state")).to_have_text("draining")
+    assert page.evaluate("window.__marker") == "same page"
+    assert Queue.objects.get(name="training-h100").state == "draining"
+    page.get_by_role("button", name="Pause").click()
+    expect(page.get_by_role("alert")).to_contain_text("resume it first")
