@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from jobs import views as job_views
 from lakeshore_admin.health import healthz
 from queues import views as queue_views
 
@@ -38,6 +39,7 @@ handler500 = _json_for_api(
 
 urlpatterns = [
     path("", queue_views.queue_list, name="console-home"),
+    path("jobs/", job_views.job_list, name="console-jobs"),
     path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),
     path(
         "queues/<str:name>/<str:action>/",

@@ -1,0 +1,61 @@
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs.models import Invocation
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice(client):
+    client.force_login(get_user_model().objects.create_user("alice", password="pw-x-12345"))
+    return client
+
+
+def test_it_lists_jobs_newest_first_and_filters_by_state_and_queue(alice):
+    builders.queue(name="train")
+    old = Invocation.objects.create(function="a.first", queue="train")
+    new = Invocation.objects.create(function="a.second", state="succeeded")
+    body = alice.get("/jobs/").content.decode()
+    assert body.index("a.second") < body.index("a.first")
+    only = alice.get("/jobs/?state=succeeded").content.decode()
+    assert "a.second" in only and "a.first" not in only
+    by_queue = alice.get("/jobs/?queue=train").content.decode()
+    assert "a.first" in by_queue and "a.second" not in by_queue
+    assert old.pk < new.pk
+
+
+def test_it_pages_by_keyset(alice):
+    Invocation.objects.bulk_create([Invocation(function=f"a.job{i:03d}") for i in range(60)])
+    first = alice.get("/jobs/").content.decode()
+    assert "a.job059" in first and "a.job009" not in first and "Older jobs" in first
+    cursor = Invocation.objects.order_by("-id").values_list("id", flat=True)[49]
+    second = alice.get(
+        f"/jobs/?cursor={cursor}", headers={"HX-Request": "true", "HX-Target": "job-table"}
+    )
+    body = second.content.decode()
+    assert body.lstrip().startswith('<div id="job-table">')
+    assert "a.job009" in body and "a.job010" not in body and "Older jobs" not in body
+
+
+def test_a_bad_filter_says_so(alice):
+    body = alice.get("/jobs/?state=done").content.decode()
+    assert 'role="alert"' in body and "state" in body
+
+
+def test_it_costs_the_same_queries_for_1_and_50_jobs(alice):
+    def count():
+        with CaptureQueriesContext(connection) as ctx:
+            assert alice.get("/jobs/").status_code == 200
+        return len(ctx)
+
+    Invocation.objects.create(function="a.b")
+    one = count()
+    daemon = builders.daemon()
+    Invocation.objects.bulk_create(
+        [Invocation(function="a.b", daemon=daemon, state="running") for _ in range(49)]
+    )
+    assert count() == one
