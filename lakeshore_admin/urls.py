@@ -40,6 +40,8 @@ handler500 = _json_for_api(
 urlpatterns = [
     path("", queue_views.queue_list, name="console-home"),
     path("jobs/", job_views.job_list, name="console-jobs"),
+    path("daemons/", queue_views.daemon_list, name="console-daemons"),
+    path("daemons/<int:daemon_id>/drop/", queue_views.daemon_drop, name="console-daemon-drop"),
     path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),
     path(
         "queues/<str:name>/<str:action>/",

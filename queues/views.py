@@ -113,3 +113,64 @@ def queue_action(request, name: str, action: str):
         "queues/queue_detail.html#queue-summary",
         _detail_context(request, name, error=error),
     )
+
+
+DAEMON_PAGE = 100
+
+
+@require_GET
+@login_required
+def daemon_list(request):
+    from queues.filters import DaemonFilter
+    from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState
+
+    params = request.GET.copy()
+    if "state" not in params:  # live ones unless asked otherwise
+        params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
+    filterset = DaemonFilter(params, queryset=Daemon.objects.for_list().order_by("-id"))
+    valid = filterset.is_valid()
+    try:
+        offset = max(0, int(request.GET.get("offset", 0)))
+    except ValueError:
+        offset = 0
+    rows = list(filterset.qs[offset : offset + DAEMON_PAGE + 1]) if valid else []
+    template = "queues/daemon_list.html"
+    if request.htmx and request.htmx.target == "daemon-table":
+        template += "#daemon-table"
+    return render(
+        request,
+        template,
+        {
+            "daemons": rows[:DAEMON_PAGE],
+            "next_offset": offset + DAEMON_PAGE if len(rows) > DAEMON_PAGE else None,
+            "errors": None if valid else filterset.errors,
+            "states": DaemonState.choices,
+            "chosen": params.getlist("state"),
+            "queue": request.GET.get("queue", ""),
+            "can_act": _can_act(request.user),
+        },
+    )
+
+
+@login_required
+def daemon_drop(request, daemon_id: int):
+    """Drop a daemon from the console: the same service as the API and the CLI."""
+    from django.core.exceptions import PermissionDenied
+    from django.http import HttpResponseNotAllowed
+    from django.shortcuts import redirect
+
+    from jobs.services import daemon_drop as drop
+    from queues import services
+
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    if not _can_act(request.user):
+        raise PermissionDenied("Dropping a daemon needs the operator role.")
+    try:
+        daemon = services.daemon_get(daemon_id)
+    except services.NotFound as exc:
+        from django.http import Http404
+
+        raise Http404(exc.message) from None
+    drop(daemon=daemon)
+    return redirect("console-daemons")

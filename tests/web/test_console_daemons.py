@@ -1,0 +1,62 @@
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from accounts.roles import grant
+from jobs import services
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+
+def _login(client, role):
+    user = get_user_model().objects.create_user(f"{role}-u", password="pw-x-12345")
+    grant(user, role)
+    client.force_login(user)
+    return client
+
+
+def test_it_lists_live_daemons_unless_asked_for_others(client):
+    viewer = _login(client, "viewer")
+    builders.daemon(name="gpu-live", queues=[])
+    builders.daemon(name="gpu-gone", state="terminated")
+    body = viewer.get("/daemons/").content.decode()
+    assert "gpu-live" in body and "gpu-gone" not in body and "(default)" in body
+    assert "Drop</button>" not in body  # a viewer gets no buttons
+    assert "gpu-gone" in viewer.get("/daemons/?state=terminated").content.decode()
+
+
+def test_an_operator_drops_a_daemon_and_its_work_ends_killed(client):
+    operator = _login(client, "operator")
+    inv, _ = services.invocation_submit(function="lakeshore.functions.echo")
+    daemon = builders.daemon(name="gpu-1")
+    services.invocation_claim(daemon=daemon)
+    response = operator.post(f"/daemons/{daemon.pk}/drop/")
+    assert response.status_code == 302 and response["Location"] == "/daemons/"
+    inv.refresh_from_db()
+    assert Daemon.objects.get(pk=daemon.pk).state == "terminated" and inv.state == "killed"
+
+
+def test_a_viewer_may_not_drop(client):
+    viewer = _login(client, "viewer")
+    daemon = builders.daemon(name="gpu-1")
+    assert viewer.post(f"/daemons/{daemon.pk}/drop/").status_code == 403
+    assert Daemon.objects.get(pk=daemon.pk).state == "idle"
+
+
+def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
+    viewer = _login(client, "viewer")
+    provider = builders.provider(name="sim")
+
+    def count():
+        with CaptureQueriesContext(connection) as ctx:
+            assert viewer.get("/daemons/").status_code == 200
+        return len(ctx)
+
+    builders.daemon(provider=provider)
+    one = count()
+    for _ in range(49):
+        builders.daemon(provider=provider)
+    assert count() == one
