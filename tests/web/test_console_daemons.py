@@ -25,6 +25,7 @@ def test_it_lists_live_daemons_unless_asked_for_others(client):
     body = viewer.get("/daemons/").content.decode()
     assert "gpu-live" in body and "gpu-gone" not in body and "(default)" in body
     assert "Drop</button>" not in body  # a viewer gets no buttons
+    assert 'hx-get="/daemons/" hx-target="#daemon-table"' in body
     assert "gpu-gone" in viewer.get("/daemons/?state=terminated").content.decode()
 
 

@@ -21,6 +21,7 @@ def test_it_lists_jobs_newest_first_and_filters_by_state_and_queue(alice):
     new = Invocation.objects.create(function="a.second", state="succeeded")
     body = alice.get("/jobs/").content.decode()
     assert body.index("a.second") < body.index("a.first")
+    assert 'hx-get="/jobs/" hx-target="#job-table"' in body  # the filter swaps the table
     only = alice.get("/jobs/?state=succeeded").content.decode()
     assert "a.second" in only and "a.first" not in only
     by_queue = alice.get("/jobs/?queue=train").content.decode()
