@@ -1,7 +1,7 @@
 from rest_framework import permissions
 
 from accounts.models import Role
-from accounts.roles import ACT_ROLES, READ_ROLES, roles_of
+from accounts.roles import READ_ROLES, can_operate, roles_of
 
 
 class ReadOrOperate(permissions.BasePermission):
@@ -16,7 +16,7 @@ class ReadOrOperate(permissions.BasePermission):
                 return True
             self.message = "Reading needs the viewer or operator role."
             return False
-        if roles & ACT_ROLES:
+        if can_operate(request.user):
             return True
         self.message = "This action needs the operator role."
         return False

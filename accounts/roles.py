@@ -20,6 +20,11 @@ def roles_of(user) -> set[str]:
     return cached
 
 
+def can_operate(user) -> bool:
+    """Acting (not only reading) needs the operator role; staff have it."""
+    return bool(roles_of(user) & ACT_ROLES)
+
+
 def grant(user, role: str) -> None:
     group, _ = Group.objects.get_or_create(name=Role(role).value)
     user.groups.add(group)

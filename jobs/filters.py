@@ -6,11 +6,22 @@ from django import forms
 from jobs.models import Invocation, InvocationState
 
 
+class IdFilter(django_filters.NumberFilter):
+    """A whole-number id within PostgreSQL's bigint: '1.5' or 10**30 are refused."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", 2**63 - 1)
+        super().__init__(*args, **kwargs)
+
+
 class InvocationFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=InvocationState.choices)
-    worker = django_filters.NumberFilter(field_name="daemon_id", label="daemon id")
+    worker = IdFilter(field_name="daemon_id", label="daemon id")
     queue = django_filters.CharFilter(field_name="queue", label="queue name ('' = default)")
-    cursor = django_filters.NumberFilter(
+    cursor = IdFilter(
         field_name="id", lookup_expr="lt", label="only invocations older than this id"
     )
 

@@ -16,7 +16,14 @@ from django.utils import timezone
 
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
-from queues.models import Daemon, DaemonState, Queue, QueueKind, QueueState
+from queues.models import (
+    DISPATCHING_QUEUE_STATES,
+    LIVE_DAEMON_STATES,
+    Daemon,
+    DaemonState,
+    Queue,
+    QueueKind,
+)
 
 FUNCTION_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 POSITION_CAP = 10_000
@@ -36,8 +43,8 @@ def _admitting_queue(name: str) -> Queue | None:
         raise NotFound(f"Queue '{name}' does not exist.", fields={"queue": "unknown"}) from None
     if not queue.admits_submissions:
         raise Conflict(
-            f"Queue '{name}' is {queue.state} and admits no new work"
-            + (f" ('lakeshore queues unarchive {name}' reopens it)." if queue.state else "."),
+            f"Queue '{name}' is {queue.state} and admits no new work "
+            f"('lakeshore queues unarchive {name}' reopens it).",
             extra={"state": queue.state},
         )
     return queue
@@ -238,10 +245,7 @@ def _dispatching(names: list[str]) -> list[Queue | str]:
     if not names:
         return [""]
     rows = {
-        q.name: q
-        for q in Queue.objects.filter(
-            name__in=names, state__in=[QueueState.ACTIVE, QueueState.DRAINING]
-        )
+        q.name: q for q in Queue.objects.filter(name__in=names, state__in=DISPATCHING_QUEUE_STATES)
     }
     return [rows[n] for n in names if n in rows]
 
@@ -298,14 +302,15 @@ UPDATE queues_daemon d
            ELSE NULL END
   FROM (SELECT EXISTS (SELECT 1 FROM jobs_invocation
                         WHERE daemon_id = %(daemon)s AND state = 'running') AS running) w
- WHERE d.id = %(daemon)s AND d.state IN ('provisioning', 'idle', 'busy', 'draining')
+ WHERE d.id = %(daemon)s AND d.state = ANY(%(live)s)
 """
 
 
 def _daemon_touch(daemon: Daemon, latest: int | None = None) -> None:
     """Heartbeat, and busy/idle from what the daemon runs now, in one statement."""
     with connection.cursor() as cursor:
-        cursor.execute(_TOUCH_SQL, {"daemon": daemon.pk, "latest": latest})
+        live = [str(state) for state in LIVE_DAEMON_STATES]
+        cursor.execute(_TOUCH_SQL, {"daemon": daemon.pk, "latest": latest, "live": live})
 
 
 def daemon_heartbeat(*, daemon: Daemon) -> dict:
@@ -453,12 +458,7 @@ def reap(*, now=None) -> dict:
         lost = list(
             Daemon.objects.select_for_update(skip_locked=True)
             .filter(
-                state__in=[
-                    DaemonState.IDLE,
-                    DaemonState.BUSY,
-                    DaemonState.DRAINING,
-                    DaemonState.PROVISIONING,
-                ],
+                state__in=LIVE_DAEMON_STATES,
                 last_heartbeat_at__lt=cutoff,
             )
             .values_list("id", flat=True)

@@ -29,6 +29,10 @@ class QueueState(models.TextChoices):
     ARCHIVED = "archived"
 
 
+ADMITTING_QUEUE_STATES = [QueueState.ACTIVE, QueueState.PAUSED]
+DISPATCHING_QUEUE_STATES = [QueueState.ACTIVE, QueueState.DRAINING]
+
+
 class ElasticityKind(models.TextChoices):
     FIXED = "fixed"
     FULLY_ELASTIC = "fully_elastic"
@@ -240,11 +244,7 @@ class Queue(models.Model):
 
     @property
     def admits_submissions(self) -> bool:
-        return self.state in (QueueState.ACTIVE, QueueState.PAUSED)
-
-    @property
-    def dispatches(self) -> bool:
-        return self.state in (QueueState.ACTIVE, QueueState.DRAINING)
+        return self.state in ADMITTING_QUEUE_STATES
 
 
 class EventAction(models.TextChoices):

@@ -4,10 +4,22 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from accounts.roles import can_operate
 from queues.filters import QueueFilter
 from queues.models import Queue, QueueState
 
 PAGE_SIZE = 100
+
+
+def page_offset(request) -> int:
+    """A page link's offset: a missing, garbled or out-of-range one is the first page."""
+    from lakeshore_admin.pagination import MAX_OFFSET
+
+    try:
+        offset = int(request.GET.get("offset", 0))
+    except ValueError:
+        return 0
+    return offset if 0 <= offset <= MAX_OFFSET else 0
 
 
 @require_GET
@@ -15,10 +27,7 @@ PAGE_SIZE = 100
 def queue_list(request):
     filterset = QueueFilter(request.GET, queryset=Queue.objects.for_list())
     queues = filterset.qs if filterset.is_valid() else Queue.objects.none()
-    try:
-        offset = max(0, int(request.GET.get("offset", 0)))
-    except ValueError:
-        offset = 0
+    offset = page_offset(request)
     rows = list(queues[offset : offset + PAGE_SIZE + 1])
     template = "queues/queue_list.html"
     if request.htmx:
@@ -41,13 +50,6 @@ EVENTS_SHOWN = 20
 ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 
-def _can_act(user) -> bool:
-    from accounts.models import Role
-    from accounts.roles import roles_of
-
-    return Role.OPERATOR in roles_of(user)
-
-
 def _detail_context(request, name: str, *, error: str = "") -> dict:
     from django.http import Http404
 
@@ -66,7 +68,7 @@ def _detail_context(request, name: str, *, error: str = "") -> dict:
         ),
         "members_shown": MEMBERS_SHOWN,
         "events": list(QueueEvent.objects.filter(queue=queue).decisions()[:EVENTS_SHOWN]),
-        "can_act": _can_act(request.user),
+        "can_act": can_operate(request.user),
         "actions": ACTIONS,
         "error": error,
     }
@@ -97,7 +99,7 @@ def queue_action(request, name: str, action: str):
         from django.http import Http404
 
         raise Http404(f"No action '{action}'.")
-    if not _can_act(request.user):
+    if not can_operate(request.user):
         raise PermissionDenied("This action needs the operator role.")
     error = ""
     try:
@@ -129,10 +131,7 @@ def daemon_list(request):
         params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
     filterset = DaemonFilter(params, queryset=Daemon.objects.for_list().order_by("-id"))
     valid = filterset.is_valid()
-    try:
-        offset = max(0, int(request.GET.get("offset", 0)))
-    except ValueError:
-        offset = 0
+    offset = page_offset(request)
     rows = list(filterset.qs[offset : offset + DAEMON_PAGE + 1]) if valid else []
     template = "queues/daemon_list.html"
     if request.htmx and request.htmx.target == "daemon-table":
@@ -147,7 +146,7 @@ def daemon_list(request):
             "states": DaemonState.choices,
             "chosen": params.getlist("state"),
             "queue": request.GET.get("queue", ""),
-            "can_act": _can_act(request.user),
+            "can_act": can_operate(request.user),
         },
     )
 
@@ -164,7 +163,7 @@ def daemon_drop(request, daemon_id: int):
 
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
-    if not _can_act(request.user):
+    if not can_operate(request.user):
         raise PermissionDenied("Dropping a daemon needs the operator role.")
     try:
         daemon = services.daemon_get(daemon_id)

@@ -7,9 +7,8 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.models import Role
 from accounts.permissions import DaemonProtocol
-from accounts.roles import roles_of
+from accounts.roles import can_operate
 from jobs import services
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
@@ -139,8 +138,7 @@ class JobBulkCancel(APIView):
 def own_daemon(request, daemon_id):
     """A daemon token acts only for the daemons it registered; operators for any."""
     daemon = daemon_get(daemon_id)
-    roles = roles_of(request.user)
-    if Role.OPERATOR not in roles and daemon.owner_id != request.user.pk:
+    if not can_operate(request.user) and daemon.owner_id != request.user.pk:
         raise PermissionDenied(f"This token may act only for its own daemons, not {daemon.pk}.")
     return daemon
 

@@ -205,3 +205,30 @@ def test_it_refuses_credentials_in_a_providers_config(staff):
     )
     assert response.status_code == 302
     assert Provider.objects.get().config == {"region": "eu"}
+
+
+@pytest.mark.parametrize(
+    "url, make",
+    [
+        ("/admin/queues/queue/", lambda i: builders.daemon(queues=[builders.queue().name])),
+        ("/admin/queues/daemon/", lambda i: builders.daemon(provider=builders.provider())),
+        (
+            "/admin/jobs/invocation/",
+            lambda i: Invocation.objects.create(function="a.b", daemon=builders.daemon()),
+        ),
+    ],
+)
+def test_admin_lists_cost_the_same_queries_for_1_and_50_rows(staff, url, make):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def count():
+        with CaptureQueriesContext(connection) as ctx:
+            assert staff.get(url).status_code == 200
+        return len(ctx)
+
+    make(0)
+    one = count()
+    for i in range(1, 50):
+        make(i)
+    assert count() == one

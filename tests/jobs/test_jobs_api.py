@@ -338,3 +338,8 @@ def test_dropping_a_daemon_kills_its_running_invocation(operator):
     daemon.refresh_from_db()
     assert (inv.state, daemon.state) == ("killed", "terminated")
     _error(operator.post(f"/api/v1/daemons/{daemon.pk}/claim/", {}, format="json"), 409)
+
+
+@pytest.mark.parametrize("query", ["cursor=1.5", "cursor=100000000000000000000000", "worker=0"])
+def test_list_ids_must_be_whole_numbers_in_range(operator, query):
+    _error(operator.get(f"/api/v1/jobs/?{query}"), 400, "invalid")

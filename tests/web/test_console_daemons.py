@@ -61,3 +61,10 @@ def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
     for _ in range(49):
         builders.daemon(provider=provider)
     assert count() == one
+
+
+def test_a_huge_page_offset_shows_the_first_page(client):
+    viewer = _login(client, "viewer")
+    builders.daemon(name="gpu-live")
+    response = viewer.get("/daemons/?offset=100000000000000000000000")
+    assert response.status_code == 200 and "gpu-live" in response.content.decode()

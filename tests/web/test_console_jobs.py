@@ -60,3 +60,10 @@ def test_it_costs_the_same_queries_for_1_and_50_jobs(alice):
         [Invocation(function="a.b", daemon=daemon, state="running") for _ in range(49)]
     )
     assert count() == one
+
+
+@pytest.mark.parametrize("query", ["cursor=100000000000000000000000", "cursor=1.5", "worker=1e30"])
+def test_an_out_of_range_id_is_an_error_not_a_crash(alice, query):
+    response = alice.get(f"/jobs/?{query}")
+    assert response.status_code == 200
+    assert 'role="alert"' in response.content.decode()
