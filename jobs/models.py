@@ -45,6 +45,11 @@ class Invocation(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    scheduled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A retry waits until then (back-off after a failed attempt).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -67,6 +72,10 @@ class Invocation(models.Model):
             models.Index(fields=["state", "-id"], name="inv_state_id"),
             models.Index(fields=["queue", "-id"], name="inv_queue_id"),
             models.Index(fields=["daemon", "-id"], name="inv_daemon_id"),
+            # what each daemon runs now (heartbeat, orphan rescue, busy/idle)
+            models.Index(
+                fields=["daemon"], name="inv_running_daemon", condition=Q(state="running")
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -7,18 +7,19 @@ import random
 import re
 import threading
 import time
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
+from jobs import transitions, wakeup
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
+from queues import daemons
 from queues.models import (
     DISPATCHING_QUEUE_STATES,
-    LIVE_DAEMON_STATES,
     Daemon,
     DaemonState,
     Queue,
@@ -46,6 +47,7 @@ def _admitting_queue(name: str) -> Queue | None:
             f"Queue '{name}' is {queue.state} and admits no new work "
             f"('lakeshore queues unarchive {name}' reopens it).",
             extra={"state": queue.state},
+            code="queue_not_admitting",
         )
     return queue
 
@@ -133,38 +135,7 @@ def invocation_submit(
 
 # ---------------------------------------------------------------------------- claim
 
-_CLAIM_SQL = """
-UPDATE jobs_invocation
-   SET state = 'running', daemon_id = %(daemon)s, attempts = attempts + 1,
-       started_at = now(), error = ''
- WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs_invocation
-         WHERE queue = %(queue)s AND state = 'queued' {extra}
-         ORDER BY {order}
-         LIMIT %(limit)s
-         FOR UPDATE SKIP LOCKED))
-RETURNING *
-"""
-_ORDER = {
-    QueueKind.FIFO: "id",
-    QueueKind.FILO: "id DESC",
-    QueueKind.PRIORITY: "priority DESC, id",
-}
-
-
-def _claim_in_order(
-    daemon_id: int, queue: str, order: str, limit: int, extra: str = "", **p
-) -> list[Invocation]:
-    sql = _CLAIM_SQL.format(order=order, extra=extra)
-    params = {"daemon": daemon_id, "queue": queue, "limit": limit, **p}
-    return sorted(Invocation.objects.raw(sql, params), key=_claim_key[order])
-
-
-_claim_key = {
-    "id": lambda inv: inv.pk,
-    "id DESC": lambda inv: -inv.pk,
-    "priority DESC, id": lambda inv: (-inv.priority, inv.pk),
-}
+_ORDER = {QueueKind.FIFO: "oldest", QueueKind.FILO: "newest", QueueKind.PRIORITY: "priority"}
 
 
 def boltzmann_levels(queue: str) -> dict[int, int]:
@@ -226,8 +197,8 @@ def _claim_boltzmann(
             levels, recounted = _levels_for(queue, fresh=True), True
             continue
         level = boltzmann_pick(levels, queue.temperature, rng)
-        got = _claim_in_order(
-            daemon_id, queue.name, "id", 1, extra="AND priority = %(level)s", level=level
+        got = transitions.claim(
+            daemon_id=daemon_id, queue=queue.name, order="oldest", limit=1, priority=level
         )
         claimed.extend(got)
         # taken, or found empty (another daemon got there first): count it down
@@ -250,111 +221,62 @@ def _dispatching(names: list[str]) -> list[Queue | str]:
     return [rows[n] for n in names if n in rows]
 
 
-def _live_daemon(daemon: Daemon) -> Daemon:
-    daemon.refresh_from_db(fields=["state", "queues"])
-    if not daemon.is_live:
-        raise Conflict(
-            f"Daemon {daemon.pk} is {daemon.state}: register again to take work.",
-            extra={"state": daemon.state},
-        )
-    return daemon
-
-
 def invocation_claim(
     *, daemon: Daemon, limit: int = 1, wait: float = 0.0, rng: random.Random | None = None
 ) -> list[Invocation]:
     """Hand up to `limit` queued invocations of the daemon's queues to it, each to
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
-    gets nothing. Waits up to `wait` seconds when nothing is ready."""
+    gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
+    daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
+    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     deadline = time.monotonic() + wait
+    fresh = True  # the caller just loaded the daemon
     while True:
-        _live_daemon(daemon)
-        claimed: list[Invocation] = []
-        if daemon.state != DaemonState.DRAINING:
-            with transaction.atomic():
-                for queue in _dispatching(daemon.queues):
-                    want = limit - len(claimed)
-                    if want <= 0:
-                        break
-                    if isinstance(queue, str):
-                        claimed += _claim_in_order(daemon.pk, queue, "id", want)
-                    elif queue.kind == QueueKind.BOLTZMANN:
-                        claimed += _claim_boltzmann(daemon.pk, queue, want, rng)
-                    else:
-                        claimed += _claim_in_order(daemon.pk, queue.name, _ORDER[queue.kind], want)
-                _daemon_touch(daemon, latest=claimed[-1].pk if claimed else None)
-        if claimed or time.monotonic() >= deadline:
+        if not fresh:
+            daemons.refresh_live(daemon)
+        daemons.check_live(daemon)
+        fresh = False
+        listening = daemon.queues or [""]  # paused ones too: a resume wakes them
+        seen = wakeup.listener.snapshot(listening) if wait else ()
+        claimed = _claim_once(daemon, limit, rng)
+        left = deadline - time.monotonic()
+        if claimed or left <= 0:
             return claimed
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if not connection.in_atomic_block:
+            connection.close()  # hold no connection while waiting
+        if not wakeup.listener.wait(listening, seen, left):
+            return []
 
 
-_TOUCH_SQL = """
-UPDATE queues_daemon d
-   SET last_heartbeat_at = now(), updated_at = now(),
-       state = CASE
-           WHEN d.state IN ('provisioning', 'idle', 'busy')
-           THEN CASE WHEN w.running THEN 'busy' ELSE 'idle' END
-           ELSE d.state END,
-       current_invocation_id = CASE
-           WHEN %(latest)s::bigint IS NOT NULL THEN %(latest)s::bigint
-           WHEN w.running THEN d.current_invocation_id
-           ELSE NULL END
-  FROM (SELECT EXISTS (SELECT 1 FROM jobs_invocation
-                        WHERE daemon_id = %(daemon)s AND state = 'running') AS running) w
- WHERE d.id = %(daemon)s AND d.state = ANY(%(live)s)
-"""
-
-
-def _daemon_touch(daemon: Daemon, latest: int | None = None) -> None:
-    """Heartbeat, and busy/idle from what the daemon runs now, in one statement."""
-    with connection.cursor() as cursor:
-        live = [str(state) for state in LIVE_DAEMON_STATES]
-        cursor.execute(_TOUCH_SQL, {"daemon": daemon.pk, "latest": latest, "live": live})
-
-
-def daemon_heartbeat(*, daemon: Daemon) -> dict:
-    """The daemon is alive. The answer tells it what the server believes: its state
-    (draining → stop claiming) and which invocations it should still be running."""
-    _live_daemon(daemon)
-    _daemon_touch(daemon)
-    daemon.refresh_from_db(fields=["state"])
-    running = list(
-        Invocation.objects.filter(daemon=daemon, state=Q_.RUNNING).values_list("id", flat=True)
-    )
-    return {"state": daemon.state, "running": [str(pk) for pk in running]}
-
-
-def daemon_deregister(*, daemon: Daemon) -> dict:
-    """The daemon leaves (after SIGTERM, once its work is done). Anything it still held
-    goes back to the queue while attempts remain."""
-    return _end_daemon(daemon, requeue=True, reason="daemon left")
-
-
-def daemon_drop(*, daemon: Daemon) -> dict:
-    """An operator drops the daemon: it is terminated and its running invocations end
-    killed. The daemon learns it at its next heartbeat or claim (409) and stops."""
-    return _end_daemon(daemon, requeue=False, reason="daemon removed")
-
-
-def _end_daemon(daemon: Daemon, *, requeue: bool, reason: str) -> dict:
-    now = timezone.now()
+def _claim_once(daemon: Daemon, limit: int, rng: random.Random) -> list[Invocation]:
+    claimed: list[Invocation] = []
+    if daemon.state == DaemonState.DRAINING:
+        return claimed
     with transaction.atomic():
-        ended = (
-            Daemon.objects.filter(pk=daemon.pk)
-            .exclude(state=DaemonState.TERMINATED)
-            .update(state=DaemonState.TERMINATED, current_invocation=None, updated_at=now)
-        )
-        held = Invocation.objects.filter(daemon=daemon, state=Q_.RUNNING)
-        requeued = 0
-        if requeue:
-            requeued = held.filter(attempts__lt=F("max_attempts")).update(
-                state=Q_.QUEUED, daemon=None, started_at=None, error=f"{reason}; requeued"
-            )
-            killed = held.update(state=Q_.FAILED, error=reason, finished_at=now)
-        else:
-            killed = held.update(state=Q_.KILLED, reason=reason, finished_at=now)
-    return {"id": str(daemon.pk), "terminated": bool(ended), "requeued": requeued, "ended": killed}
+        hooks.point("claim.before_statement")
+        for queue in _dispatching(daemon.queues):
+            want = limit - len(claimed)
+            if want <= 0:
+                break
+            if isinstance(queue, str):
+                claimed += transitions.claim(
+                    daemon_id=daemon.pk, queue=queue, order="oldest", limit=want
+                )
+            elif queue.kind == QueueKind.BOLTZMANN:
+                claimed += _claim_boltzmann(daemon.pk, queue, want, rng)
+            else:
+                claimed += transitions.claim(
+                    daemon_id=daemon.pk, queue=queue.name, order=_ORDER[queue.kind], limit=want
+                )
+        daemons.touch(daemon.pk)
+    return claimed
+
+
+# The daemon lifecycle lives in queues/daemons.py; these names stay importable here.
+daemon_heartbeat = daemons.daemon_heartbeat
+daemon_deregister = daemons.daemon_deregister
+daemon_drop = daemons.daemon_drop
 
 
 # ---------------------------------------------------------------------------- complete
@@ -372,33 +294,44 @@ def invocation_complete(
 ) -> Invocation:
     """Record an outcome: succeeded (with a JSON result), failed (with an error) or
     timeout (the daemon stopped it at timeout_s). Fenced by daemon and attempt: a daemon
-    that lost its claim (reaped, killed, re-dispatched) gets a Conflict and changes
-    nothing. A failure with attempts left goes back to the queue."""
+    that lost its claim (reaped, killed, re-dispatched) gets a Conflict (claim_stale)
+    and changes nothing. A retry of a report that was recorded (its response lost) gets
+    the stored row. A failure with attempts left goes back to the queue after a
+    back-off."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
-    now = timezone.now()
-    mine = Invocation.objects.filter(
-        pk=invocation_id, daemon=daemon, attempts=attempt, state=Q_.RUNNING
+    recorded = transitions.complete(
+        daemon_id=daemon.pk,
+        invocation_id=invocation_id,
+        attempt=attempt,
+        outcome=outcome,
+        result=result,
+        error=error,
     )
-    if outcome == "succeeded":
-        updated = mine.update(state=Q_.SUCCEEDED, result=result, error="", finished_at=now)
-    elif outcome == "timeout":
-        updated = mine.update(state=Q_.TIMEOUT, error=error, finished_at=now)
-    else:
-        updated = mine.filter(attempts__lt=F("max_attempts")).update(
-            state=Q_.QUEUED, daemon=None, started_at=None, error=error
-        ) or mine.update(state=Q_.FAILED, error=error, finished_at=now)
-    if not updated:
-        current = Invocation.objects.filter(pk=invocation_id).first()
-        if current is None:
-            raise NotFound(f"Invocation {invocation_id} does not exist.")
+    current = Invocation.objects.filter(pk=invocation_id).first()
+    if current is None:
+        raise NotFound(f"Invocation {invocation_id} does not exist.")
+    if recorded:
+        daemons.touch(daemon.pk)
+        return current
+    seen = transitions.already_recorded(
+        current, daemon_id=daemon.pk, attempt=attempt, outcome=outcome
+    )
+    if seen:
+        return current
+    if seen is False:
         raise Conflict(
-            f"Invocation {invocation_id} is no longer yours to complete (it is "
-            f"{current.state}, attempt {current.attempts}); the outcome was not recorded.",
+            f"Invocation {invocation_id} attempt {attempt} was already reported as "
+            f"{current.state}; the outcome {outcome} was not recorded.",
             extra={"state": current.state},
+            code="already_completed",
         )
-    _daemon_touch(daemon)
-    return Invocation.objects.get(pk=invocation_id)
+    raise Conflict(
+        f"Invocation {invocation_id} is no longer yours to complete (it is "
+        f"{current.state}, attempt {current.attempts}); the outcome was not recorded.",
+        extra={"state": current.state},
+        code="claim_stale",
+    )
 
 
 # ---------------------------------------------------------------------------- kill / cancel
@@ -414,9 +347,7 @@ def invocation_get(invocation_id) -> Invocation:
 def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     """Queued → killed at once. Running and finished ones are a Conflict that says why."""
     invocation = invocation_get(invocation_id)
-    killed = Invocation.objects.filter(pk=invocation.pk, state=Q_.QUEUED).update(
-        state=Q_.KILLED, reason=reason or "killed", finished_at=timezone.now()
-    )
+    killed = transitions.kill_queued(invocation_id=invocation.pk, reason=reason or "killed")
     invocation.refresh_from_db()
     if killed:
         return invocation
@@ -426,15 +357,17 @@ def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
             f"in-flight work, drop the daemon ('lakeshore daemon remove "
             f"{invocation.daemon_id}') or kill the process on it.",
             extra={"state": invocation.state, "worker": str(invocation.daemon_id)},
+            code="invocation_running",
         )
     raise Conflict(
         f"Invocation {invocation.pk} already finished ({invocation.state}).",
         extra={"state": invocation.state},
+        code="invocation_finished",
     )
 
 
 def invocation_bulk_cancel(*, queue: str | None = None, reason: str = "", dry_run: bool = False):
-    """Cancel every queued invocation (of one queue, if given) in one statement."""
+    """Cancel every queued invocation (of one queue, if given), in batches."""
     rows = Invocation.objects.filter(state=Q_.QUEUED)
     if queue is not None:
         if queue and not Queue.objects.filter(name=queue).exists():
@@ -442,52 +375,23 @@ def invocation_bulk_cancel(*, queue: str | None = None, reason: str = "", dry_ru
         rows = rows.filter(queue=queue)
     if dry_run:
         return rows.count()
-    return rows.update(state=Q_.KILLED, reason=reason or "bulk-cancel", finished_at=timezone.now())
+    return transitions.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
 
 
 # ---------------------------------------------------------------------------- reaper
 
 
 def reap(*, now=None) -> dict:
-    """Daemons silent past the heartbeat timeout become lost; their running invocations
-    go back to the queue while attempts remain, else fail. Invocations past timeout_s
-    become timeout. Safe to run twice at once: every change is conditional."""
+    """Daemons silent past the heartbeat timeout become lost. Running invocations whose
+    daemon is no longer live (lost, terminated, deleted) go back to the queue while
+    attempts remain, else fail ("daemon gone"). Invocations past timeout_s become
+    timeout. Safe to run twice at once: every change is conditional."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT)
+    lost = daemons.daemons_mark_lost(now=now)
     with transaction.atomic():
-        lost = list(
-            Daemon.objects.select_for_update(skip_locked=True)
-            .filter(
-                state__in=LIVE_DAEMON_STATES,
-                last_heartbeat_at__lt=cutoff,
-            )
-            .values_list("id", flat=True)
-        )
-        Daemon.objects.filter(pk__in=lost).update(
-            state=DaemonState.LOST, current_invocation=None, updated_at=now
-        )
-        orphans = Invocation.objects.filter(daemon_id__in=lost, state=Q_.RUNNING)
-        requeued = orphans.filter(attempts__lt=F("max_attempts")).update(
-            state=Q_.QUEUED, daemon=None, started_at=None, error="daemon lost; requeued"
-        )
-        failed = orphans.update(state=Q_.FAILED, error="daemon lost", finished_at=now)
-    timed_out = _timeout_running(now)
-    return {"lost": len(lost), "requeued": requeued, "failed": failed, "timeout": timed_out}
-
-
-def _timeout_running(now) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE jobs_invocation
-               SET state = 'timeout', finished_at = %(now)s,
-                   error = 'exceeded timeout_s (' || timeout_s || ' s)'
-             WHERE state = 'running' AND timeout_s IS NOT NULL
-               AND started_at + make_interval(secs => timeout_s) < %(now)s
-            """,
-            {"now": now},
-        )
-        return cursor.rowcount
+        rescued = transitions.rescue_orphans()
+    timed_out = transitions.timeout_overdue(now=now)
+    return {"lost": len(lost), **rescued, "timeout": timed_out}
 
 
 # ---------------------------------------------------------------------------- position

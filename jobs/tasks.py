@@ -2,9 +2,14 @@
 
 from celery import shared_task
 
-from jobs import services
+from jobs import retention, services
 
 
 @shared_task(name="jobs.reap", ignore_result=True)
 def reap() -> dict:
     return services.reap()
+
+
+@shared_task(name="jobs.retention", ignore_result=True)
+def retention_sweep() -> dict:
+    return retention.retention_sweep()

@@ -1,12 +1,48 @@
-"""Typed domain errors. Services raise them; `api_errors` maps them to HTTP once."""
+"""Typed domain errors. Services raise them; `api_errors` maps them to HTTP once.
+
+Every error carries a stable machine-readable `code` (the `error.code` of the API's
+error body). Clients — the CLI, the daemon, the console — branch on the code, never on
+the message, which is for people and may change. The codes a service may pass are
+listed in CODES, so a typo is caught at once rather than shipped."""
+
+CODES = {
+    # 400 / 404 / 429
+    "invalid",
+    "not_found",
+    "backlog_full",
+    # 409: the state of something forbids the action
+    "conflict",
+    "already_exists",
+    "queue_not_admitting",  # submit into a draining or archived queue
+    "queue_state",  # drain/pause/... from a state that forbids it
+    "queue_in_use",  # rm while daemons are bound, or invocations queued/running
+    "provider_in_use",  # remove while queues use it or daemons run on it
+    "invocation_running",  # kill of a running invocation (drop the daemon instead)
+    "invocation_finished",  # kill of a finished invocation
+    "daemon_terminated",  # the daemon was dropped or left: it must stop
+    "daemon_lost",  # the reaper marked the daemon lost: register again
+    "claim_stale",  # a completion for a claim the daemon no longer holds
+    "already_completed",  # the same attempt was completed with another outcome
+}
 
 
 class DomainError(Exception):
     status = 400
     code = "invalid"
 
-    def __init__(self, message: str, *, fields: dict | None = None, extra: dict | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        fields: dict | None = None,
+        extra: dict | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
+        if code is not None:
+            if code not in CODES:
+                raise ValueError(f"unknown error code {code!r}: add it to CODES")
+            self.code = code
         self.message = message
         self.fields = fields or {}
         self.extra = extra or {}
@@ -25,7 +61,7 @@ class NotFound(DomainError):
 
 
 class Conflict(DomainError):
-    """The object's state forbids the action (409)."""
+    """The object's state forbids the action (409). Pass a specific `code`."""
 
     status = 409
     code = "conflict"

@@ -158,10 +158,22 @@ LAKESHORE_HEARTBEAT_TIMEOUT = env_number("LAKESHORE_HEARTBEAT_TIMEOUT", 60, mini
 LAKESHORE_MAX_LAUNCH_PER_TICK = env_number("LAKESHORE_MAX_LAUNCH_PER_TICK", 10, minimum=1)
 LAKESHORE_SCALE_DOWN_WINDOW = env_number("LAKESHORE_SCALE_DOWN_WINDOW", 300, minimum=0)
 LAKESHORE_BLOCK_TIMEOUT = env_number("LAKESHORE_BLOCK_TIMEOUT", 30, minimum=0, kind=float)
+# A failed attempt with attempts left waits min(MAX, BASE × 2^(attempt−1)) seconds, times
+# a random factor in [0.5, 1) (jitter), before it can be claimed again.
+LAKESHORE_RETRY_BACKOFF = env_number("LAKESHORE_RETRY_BACKOFF", 1, minimum=0, kind=float)
+LAKESHORE_RETRY_BACKOFF_MAX = env_number("LAKESHORE_RETRY_BACKOFF_MAX", 300, minimum=0, kind=float)
+# A daemon's row is rewritten for a heartbeat at most this often (state changes: always).
+LAKESHORE_HEARTBEAT_WRITE_SECONDS = env_number(
+    "LAKESHORE_HEARTBEAT_WRITE_SECONDS", 5, minimum=0, kind=float
+)
 LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
 LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK", 2, minimum=1)
 LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
 LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
+LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
+# Modules (besides lakeshore.functions) whose functions the daemons that this server's
+# providers start may run. Only the server's owner sets it: no API input can widen it.
+LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
 # Where daemons that the `local` provider starts find this server.
 LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"
@@ -198,6 +210,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.reap",
         "schedule": float(LAKESHORE_TICK_SECONDS),
         "options": {"expires": float(LAKESHORE_TICK_SECONDS)},  # a missed tick is not owed
+    },
+    "retention": {
+        "task": "jobs.retention",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},  # jobs/retention.py; the next run goes on
     },
 }
 

@@ -254,7 +254,7 @@ class DaemonAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drop the selected daemons (their running work ends killed)")
     def drop(self, request, queryset):
-        from jobs.services import daemon_drop
+        from queues.daemons import daemon_drop
 
         _run(self, request, queryset, "Drop", lambda d: daemon_drop(daemon=d))
 

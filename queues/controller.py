@@ -13,10 +13,11 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Max
 from django.utils import timezone
 
-from queues import elasticity
+from lakeshore_admin import hooks
+from queues import daemons, elasticity
 from queues.drivers import ProviderError, driver_for
 from queues.models import (
     Daemon,
@@ -172,34 +173,35 @@ def _launch(queue: Queue, driver, decided: Plan, now):
 
 def _terminate(queue: Queue, driver, decided: Plan, now):
     """Idle daemons only (never busy, provisioning, or inside the start-up grace), and
-    only ones the queue's provider runs: self-registered daemons are left alone."""
+    only ones the queue's provider runs: self-registered daemons are left alone. Each
+    is first moved idle → draining by a conditional update that fails if it claimed
+    work meanwhile, then ended once it runs nothing; its process is stopped after the
+    tick commits."""
     grace = timedelta(seconds=settings.LAKESHORE_STARTUP_GRACE)
-    candidates = list(
-        Daemon.objects.subscribed_to(queue.name)
-        .filter(state=DaemonState.IDLE, created_at__lte=now - grace)
-        .filter(Q(provider_id=queue.provider_id) if queue.provider_id else Q(pk__in=[]))
-        .order_by("-created_at")[: -decided.delta]
+    ours = (
+        Daemon.objects.subscribed_to(queue.name).filter(provider_id=queue.provider_id)
+        if queue.provider_id
+        else Daemon.objects.none()
     )
-    if not candidates or driver is None:
+    candidates = list(
+        ours.filter(state=DaemonState.IDLE, created_at__lte=now - grace)
+        .order_by("-created_at")
+        .values_list("pk", flat=True)[: -decided.delta]
+    )
+    hooks.point("scale_down.chosen")
+    retired = daemons.daemons_retire(daemon_ids=candidates) if driver is not None else []
+    ended = daemons.daemons_end_drained(ours) if driver is not None else []
+    if not ended:
         return (
             EventAction.TICK_NOOP,
             0,
             decided.why.split(" → ")[0] + f"; {-decided.delta} fewer wanted, but no idle "
             "daemon of its provider is past the start-up grace",
         )
-    ended, errors = 0, []
-    for daemon in candidates:
-        try:
-            driver.terminate(daemon=daemon)
-            ended += 1
-        except ProviderError as exc:
-            errors.append(f"{daemon.name}: {exc}")
-    if errors and not ended:
-        return EventAction.TERMINATE_FAILED, 0, "; ".join(errors)
-    reason = decided.why.split(" → ")[0] + f" → terminated {ended}"
-    if errors:
-        reason += f" ({len(errors)} failed: {'; '.join(errors)})"
-    return EventAction.SCALE_DOWN, -ended, reason
+    reason = decided.why.split(" → ")[0] + f" → terminated {len(ended)}"
+    if len(retired) < len(candidates):
+        reason += f" ({len(candidates) - len(retired)} took work meanwhile and stay)"
+    return EventAction.SCALE_DOWN, -len(ended), reason
 
 
 def tick(*, now=None) -> dict:

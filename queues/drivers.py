@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.utils import timezone
+from django.db import transaction
 
 from queues.models import Daemon, DaemonState, Provider, Queue
 
@@ -25,13 +25,16 @@ class ProviderError(Exception):
 
 
 class Driver:
+    """Launch records new daemons inside the tick's transaction and does its outside
+    work (start a process, submit a job) only after that transaction commits; release
+    stops what runs an ended daemon, also after commit. A rolled-back tick leaves no
+    process and no token behind."""
+
     def launch(self, *, provider: Provider, queue: Queue, count: int, now) -> list[Daemon]:
         raise NotImplementedError
 
-    def terminate(self, *, daemon: Daemon) -> None:
-        from jobs.services import daemon_drop
-
-        daemon_drop(daemon=daemon)
+    def release(self, *, daemon: Daemon) -> None:
+        """After commit: stop whatever runs this (terminated) daemon."""
 
     def sync(self, *, provider: Provider, queue: Queue, now) -> None:
         """Bring the records up to date with the provider before a tick looks at them."""
@@ -68,10 +71,9 @@ class SimulatedDriver(Driver):
 
 class LocalDriver(Driver):
     """Daemons as processes on this host: `lakeshore daemon run --queues NAME`, each with
-    a daemon token of its own (revoked when it is terminated). Config: `concurrency`
-    (default 1) and `allowed_modules` (comma-separated, for LAKESHORE_ALLOWED_MODULES).
-    The processes stop with the worker that started them (they finish their work and
-    deregister); the controller starts new ones at its next tick."""
+    a daemon token of its own, revoked when the daemon ends. Config: `concurrency`
+    (default 1). The processes stop with the worker that started them (they finish
+    their work and deregister); the controller starts new ones at its next tick."""
 
     def __init__(self):
         self.processes: dict[int, subprocess.Popen] = {}  # daemon id → process
@@ -79,13 +81,7 @@ class LocalDriver(Driver):
     def launch(self, *, provider, queue, count, now):
         from accounts.services import token_create
 
-        config = provider.config or {}
-        ours = Path(sys.executable).parent / "lakeshore"  # this installation's CLI first
-        command = str(ours) if ours.exists() else (shutil.which("lakeshore") or str(ours))
-        if not Path(command).exists():
-            raise ProviderError(f"no 'lakeshore' command to start daemons with ({command})")
-        logs = Path(settings.VAR_DIR) / "log" / "daemons"
-        logs.mkdir(parents=True, exist_ok=True)
+        command = _lakeshore_command()
         launched = []
         for _ in range(count):
             name = f"{queue.name}-local-{uuid.uuid4().hex[:8]}"
@@ -99,51 +95,74 @@ class LocalDriver(Driver):
                 provider=provider,
                 instance_type=queue.instance_type,
                 owner=token.user,
+                token=token,
                 last_heartbeat_at=now,
             )
-            env = {
-                **os.environ,
-                "LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL,
-                "LAKESHORE_TOKEN": raw,
-            }
-            if config.get("allowed_modules"):
-                env["LAKESHORE_ALLOWED_MODULES"] = str(config["allowed_modules"])
             args = [command, "daemon", "run", "--queues", queue.name, "--name", name]
-            args += ["--concurrency", str(int(config.get("concurrency", 1)))]
-            try:
-                with open(logs / f"{name}.log", "ab") as log:
-                    process = subprocess.Popen(  # noqa: S603 - our own command, no shell
-                        args,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        preexec_fn=_die_with_parent,  # noqa: PLW1509
-                    )
-            except OSError as exc:
-                daemon.delete()
-                token.revoke()
-                raise ProviderError(f"could not start {command}: {exc}") from exc
-            self.processes[daemon.pk] = process
-            Daemon.objects.filter(pk=daemon.pk).update(external_id=f"pid:{process.pid}")
+            args += ["--concurrency", str(int((provider.config or {}).get("concurrency", 1)))]
+            # The process starts only once the rows and the token are committed.
+            transaction.on_commit(lambda d=daemon, a=args, r=raw: self._start(d, a, r))
             launched.append(daemon)
         return launched
 
+    def _start(self, daemon: Daemon, args: list[str], raw_token: str) -> None:
+        logs = Path(settings.VAR_DIR) / "log" / "daemons"
+        env = {
+            **_server_free_environ(),
+            "LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL,
+            "LAKESHORE_TOKEN": raw_token,
+        }
+        if settings.LAKESHORE_ALLOWED_MODULES:  # the server owner's word, nobody else's
+            env["LAKESHORE_ALLOWED_MODULES"] = ",".join(settings.LAKESHORE_ALLOWED_MODULES)
+        try:
+            logs.mkdir(parents=True, exist_ok=True)
+            with open(logs / f"{daemon.name}.log", "ab") as log:
+                process = subprocess.Popen(  # noqa: S603 - our own command, no shell
+                    args,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509
+                )
+        except OSError as exc:
+            from queues.daemons import daemon_launch_failed
+
+            daemon_launch_failed(daemon=daemon, error=f"could not start {args[0]}: {exc}")
+            return
+        self.processes[daemon.pk] = process
+        Daemon.objects.filter(pk=daemon.pk).update(external_id=f"pid:{process.pid}")
+
     def sync(self, *, provider, queue, now):
-        for daemon_id, process in list(self.processes.items()):
-            if process.poll() is not None:  # reap the exited ones (no zombies)
-                del self.processes[daemon_id]
+        from queues.daemons import daemons_gone
 
-    def terminate(self, *, daemon):
-        from accounts.models import ApiToken
+        exited = [pk for pk, process in self.processes.items() if process.poll() is not None]
+        for pk in exited:  # reaped (no zombies); a daemon whose process died has ended
+            del self.processes[pk]
+        if exited:
+            daemons_gone(daemon_ids=exited, reason="daemon process exited")
 
-        super().terminate(daemon=daemon)  # terminated: it stops at its next heartbeat
-        ApiToken.objects.filter(
-            user_id=daemon.owner_id, name=f"daemon {daemon.name}", revoked_at__isnull=True
-        ).update(revoked_at=timezone.now())
+    def release(self, *, daemon):
         process = self.processes.get(daemon.pk)
         if process is not None and process.poll() is None:
-            process.terminate()  # SIGTERM: it finishes what it runs and leaves
+            process.terminate()  # SIGTERM: it stops claiming and leaves
+
+
+def _lakeshore_command() -> str:
+    ours = Path(sys.executable).parent / "lakeshore"  # this installation's CLI first
+    command = str(ours) if ours.exists() else (shutil.which("lakeshore") or str(ours))
+    if not Path(command).exists():
+        raise ProviderError(f"no 'lakeshore' command to start daemons with ({command})")
+    return command
+
+
+# What a server process knows and a daemon must not inherit: the daemon gets its own
+# URL and token, nothing else of the server's configuration.
+_SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG")
+
+
+def _server_free_environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_SERVER_ONLY)}
 
 
 def _die_with_parent() -> None:

@@ -81,6 +81,8 @@ LIVE_DAEMON_STATES = [
     DaemonState.BUSY,
     DaemonState.DRAINING,
 ]
+# Live daemons that may take new work (a draining one finishes what it has, and stops).
+CLAIMING_DAEMON_STATES = [DaemonState.PROVISIONING, DaemonState.IDLE, DaemonState.BUSY]
 
 
 class DaemonQuerySet(models.QuerySet):
@@ -115,6 +117,14 @@ class Daemon(models.Model):
         related_name="daemons",
         help_text="The user whose token registered it; only that user (or an operator) "
         "may speak the daemon protocol for it.",
+    )
+    token = models.ForeignKey(
+        "accounts.ApiToken",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The token minted for this daemon by its provider; revoked when it ends.",
     )
     current_invocation = models.ForeignKey(
         "jobs.Invocation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

@@ -7,9 +7,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Func, Value
 from django.utils import timezone
 
+from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
-from queues import controller, elasticity
+from queues import controller, daemons, elasticity
 from queues.models import (
     LIVE_DAEMON_STATES,
     Daemon,
@@ -99,7 +100,11 @@ def queue_create(
     temperature: float = 1.0,
 ) -> Queue:
     if Queue.objects.filter(name=name).exists():
-        raise Conflict(f"Queue '{name}' already exists.", fields={"name": "already exists"})
+        raise Conflict(
+            f"Queue '{name}' already exists.",
+            fields={"name": "already exists"},
+            code="already_exists",
+        )
     queue = Queue(
         name=name,
         kind=kind,
@@ -121,7 +126,9 @@ def queue_create(
             queue.save()
     except IntegrityError:
         raise Conflict(
-            f"Queue '{name}' already exists.", fields={"name": "already exists"}
+            f"Queue '{name}' already exists.",
+            fields={"name": "already exists"},
+            code="already_exists",
         ) from None
     return queue
 
@@ -201,6 +208,7 @@ def queue_transition(*, name: str, action: str) -> Queue:
             f"Cannot {action} queue '{name}': it is {queue.state}"
             + (f"; {hint}." if hint else "."),
             extra={"state": queue.state},
+            code="queue_state",
         )
     return queue
 
@@ -220,6 +228,7 @@ def queue_delete(*, name: str, force: bool = False) -> dict:
                 f"Queue '{name}' has running invocations: drain it and wait "
                 f"('lakeshore queues drain {name} --wait'), then remove it.",
                 extra={"running": True},
+                code="queue_in_use",
             )
         queued = Invocation.objects.filter(queue=name, state=InvocationState.QUEUED)
         if not force:
@@ -229,16 +238,16 @@ def queue_delete(*, name: str, force: bool = False) -> dict:
                     f"Queue '{name}' still has {len(bound)} bound daemon(s): "
                     f"{_name_list(labels)}. Remove them or use --force to unbind them.",
                     extra={"daemons": [str(did) for _, did in bound][:100]},
+                    code="queue_in_use",
                 )
             if queued.exists():
                 raise Conflict(
                     f"Queue '{name}' has queued invocations; 'lakeshore jobs bulk-cancel "
                     f"--queue {name}' cancels them, or --force kills them.",
+                    code="queue_in_use",
                 )
         now = timezone.now()
-        killed = queued.update(
-            state=InvocationState.KILLED, reason="queue removed", finished_at=now
-        )
+        killed = transitions.kill_queued_of_queue(queue=name, reason="queue removed")
         # A daemon left with no queue would silently start serving the default queue:
         # drain it instead (it finishes and stops).
         Daemon.objects.live().filter(queues=[name]).update(
@@ -368,7 +377,9 @@ def provider_create(*, name: str, kind: str, description: str = "", config=None)
             provider.save()
     except IntegrityError:
         raise Conflict(
-            f"Provider '{name}' already exists.", fields={"name": "already exists"}
+            f"Provider '{name}' already exists.",
+            fields={"name": "already exists"},
+            code="already_exists",
         ) from None
     return provider
 
@@ -398,53 +409,24 @@ def provider_delete(*, name: str) -> None:
                 f"Provider '{name}' is used by queue(s) {_name_list(queues)}: clear it "
                 "there first ('lakeshore queues patch NAME --provider \"\"').",
                 extra={"queues": queues[:100]},
+                code="provider_in_use",
             )
         live = Daemon.objects.live().filter(provider=provider).count()
         if live:
             raise Conflict(
-                f"Provider '{name}' still runs {live} live daemon(s): remove them first."
+                f"Provider '{name}' still runs {live} live daemon(s): remove them first.",
+                code="provider_in_use",
             )
+        daemons.revoke_tokens(Daemon.objects.filter(provider=provider))
         Daemon.objects.filter(provider=provider).update(provider=None)
         provider.delete()
 
 
 # ---------------------------------------------------------------------------- daemons
 
-MAX_DAEMON_QUEUES = 64
-
-
-def daemon_register(
-    *, owner, name: str, queues: list[str], provider: str | None = None, instance_type: str = ""
-) -> Daemon:
-    """A daemon announces itself and the queues it serves (`[]` = the default queue)."""
-    names = list(dict.fromkeys(queues))  # keep order, drop repeats
-    if len(names) > MAX_DAEMON_QUEUES:
-        raise Invalid(
-            f"A daemon may serve at most {MAX_DAEMON_QUEUES} queues.", fields={"queues": "too many"}
-        )
-    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise Invalid(
-            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
-            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
-        )
-    now = timezone.now()
-    # A daemon a provider launched registers into the row the provider made for it.
-    adopted = Daemon.objects.filter(
-        name=name, owner=owner, state=DaemonState.PROVISIONING, provider__isnull=False
-    ).update(queues=names, state=DaemonState.IDLE, last_heartbeat_at=now, updated_at=now)
-    if adopted:
-        return Daemon.objects.filter(name=name, owner=owner).order_by("-id").first()
-    return Daemon.objects.create(
-        name=name,
-        queues=names,
-        provider=_provider_for(provider),
-        instance_type=instance_type,
-        owner=owner,
-        state=DaemonState.IDLE,
-        last_heartbeat_at=now,
-    )
+# The daemon lifecycle lives in queues/daemons.py; registration stays importable here.
+daemon_register = daemons.daemon_register
+MAX_DAEMON_QUEUES = daemons.MAX_DAEMON_QUEUES
 
 
 def daemon_get(daemon_id) -> Daemon:

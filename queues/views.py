@@ -158,8 +158,8 @@ def daemon_drop(request, daemon_id: int):
     from django.http import HttpResponseNotAllowed
     from django.shortcuts import redirect
 
-    from jobs.services import daemon_drop as drop
     from queues import services
+    from queues.daemons import daemon_drop as drop
 
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])

@@ -22,6 +22,16 @@ def pytest_unconfigure(config):
         embedded_db.stop(settings.EMBEDDED_PGDATA)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _work_listener_closed_before_teardown(django_db_setup):
+    """Waiting claims share one LISTEN connection per process; close it before
+    pytest-django drops the test database it is connected to."""
+    yield
+    from jobs.wakeup import listener
+
+    listener.stop()
+
+
 @pytest.fixture
 def api():
     """A DRF client; log in with `api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")`."""

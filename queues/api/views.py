@@ -10,7 +10,7 @@ from accounts.permissions import DaemonProtocol
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
-from queues import controller, services
+from queues import controller, daemons, services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
 from queues.models import Daemon, Provider, Queue, QueueEvent
@@ -247,7 +247,9 @@ class DaemonRegisterView(APIView):
     def post(self, request):
         data = s.DaemonRegister(data=request.data)
         data.is_valid(raise_exception=True)
-        daemon = services.daemon_register(owner=request.user, **data.validated_data)
+        daemon = services.daemon_register(
+            owner=request.user, token=request.auth, **data.validated_data
+        )
         return Response(
             s.DaemonSerializer(services.daemon_get(daemon.pk)).data,
             status=status.HTTP_201_CREATED,
@@ -264,6 +266,4 @@ class DaemonDetail(APIView):
         responses={200: OpenApiTypes.OBJECT, **errors(404)},
     )
     def delete(self, request, daemon_id):
-        from jobs.services import daemon_drop
-
-        return Response(daemon_drop(daemon=services.daemon_get(daemon_id)))
+        return Response(daemons.daemon_drop(daemon=services.daemon_get(daemon_id)))

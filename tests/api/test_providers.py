@@ -59,7 +59,7 @@ def test_it_refuses_a_duplicate(operator):
 
     response = add(operator, name="gpu-cloud", kind="local")
 
-    assert_error(response, 409, "conflict", field="name", says="already exists")
+    assert_error(response, 409, "already_exists", field="name", says="already exists")
 
 
 @pytest.mark.parametrize("config", [["a"], "text", 3])
@@ -198,7 +198,7 @@ def test_it_refuses_to_remove_a_provider_that_queues_use_and_names_them(operator
 
     response = operator.delete(f"{URL}gpu-cloud/")
 
-    error = assert_error(response, 409, "conflict", says=["eval", "train"])
+    error = assert_error(response, 409, "provider_in_use", says=["eval", "train"])
     assert "cpu" not in error["message"]
     assert Provider.objects.filter(name="gpu-cloud").exists()
 
@@ -209,7 +209,7 @@ def test_it_refuses_to_remove_a_provider_with_live_daemons(operator):
 
     response = operator.delete(f"{URL}gpu-cloud/")
 
-    assert_error(response, 409, "conflict", says="live daemon")
+    assert_error(response, 409, "provider_in_use", says="live daemon")
     assert Provider.objects.filter(name="gpu-cloud").exists()
 
 

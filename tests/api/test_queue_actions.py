@@ -60,7 +60,7 @@ def test_pausing_a_draining_queue_says_to_resume_it(operator):
 
     response = act(operator, "q", "pause")
 
-    error = assert_error(response, 409, "conflict", says=["draining", "resume"])
+    error = assert_error(response, 409, "queue_state", says=["draining", "resume"])
     assert "lakeshore queues resume q" in error["message"]
     assert state_of("q") == "draining"
 
@@ -72,7 +72,7 @@ def test_acting_on_an_archived_queue_says_to_unarchive_it(operator, action):
 
     response = act(operator, "q", action)
 
-    error = assert_error(response, 409, "conflict", says=["archived", "unarchive"])
+    error = assert_error(response, 409, "queue_state", says=["archived", "unarchive"])
     assert "lakeshore queues unarchive q" in error["message"]
     assert state_of("q") == "archived"
 

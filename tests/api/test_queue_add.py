@@ -182,7 +182,7 @@ def test_it_refuses_a_duplicate_name(operator):
 
     response = add(operator, name="eval")
 
-    assert_error(response, 409, "conflict", field="name", says="already exists")
+    assert_error(response, 409, "already_exists", field="name", says="already exists")
     assert Queue.objects.get(name="eval").description == "the first"
 
 

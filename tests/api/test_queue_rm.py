@@ -37,7 +37,7 @@ def test_it_refuses_while_a_live_daemon_is_bound_and_names_it(operator):
 
     response = rm(operator)
 
-    error = assert_error(response, 409, "conflict", says=["gpu-worker-7", "--force"])
+    error = assert_error(response, 409, "queue_in_use", says=["gpu-worker-7", "--force"])
     assert str(bound.pk) in error["message"]
     assert Queue.objects.filter(name="eval").exists()
     assert Daemon.objects.get(pk=bound.pk).queues == ["eval", "other"]
@@ -96,7 +96,7 @@ def test_queued_invocations_block_removal(operator):
 
     response = rm(operator)
 
-    assert_error(response, 409, "conflict", says=["queued", "bulk-cancel", "--force"])
+    assert_error(response, 409, "queue_in_use", says=["queued", "bulk-cancel", "--force"])
     assert Queue.objects.filter(name="eval").exists()
     waiting.refresh_from_db()
     assert waiting.state == "queued"
@@ -132,7 +132,7 @@ def test_a_running_invocation_blocks_removal_even_with_force(operator, force):
 
     response = rm(operator, force=force)
 
-    assert_error(response, 409, "conflict", says=["running", "drain"])
+    assert_error(response, 409, "queue_in_use", says=["running", "drain"])
     assert Queue.objects.filter(name="eval").exists()
     running.refresh_from_db()
     waiting.refresh_from_db()

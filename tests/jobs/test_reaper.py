@@ -51,7 +51,7 @@ def test_it_fails_the_work_of_a_lost_daemon_without_attempts_left():
     report = services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     assert report["failed"] == 1
     inv.refresh_from_db()
-    assert inv.state == "failed" and "daemon lost" in inv.error
+    assert inv.state == "failed" and inv.error == "daemon gone (lost: no heartbeat)"
 
 
 def test_a_stale_completion_after_a_reap_changes_nothing():

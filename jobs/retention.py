@@ -1,0 +1,99 @@
+"""Retention: finished invocations and controller events older than
+LAKESHORE_RETENTION_DAYS are deleted, a batch at a time, by the beat task
+`jobs.retention` (and `manage.py prune`).
+
+Each batch is one statement in a short transaction of its own. It takes at most
+`batch_size` ids, lowest first, with FOR UPDATE SKIP LOCKED, so it never holds locks
+over more rows than that, two sweeps at once take different rows, and neither waits on
+the other (nor on a request that holds one of the rows). A run stops after
+`max_batches` batches of each kind; the next run goes on from there.
+
+Queued and running invocations are never deleted, whatever their age; a finished one
+without finished_at is kept too. `Daemon.current_invocation` may still point at a
+finished invocation: Django's SET_NULL is emulated in Python, so the same statement
+that deletes an invocation first clears that column on the daemons pointing at it
+(the database's constraint is only checked at commit).
+"""
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from jobs.models import TERMINAL_STATES
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 5000
+MAX_BATCHES = 20  # per kind and run: 100,000 rows of each an hour at the defaults
+
+
+# Written out like the SQL in jobs/services.py; tests/jobs/test_retention.py checks that
+# Daemon.current_invocation is still the only foreign key to either table.
+_INVOCATIONS_SQL = """
+WITH doomed AS MATERIALIZED (
+    SELECT id FROM jobs_invocation
+     WHERE state = ANY(%(states)s) AND finished_at < %(cutoff)s
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), released AS (
+    UPDATE queues_daemon SET current_invocation_id = NULL
+     WHERE current_invocation_id = ANY(ARRAY(SELECT id FROM doomed))
+)
+DELETE FROM jobs_invocation WHERE id = ANY(ARRAY(SELECT id FROM doomed))
+"""
+
+_EVENTS_SQL = """
+DELETE FROM queues_queueevent
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM queues_queueevent
+     WHERE at < %(cutoff)s
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+ ))
+"""
+
+
+def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:
+    deleted = 0
+    for _ in range(max_batches):
+        # durable: each batch commits on its own, even if a caller wraps the sweep in a
+        # transaction by mistake (that raises instead of holding every lock to the end).
+        with transaction.atomic(durable=True), connection.cursor() as cursor:
+            cursor.execute(sql, {**params, "limit": batch_size})
+            n = cursor.rowcount
+        deleted += n
+        if n < batch_size:
+            break  # nothing more is due (or another sweep holds the rest)
+    return deleted
+
+
+def retention_cutoff(now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) - timedelta(days=settings.LAKESHORE_RETENTION_DAYS)
+
+
+def retention_sweep(
+    *, now: datetime | None = None, batch_size: int = BATCH_SIZE, max_batches: int = MAX_BATCHES
+) -> dict:
+    """Delete finished invocations (terminal state, finished_at before the cutoff) and
+    queue events (`at` before the cutoff), at most batch_size * max_batches of each.
+    Returns {"invocations": n, "events": m}. Safe to run twice at once."""
+    if batch_size < 1 or max_batches < 1:
+        raise ValueError("batch_size and max_batches must be at least 1")
+    cutoff = retention_cutoff(now)
+    limits = {"batch_size": batch_size, "max_batches": max_batches}
+    counts = {
+        "invocations": _delete_in_batches(
+            _INVOCATIONS_SQL,
+            {"states": [str(state) for state in TERMINAL_STATES], "cutoff": cutoff},
+            **limits,
+        ),
+        "events": _delete_in_batches(_EVENTS_SQL, {"cutoff": cutoff}, **limits),
+    }
+    if counts["invocations"] or counts["events"]:
+        log.info("retention: deleted %s (finished before %s)", counts, cutoff.isoformat())
+    return counts

@@ -1,0 +1,278 @@
+"""The one owner of invocation state changes.
+
+    queued ──claim──▶ running ──complete──▶ succeeded | failed | timeout
+       │                 │
+       │                 ├──fail with attempts left / daemon gone──▶ queued (requeue)
+       │                 └──daemon dropped──▶ killed
+       └──kill / bulk-cancel / queue removed──▶ killed
+
+Claim, complete, kill, drop, deregister, reap and the controller all change
+invocations through the functions here, and nowhere else. Every change is one
+conditional statement (the state it starts from is in its WHERE clause), so two
+processes racing on a row can never both win; state names travel as parameters, not
+as strings inside SQL. Terminal states never change."""
+
+import json
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+
+from jobs.models import TERMINAL_STATES, Invocation, InvocationState
+from queues.models import CLAIMING_DAEMON_STATES, LIVE_DAEMON_STATES, DaemonState
+
+QUEUED = InvocationState.QUEUED.value
+RUNNING = InvocationState.RUNNING.value
+SUCCEEDED = InvocationState.SUCCEEDED.value
+FAILED = InvocationState.FAILED.value
+KILLED = InvocationState.KILLED.value
+TIMEOUT = InvocationState.TIMEOUT.value
+TERMINAL = [str(state) for state in TERMINAL_STATES]
+
+_STATES = {
+    "queued": QUEUED,
+    "running": RUNNING,
+    "succeeded": SUCCEEDED,
+    "failed": FAILED,
+    "killed": KILLED,
+    "timeout": TIMEOUT,
+    "claiming": [str(s) for s in CLAIMING_DAEMON_STATES],
+    "live": [str(s) for s in LIVE_DAEMON_STATES],
+}
+
+
+def _execute(sql: str, params: dict) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**_STATES, **params})
+        return cursor.fetchall() if cursor.description else []
+
+
+def _rowcount(sql: str, params: dict) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**_STATES, **params})
+        return cursor.rowcount
+
+
+# ---------------------------------------------------------------------------- claim
+
+# The daemon's liveness is part of the statement: its row is share-locked, and only a
+# daemon that may take work (not draining, terminated or lost) gets anything. A drop,
+# deregister or reap that commits first leaves this claim empty; one that comes later
+# waits for this claim to commit and then sees (and ends) what it took.
+_CLAIM_SQL = """
+WITH me AS (
+    SELECT id FROM queues_daemon
+     WHERE id = %(daemon)s AND state = ANY(%(claiming)s)
+       FOR SHARE
+)
+UPDATE jobs_invocation
+   SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,
+       started_at = now(), finished_at = NULL, scheduled_at = NULL, error = ''
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs_invocation
+         WHERE queue = %(queue)s AND state = %(queued)s
+           AND (scheduled_at IS NULL OR scheduled_at <= now())
+           AND EXISTS (SELECT 1 FROM me) {extra}
+         ORDER BY {order}
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED))
+RETURNING *
+"""
+
+ORDERS = {
+    "oldest": ("id", lambda inv: inv.pk),
+    "newest": ("id DESC", lambda inv: -inv.pk),
+    "priority": ("priority DESC, id", lambda inv: (-inv.priority, inv.pk)),
+}
+
+
+def claim(
+    *, daemon_id: int, queue: str, order: str, limit: int, priority: int | None = None
+) -> list[Invocation]:
+    """queued → running for up to `limit` invocations of one queue, in `order`
+    ('oldest', 'newest', 'priority'), optionally of one priority level only."""
+    sql_order, key = ORDERS[order]
+    extra = "" if priority is None else "AND priority = %(level)s"
+    params = {"daemon": daemon_id, "queue": queue, "limit": limit, "level": priority}
+    sql = _CLAIM_SQL.format(order=sql_order, extra=extra)
+    rows = Invocation.objects.raw(sql, {**_STATES, **params})
+    return sorted(rows, key=key)
+
+
+# ---------------------------------------------------------------------------- complete
+
+# A failed attempt with attempts left goes back to the queue after a back-off (with
+# jitter), keeping its daemon and attempt, so that a retried report of that same
+# failure is recognised as already recorded.
+_COMPLETE_SQL = """
+UPDATE jobs_invocation
+   SET state = CASE
+           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts THEN %(queued)s
+           ELSE %(outcome)s END,
+       scheduled_at = CASE
+           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts
+           THEN now() + make_interval(secs => LEAST(%(cap)s, %(base)s * power(2, attempts - 1))
+                                             * (0.5 + random() / 2))
+           ELSE NULL END,
+       finished_at = CASE
+           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts THEN NULL
+           ELSE now() END,
+       result = CASE WHEN %(outcome)s = %(succeeded)s THEN %(result)s::jsonb ELSE NULL END,
+       error = %(error)s
+ WHERE id = %(id)s AND daemon_id = %(daemon)s AND attempts = %(attempt)s
+   AND state = %(running)s
+RETURNING id
+"""
+
+
+def complete(
+    *, daemon_id: int, invocation_id: int, attempt: int, outcome: str, result, error: str
+) -> bool:
+    """running → succeeded | failed | timeout (or queued, for a failure with attempts
+    left). Fenced: only the daemon holding that attempt can. True when recorded."""
+    params = {
+        "id": invocation_id,
+        "daemon": daemon_id,
+        "attempt": attempt,
+        "outcome": {"succeeded": SUCCEEDED, "failed": FAILED, "timeout": TIMEOUT}[outcome],
+        "result": json.dumps(result, cls=DjangoJSONEncoder) if outcome == "succeeded" else None,
+        "error": "" if outcome == "succeeded" else error,
+        "base": float(settings.LAKESHORE_RETRY_BACKOFF),
+        "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
+    }
+    return bool(_execute(_COMPLETE_SQL, params))
+
+
+def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, outcome: str):
+    """For a completion that changed nothing: True when this daemon's report of this
+    attempt with this outcome was recorded before (a retry after a lost response),
+    False when that attempt ended otherwise, None when the claim is not the daemon's."""
+    if invocation.daemon_id != daemon_id or invocation.attempts != attempt:
+        return None
+    recorded_as = {SUCCEEDED: [SUCCEEDED], TIMEOUT: [TIMEOUT], FAILED: [FAILED, QUEUED]}
+    if invocation.state in recorded_as[outcome]:
+        return True
+    if invocation.state == RUNNING:
+        return None
+    return False
+
+
+# ---------------------------------------------------------------------------- requeue
+
+# Work whose daemon went away goes back to the queue while attempts remain (at once:
+# it was not the job's fault), and otherwise ends failed.
+_REQUEUE_SQL = """
+UPDATE jobs_invocation
+   SET state = CASE WHEN attempts < max_attempts THEN %(queued)s ELSE %(failed)s END,
+       daemon_id = CASE WHEN attempts < max_attempts THEN NULL ELSE daemon_id END,
+       started_at = CASE WHEN attempts < max_attempts THEN NULL ELSE started_at END,
+       finished_at = CASE WHEN attempts < max_attempts THEN NULL ELSE now() END,
+       error = CASE WHEN attempts < max_attempts THEN %(reason)s || '; requeued'
+                    ELSE %(reason)s END
+ WHERE state = %(running)s AND {where}
+RETURNING state
+"""
+
+
+def _requeue(where: str, params: dict, reason: str) -> dict:
+    rows = _execute(_REQUEUE_SQL.format(where=where), {**params, "reason": reason})
+    requeued = sum(1 for (state,) in rows if state == QUEUED)
+    return {"requeued": requeued, "failed": len(rows) - requeued}
+
+
+def requeue_daemon_work(*, daemon_ids: list[int], reason: str) -> dict:
+    """What these daemons ran: back to the queue, or failed when no attempt is left."""
+    return _requeue("daemon_id = ANY(%(ids)s)", {"ids": list(daemon_ids)}, reason)
+
+
+def rescue_orphans() -> dict:
+    """Running invocations whose daemon is no longer live (lost, terminated, deleted):
+    requeued while attempts remain, else failed with "daemon gone"."""
+    lost = _requeue(
+        "daemon_id IN (SELECT id FROM queues_daemon WHERE state = %(lost)s)",
+        {"lost": DaemonState.LOST.value},
+        "daemon gone (lost: no heartbeat)",
+    )
+    ended = _requeue(
+        """(daemon_id IS NULL OR daemon_id IN (
+               SELECT id FROM queues_daemon WHERE NOT (state = ANY(%(live)s))))""",
+        {},
+        "daemon gone",
+    )
+    return {key: lost[key] + ended[key] for key in lost}
+
+
+# ---------------------------------------------------------------------------- kill
+
+
+def kill_queued(*, invocation_id: int, reason: str) -> bool:
+    """queued → killed. False when it was not queued."""
+    return bool(
+        _rowcount(
+            """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                      finished_at = now(), scheduled_at = NULL
+                WHERE id = %(id)s AND state = %(queued)s""",
+            {"id": invocation_id, "reason": reason},
+        )
+    )
+
+
+def kill_daemon_work(*, daemon_ids: list[int], reason: str) -> int:
+    """running → killed for what these daemons run (an operator dropped them)."""
+    return _rowcount(
+        """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                  finished_at = now()
+            WHERE daemon_id = ANY(%(ids)s) AND state = %(running)s""",
+        {"ids": list(daemon_ids), "reason": reason},
+    )
+
+
+BULK_BATCH = 5_000
+
+
+def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_BATCH) -> int:
+    """queued → killed for every queued invocation (of one queue), a batch per
+    transaction, so no lock is ever held over the whole backlog. Rows a claim holds at
+    that moment are skipped: they are about to run."""
+    where = "" if queue is None else "AND queue = %(queue)s"
+    sql = f"""
+        UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+               finished_at = now(), scheduled_at = NULL
+         WHERE id = ANY(ARRAY(
+                SELECT id FROM jobs_invocation
+                 WHERE state = %(queued)s {where}
+                 ORDER BY id LIMIT %(batch)s
+                   FOR UPDATE SKIP LOCKED))"""  # noqa: S608 - no input in the format
+    total = 0
+    while True:
+        with transaction.atomic():
+            done = _rowcount(sql, {"queue": queue, "reason": reason, "batch": batch})
+        total += done
+        if done < batch:
+            return total
+
+
+def kill_queued_of_queue(*, queue: str, reason: str) -> int:
+    """queued → killed for one queue, inside the caller's transaction (queue removal)."""
+    return _rowcount(
+        """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                  finished_at = now(), scheduled_at = NULL
+            WHERE queue = %(queue)s AND state = %(queued)s""",
+        {"queue": queue, "reason": reason},
+    )
+
+
+# ---------------------------------------------------------------------------- timeout
+
+
+def timeout_overdue(*, now) -> int:
+    """running → timeout for invocations past their timeout_s (the daemon normally stops
+    them itself; this catches the ones whose daemon did not report)."""
+    return _rowcount(
+        """UPDATE jobs_invocation
+              SET state = %(timeout)s, finished_at = %(now)s,
+                  error = 'exceeded timeout_s (' || timeout_s || ' s)'
+            WHERE state = %(running)s AND timeout_s IS NOT NULL
+              AND started_at + make_interval(secs => timeout_s) < %(now)s""",
+        {"now": now},
+    )

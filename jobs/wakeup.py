@@ -1,0 +1,149 @@
+"""Waiting claims sleep until their queues have work, without a database connection.
+
+One thread per process LISTENs on the channel `lakeshore_work` (see the migration
+jobs/0004_notify_work: triggers send a queue's name when an invocation becomes queued
+there, or when the queue dispatches again). Each name bumps a version counter; a
+claim takes a snapshot of its queues' versions *before* it looks for work, and after
+finding none it waits until one of them moves (or its deadline). So a notification
+that lands between the look and the wait is never missed, and a waiting claim costs
+no query at all. A retry that waits out a back-off arrives as `name@epoch`: the
+listener bumps the name when that time comes.
+
+If the listening connection fails, waiters fall back to re-checking every
+FALLBACK_POLL seconds until it is back."""
+
+import heapq
+import logging
+import threading
+import time
+
+import psycopg
+from django.db import connection
+
+CHANNEL = "lakeshore_work"
+FALLBACK_POLL = 1.0
+RECONNECT_DELAY = 1.0
+
+log = logging.getLogger(__name__)
+
+
+class Listener:
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._versions: dict[str, int] = {}
+        self._due: list[tuple[float, str]] = []  # (epoch, queue) for back-off retries
+        self._healthy = False
+        self._thread: threading.Thread | None = None
+        self._params: dict | None = None
+        self._stop = threading.Event()
+
+    # ------------------------------------------------------------------ waiters
+
+    def snapshot(self, queues: list[str]) -> tuple[int, ...]:
+        self._ensure_started()
+        with self._cond:
+            return tuple(self._versions.get(q, 0) for q in queues)
+
+    def wait(self, queues: list[str], seen: tuple[int, ...], timeout: float) -> bool:
+        """Wait up to `timeout` s for work in `queues` since `seen`. True when woken
+        (or when the listener is down and it is time to look again)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if tuple(self._versions.get(q, 0) for q in queues) != seen:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if not self._healthy:
+                    self._cond.wait(min(left, FALLBACK_POLL))
+                    return True
+                self._cond.wait(left)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _ensure_started(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._params = _connection_params()
+            self._thread = threading.Thread(target=self._run, name="lakeshore-listen", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Close the listening connection (the test session does, before it drops its
+        database); the next waiter starts a new one."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout)
+        self._stop.clear()
+        self._thread = None
+
+    def _bump(self, name: str) -> None:
+        self._versions[name] = self._versions.get(name, 0) + 1
+
+    def _receive(self, payload: str) -> None:
+        name, _, at = payload.partition("@")
+        with self._cond:
+            if at:
+                try:
+                    heapq.heappush(self._due, (float(at), name))
+                except ValueError:
+                    self._bump(name)
+            else:
+                self._bump(name)
+            self._cond.notify_all()
+
+    def _fire_due(self) -> float:
+        """Bump queues whose back-off ended; seconds until the next one (or 1 s)."""
+        now = time.time()
+        with self._cond:
+            fired = False
+            while self._due and self._due[0][0] <= now:
+                self._bump(heapq.heappop(self._due)[1])
+                fired = True
+            if fired:
+                self._cond.notify_all()
+            return min(1.0, self._due[0][0] - now) if self._due else 1.0
+
+    def _set_health(self, healthy: bool) -> None:
+        with self._cond:
+            self._healthy = healthy
+            if not healthy:
+                self._cond.notify_all()  # waiters switch to polling now
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**self._params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._set_health(True)
+                    # Anything sent while we were away: wake everyone once.
+                    with self._cond:
+                        for name in list(self._versions):
+                            self._bump(name)
+                        self._cond.notify_all()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=max(0.01, self._fire_due())):
+                            self._receive(note.payload)
+                        self._fire_due()
+            except Exception as exc:  # noqa: BLE001 - keep listening whatever happens
+                log.warning("work listener: %s; reconnecting", exc)
+            self._set_health(False)
+            self._stop.wait(RECONNECT_DELAY)
+
+
+def _connection_params() -> dict:
+    """The database Django uses (the test database under pytest), minus Django's own
+    cursor and adapter plumbing."""
+    params = dict(connection.get_connection_params())
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    return params
+
+
+listener = Listener()

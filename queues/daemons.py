@@ -1,0 +1,335 @@
+"""The daemon lifecycle, in one place.
+
+    (provider launch) provisioning ──register──▶ idle ⇄ busy ──retire──▶ draining
+                                                   │                        │ runs nothing
+                      lost ◀──reaper (silent)──────┤                        ▼
+                        └──register again──▶ (new row)   deregister/drop ──▶ terminated
+
+Registration, heartbeats, busy/idle, drop, deregister, scale-down (retire, then end
+once it runs nothing) and the reaper's lost all live here. Changes to what a daemon
+runs go through jobs.transitions. A daemon's provider-minted token is revoked in the
+same transaction that ends it; asking the provider to stop it (a process, later a
+Slurm job) happens only after that transaction commits."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from jobs import transitions
+from lakeshore_admin.errors import Conflict, Invalid
+from queues.models import (
+    CLAIMING_DAEMON_STATES,
+    LIVE_DAEMON_STATES,
+    Daemon,
+    DaemonState,
+    Queue,
+)
+
+MAX_DAEMON_QUEUES = 64
+
+
+def _name_list(names: list[str], limit: int = 10) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------------------- register
+
+
+def daemon_register(
+    *,
+    owner,
+    name: str,
+    queues: list[str],
+    provider: str | None = None,
+    instance_type: str = "",
+    token=None,
+) -> Daemon:
+    """A daemon announces itself and the queues it serves (`[]` = the default queue).
+    `token` is the API token it spoke with: when that token was minted by a provider
+    for a daemon, the new row keeps it, so it is revoked when this daemon ends."""
+    from queues.services import _provider_for
+
+    names = list(dict.fromkeys(queues))  # keep order, drop repeats
+    if len(names) > MAX_DAEMON_QUEUES:
+        raise Invalid(
+            f"A daemon may serve at most {MAX_DAEMON_QUEUES} queues.", fields={"queues": "too many"}
+        )
+    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise Invalid(
+            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
+            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
+        )
+    now = timezone.now()
+    # A daemon a provider launched registers into the row the provider made for it.
+    adopted = Daemon.objects.filter(
+        name=name, owner=owner, state=DaemonState.PROVISIONING, provider__isnull=False
+    ).update(queues=names, state=DaemonState.IDLE, last_heartbeat_at=now, updated_at=now)
+    if adopted:
+        return Daemon.objects.filter(name=name, owner=owner).order_by("-id").first()
+    minted = token is not None and Daemon.objects.filter(token=token).exists()
+    return Daemon.objects.create(
+        name=name,
+        queues=names,
+        provider=_provider_for(provider),
+        instance_type=instance_type,
+        owner=owner,
+        state=DaemonState.IDLE,
+        last_heartbeat_at=now,
+        token=token if minted else None,
+    )
+
+
+# ---------------------------------------------------------------------------- liveness
+
+
+def check_live(daemon: Daemon) -> Daemon:
+    """A daemon that is not live gets a Conflict whose code says what to do:
+    `daemon_terminated` (stop) or `daemon_lost` (register again)."""
+    if daemon.state == DaemonState.TERMINATED:
+        raise Conflict(
+            f"Daemon {daemon.pk} is terminated (dropped or left): it takes no more work.",
+            extra={"state": daemon.state},
+            code="daemon_terminated",
+        )
+    if daemon.state == DaemonState.LOST:
+        raise Conflict(
+            f"Daemon {daemon.pk} is lost (silent past the heartbeat timeout; its work was "
+            "handed back): register again to take work.",
+            extra={"state": daemon.state},
+            code="daemon_lost",
+        )
+    return daemon
+
+
+def refresh_live(daemon: Daemon) -> Daemon:
+    daemon.refresh_from_db(fields=["state", "queues"])
+    return check_live(daemon)
+
+
+# Busy/idle follow what the daemon runs; the heartbeat time is rewritten only when it is
+# older than LAKESHORE_HEARTBEAT_WRITE_SECONDS, so idle polling does not rewrite the row.
+# The update re-checks the state it computed from: a drop or retire that commits
+# meanwhile is never overwritten.
+_TOUCH_SQL = """
+WITH cur AS (
+    SELECT id FROM jobs_invocation
+     WHERE daemon_id = %(daemon)s AND state = %(running)s
+     ORDER BY id DESC LIMIT 1
+), want AS (
+    SELECT d.id, d.state AS seen,
+           CASE WHEN d.state = ANY(%(working)s)
+                THEN CASE WHEN EXISTS (SELECT 1 FROM cur) THEN %(busy)s ELSE %(idle)s END
+                ELSE d.state END AS state,
+           (SELECT id FROM cur) AS current
+      FROM queues_daemon d
+     WHERE d.id = %(daemon)s AND d.state = ANY(%(live)s)
+)
+UPDATE queues_daemon d
+   SET state = want.state, current_invocation_id = want.current,
+       last_heartbeat_at = now(), updated_at = now()
+  FROM want
+ WHERE d.id = want.id AND d.state = want.seen
+   AND (d.last_heartbeat_at IS NULL
+        OR d.last_heartbeat_at < now() - make_interval(secs => %(every)s)
+        OR d.state <> want.state
+        OR d.current_invocation_id IS DISTINCT FROM want.current)
+"""
+
+
+def touch(daemon_id: int) -> None:
+    """Heartbeat and busy/idle in one statement, which writes only when something
+    changed or the heartbeat is getting old."""
+    every = min(
+        float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS),
+        settings.LAKESHORE_HEARTBEAT_TIMEOUT / 4,
+    )
+    params = {
+        "daemon": daemon_id,
+        "running": transitions.RUNNING,
+        "working": [str(s) for s in CLAIMING_DAEMON_STATES],
+        "live": [str(s) for s in LIVE_DAEMON_STATES],
+        "busy": DaemonState.BUSY.value,
+        "idle": DaemonState.IDLE.value,
+        "every": every,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_TOUCH_SQL, params)
+
+
+def daemon_heartbeat(*, daemon: Daemon) -> dict:
+    """The daemon is alive. The answer tells it what the server believes: its state
+    (draining → stop claiming) and which invocations it should still be running."""
+    from jobs.models import Invocation
+
+    check_live(daemon)
+    touch(daemon.pk)
+    daemon.refresh_from_db(fields=["state"])
+    check_live(daemon)
+    running = Invocation.objects.filter(daemon=daemon, state=transitions.RUNNING)
+    return {
+        "state": daemon.state,
+        "running": [str(pk) for pk in running.values_list("id", flat=True)],
+    }
+
+
+# ---------------------------------------------------------------------------- ending
+
+
+def daemon_deregister(*, daemon: Daemon) -> dict:
+    """The daemon leaves (after SIGTERM, once its work is done). Anything it still held
+    goes back to the queue while attempts remain."""
+    return _end([daemon.pk], requeue=True, reason="daemon left")[0]
+
+
+def daemon_drop(*, daemon: Daemon) -> dict:
+    """An operator drops the daemon: it is terminated, its provider is asked to stop it,
+    and its running invocations end killed. The daemon learns it at its next heartbeat
+    or claim (409 daemon_terminated) and stops."""
+    return _end([daemon.pk], requeue=False, reason="daemon removed")[0]
+
+
+def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> list[dict]:
+    """Terminate these daemons (those still in `states`), hand back or kill what they
+    ran, revoke their minted tokens; after commit, ask their providers to stop them."""
+    now = timezone.now()
+    states = states or [s for s in DaemonState.values if s != DaemonState.TERMINATED]
+    with transaction.atomic():
+        ended = list(
+            Daemon.objects.select_for_update(of=("self",))
+            .filter(pk__in=daemon_ids, state__in=states)
+            .select_related("provider")
+        )
+        ids = [d.pk for d in ended]
+        Daemon.objects.filter(pk__in=ids).update(
+            state=DaemonState.TERMINATED, current_invocation=None, updated_at=now
+        )
+        if requeue:
+            outcome = transitions.requeue_daemon_work(daemon_ids=ids, reason=reason)
+        else:
+            outcome = {"requeued": 0, "failed": 0}
+            outcome["killed"] = transitions.kill_daemon_work(daemon_ids=ids, reason=reason)
+        revoke_tokens(Daemon.objects.filter(pk__in=ids))
+        for daemon in ended:
+            if daemon.provider_id:
+                transaction.on_commit(lambda d=daemon: _release(d))
+    ended_ids = set(ids)
+    return [
+        {
+            "id": str(pk),
+            "terminated": pk in ended_ids,
+            "requeued": outcome["requeued"],
+            "ended": outcome.get("killed", outcome["failed"]),
+        }
+        for pk in daemon_ids
+    ]
+
+
+def _release(daemon: Daemon) -> None:
+    """After commit: the provider stops what runs the daemon (never inside a
+    transaction that could still roll back)."""
+    from queues.drivers import driver_for
+
+    driver_for(daemon.provider).release(daemon=daemon)
+
+
+def revoke_tokens(daemons) -> int:
+    """Revoke the provider-minted tokens of these daemons."""
+    from accounts.models import ApiToken
+
+    return ApiToken.objects.filter(
+        pk__in=daemons.exclude(token__isnull=True).values("token_id"), revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
+
+
+def daemons_gone(*, daemon_ids: list[int], reason: str) -> list[dict]:
+    """The provider reports these daemons gone (their process exited): end them; what
+    they ran goes back to the queue while attempts remain."""
+    live_or_lost = [*LIVE_DAEMON_STATES, DaemonState.LOST]
+    return _end(daemon_ids, requeue=True, reason=reason, states=live_or_lost)
+
+
+def daemon_launch_failed(*, daemon: Daemon, error: str) -> None:
+    """After commit, the provider could not start a daemon it recorded: end the row
+    (and its token) and say so in its queue's audit trail."""
+    from queues.models import EventAction, QueueEvent
+
+    daemons_gone(daemon_ids=[daemon.pk], reason="launch failed")
+    queue = Queue.objects.filter(name__in=daemon.queues).first()
+    if queue is not None:
+        QueueEvent.objects.create(
+            queue=queue,
+            at=timezone.now(),
+            action=EventAction.LAUNCH_FAILED,
+            reason=f"{daemon.name}: {error}"[:500],
+            daemons=0,
+            busy=0,
+            pending=0,
+            utilization=0,
+            desired=0,
+            delta=-1,
+        )
+
+
+# ---------------------------------------------------------------------------- scale-down
+
+
+def daemons_retire(*, daemon_ids: list[int]) -> list[int]:
+    """Scale-down, step 1: idle → draining, for each daemon that is idle *and runs
+    nothing at this moment*, in one conditional update. A daemon that claimed work
+    meanwhile is busy and is left alone; a draining daemon claims nothing more."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE queues_daemon d SET state = %(draining)s, updated_at = now()
+                WHERE d.id = ANY(%(ids)s) AND d.state = %(idle)s
+                  AND NOT EXISTS (SELECT 1 FROM jobs_invocation i
+                                   WHERE i.daemon_id = d.id AND i.state = %(running)s)
+               RETURNING d.id""",
+            {
+                "ids": list(daemon_ids),
+                "draining": DaemonState.DRAINING.value,
+                "idle": DaemonState.IDLE.value,
+                "running": transitions.RUNNING,
+            },
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def daemons_end_drained(queryset) -> list[int]:
+    """Scale-down, step 2: end the draining daemons of `queryset` that run nothing."""
+    from jobs.models import Invocation
+
+    busy = Invocation.objects.filter(state=transitions.RUNNING).values("daemon_id")
+    ids = list(
+        queryset.filter(state=DaemonState.DRAINING)
+        .exclude(pk__in=busy)
+        .values_list("pk", flat=True)
+    )
+    if not ids:
+        return []
+    ended = _end(ids, requeue=True, reason="scaled down", states=[DaemonState.DRAINING])
+    return [int(row["id"]) for row in ended if row["terminated"]]
+
+
+# ---------------------------------------------------------------------------- reaper
+
+
+def daemons_mark_lost(*, now=None) -> list[int]:
+    """Live daemons silent past LAKESHORE_HEARTBEAT_TIMEOUT become lost (rows another
+    transaction holds — a claim in flight — are looked at next time)."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT)
+    with transaction.atomic():
+        lost = list(
+            Daemon.objects.select_for_update(skip_locked=True)
+            .filter(state__in=LIVE_DAEMON_STATES, last_heartbeat_at__lt=cutoff)
+            .values_list("id", flat=True)
+        )
+        Daemon.objects.filter(pk__in=lost).update(
+            state=DaemonState.LOST, current_invocation=None, updated_at=now
+        )
+    return lost

@@ -1,0 +1,319 @@
+"""Retention: finished invocations and queue events older than LAKESHORE_RETENTION_DAYS
+go, in batches, on the real database."""
+
+import json
+import runpy
+import threading
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.apps import apps
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import IntegrityError, connection, models, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from jobs import tasks
+from jobs.models import TERMINAL_STATES, Invocation, InvocationState
+from jobs.retention import retention_sweep
+from queues.models import Daemon, EventAction, QueueEvent
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now()
+OLD = NOW - timedelta(days=settings.LAKESHORE_RETENTION_DAYS, seconds=1)
+YOUNG = NOW - timedelta(days=settings.LAKESHORE_RETENTION_DAYS) + timedelta(minutes=1)
+
+
+def _invocations(n, state=InvocationState.SUCCEEDED, finished_at=OLD, **fields):
+    return Invocation.objects.bulk_create(
+        [
+            Invocation(function="x.y", state=state, finished_at=finished_at, **fields)
+            for _ in range(n)
+        ]
+    )
+
+
+def _events(n, at=OLD, queue=None):
+    queue = queue or builders.queue()
+    return QueueEvent.objects.bulk_create(
+        [
+            QueueEvent(
+                queue=queue,
+                at=at,
+                action=EventAction.SCALE_UP,
+                reason="r",
+                daemons=0,
+                busy=0,
+                pending=0,
+                utilization=0.0,
+                desired=1,
+            )
+            for _ in range(n)
+        ]
+    )
+
+
+def _ids(rows):
+    return {row.pk for row in rows}
+
+
+def _deletes(ctx) -> list[str]:
+    return [q["sql"] for q in ctx.captured_queries if "DELETE" in q["sql"]]
+
+
+def test_it_deletes_old_finished_invocations_and_keeps_the_rest():
+    old = [inv for state in TERMINAL_STATES for inv in _invocations(1, state=state)]
+    young = _invocations(2, finished_at=YOUNG)
+    # queued and running stay whatever their age (finished_at set or not)
+    waiting = _invocations(1, state=InvocationState.QUEUED, finished_at=None)
+    waiting += _invocations(1, state=InvocationState.QUEUED)
+    waiting += _invocations(1, state=InvocationState.RUNNING, started_at=OLD)
+    waiting += _invocations(1, state=InvocationState.RUNNING)
+    unfinished = _invocations(1, state=InvocationState.FAILED, finished_at=None)
+    Invocation.objects.filter(pk__in=_ids(waiting + unfinished)).update(created_at=OLD)
+
+    assert retention_sweep(now=NOW) == {"invocations": len(old), "events": 0}
+    assert len(old) == 4
+    left = set(Invocation.objects.values_list("pk", flat=True))
+    assert left == _ids(young + waiting + unfinished)
+
+
+def test_it_deletes_old_events_and_keeps_young_ones():
+    queue = builders.queue()
+    old = _events(3, queue=queue)
+    young = _events(2, at=YOUNG, queue=queue)
+    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 3}
+    assert set(QueueEvent.objects.values_list("pk", flat=True)) == _ids(young)
+    assert not _ids(old) & set(QueueEvent.objects.values_list("pk", flat=True))
+
+
+def test_it_keeps_everything_at_the_default_cutoff_of_now():
+    """Without `now`, the cutoff is LAKESHORE_RETENTION_DAYS before the present."""
+    _invocations(1, finished_at=timezone.now() - timedelta(days=1))
+    _events(1, at=timezone.now() - timedelta(days=1))
+    assert retention_sweep() == {"invocations": 0, "events": 0}
+
+
+def test_it_reads_the_retention_days_setting(settings):
+    _invocations(1, finished_at=NOW - timedelta(days=3))
+    _events(1, at=NOW - timedelta(days=3))
+    settings.LAKESHORE_RETENTION_DAYS = 5
+    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0}
+    settings.LAKESHORE_RETENTION_DAYS = 2
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 1}
+
+
+def test_it_deletes_in_batches_until_nothing_is_due():
+    _invocations(5)
+    _events(5)
+    with CaptureQueriesContext(connection) as ctx:
+        assert retention_sweep(now=NOW, batch_size=2) == {"invocations": 5, "events": 5}
+    # 2 + 2 + 1 for each kind: the short third batch says nothing more is due
+    assert len(_deletes(ctx)) == 6
+    assert all("LIMIT 2" in sql and "SKIP LOCKED" in sql for sql in _deletes(ctx))
+    assert not Invocation.objects.exists() and not QueueEvent.objects.exists()
+
+
+def test_it_stops_after_max_batches_and_the_next_run_goes_on():
+    invocations = _invocations(5)
+    events = _events(5)
+    first = retention_sweep(now=NOW, batch_size=2, max_batches=1)
+    assert first == {"invocations": 2, "events": 2}
+    lowest = sorted(_ids(invocations))[:2]  # lowest ids first
+    assert not Invocation.objects.filter(pk__in=lowest).exists()
+    assert Invocation.objects.count() == 3 and QueueEvent.objects.count() == 3
+    assert not QueueEvent.objects.filter(pk__in=sorted(_ids(events))[:2]).exists()
+
+    assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == first
+    assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
+        "invocations": 1,
+        "events": 1,
+    }
+    assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
+        "invocations": 0,
+        "events": 0,
+    }
+
+
+def test_it_checks_its_bounds():
+    with pytest.raises(ValueError):
+        retention_sweep(batch_size=0)
+    with pytest.raises(ValueError):
+        retention_sweep(max_batches=0)
+
+
+def test_it_clears_a_daemons_current_invocation_that_it_deletes():
+    (done,) = _invocations(1)
+    (young,) = _invocations(1, finished_at=YOUNG)
+    pointing = builders.daemon(state="terminated", current_invocation=done)
+    elsewhere = builders.daemon(current_invocation=young)
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0}
+    # the deferred foreign key is checked now, as at a real commit
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    pointing.refresh_from_db()
+    elsewhere.refresh_from_db()
+    assert pointing.current_invocation_id is None
+    assert elsewhere.current_invocation_id == young.pk
+    assert not Invocation.objects.filter(pk=done.pk).exists()
+
+
+def test_a_raw_delete_without_clearing_the_daemon_fails_at_the_constraint_check():
+    """Negative control for the test above: the deferred foreign key is real."""
+    (done,) = _invocations(1)
+    builders.daemon(state="terminated", current_invocation=done)
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM jobs_invocation WHERE id = %s", [done.pk])
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+
+
+def test_only_the_daemons_current_invocation_references_invocations_and_none_events():
+    """The sweep deletes with raw SQL and clears Daemon.current_invocation itself; a new
+    foreign key to Invocation or QueueEvent must be handled in jobs/retention.py."""
+    incoming = [
+        (model, field.name, field.related_model, field.remote_field.on_delete)
+        for model in apps.get_models(include_auto_created=True)
+        for field in model._meta.concrete_fields
+        if field.is_relation and field.related_model in (Invocation, QueueEvent)
+    ]
+    assert incoming == [(Daemon, "current_invocation", Invocation, models.SET_NULL)]
+    # the table and column names jobs/retention.py writes out
+    assert (Invocation._meta.db_table, QueueEvent._meta.db_table) == (
+        "jobs_invocation",
+        "queues_queueevent",
+    )
+    assert (Daemon._meta.db_table, Daemon._meta.get_field("current_invocation").column) == (
+        "queues_daemon",
+        "current_invocation_id",
+    )
+
+
+def test_the_beat_task_runs_the_sweep_hourly():
+    entry = settings.CELERY_BEAT_SCHEDULE["retention"]
+    assert entry["task"] == "jobs.retention" == tasks.retention_sweep.name
+    assert entry["schedule"] == 3600
+    assert 0 < entry["options"]["expires"] <= 3600
+    _invocations(1)
+    _events(1)
+    assert tasks.retention_sweep() == {"invocations": 1, "events": 1}
+
+
+def test_the_prune_command_prints_what_it_deleted():
+    _invocations(2)
+    _invocations(1, finished_at=timezone.now())
+    _events(3)
+    out = StringIO()
+    call_command("prune", stdout=out)
+    assert json.loads(out.getvalue()) == {"invocations": 2, "events": 3}
+    assert Invocation.objects.count() == 1
+
+
+# ------------------------------------------------------------------------ concurrency
+
+
+def _in_thread(target):
+    errors = []
+
+    def wrapped():
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the caller
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=wrapped)
+    thread.start()
+    return thread, errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_skips_rows_another_transaction_holds_without_waiting():
+    rows = _invocations(3)
+    held = rows[0].pk
+    locked, release = threading.Event(), threading.Event()
+
+    def holder():
+        with transaction.atomic():
+            Invocation.objects.select_for_update().filter(pk=held).get()
+            locked.set()
+            release.wait(30)
+
+    thread, errors = _in_thread(holder)
+    try:
+        assert locked.wait(30)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait would fail, not hang
+        assert retention_sweep(now=NOW) == {"invocations": 2, "events": 0}
+    finally:
+        release.set()
+        thread.join(30)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert not errors, errors
+    assert list(Invocation.objects.values_list("pk", flat=True)) == [held]
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_sweeps_at_once_delete_each_row_once():
+    _invocations(400)
+    _events(400)
+    results = []
+    barrier = threading.Barrier(4)
+
+    def sweeper():
+        barrier.wait(30)
+        results.append(retention_sweep(now=NOW, batch_size=7, max_batches=1000))
+
+    threads = [_in_thread(sweeper) for _ in range(4)]
+    for thread, _ in threads:
+        thread.join(60)
+    assert not [e for _, errors in threads for e in errors]
+    assert sum(r["invocations"] for r in results) == 400
+    assert sum(r["events"] for r in results) == 400
+    assert not Invocation.objects.exists() and not QueueEvent.objects.exists()
+
+
+def test_it_refuses_to_run_inside_a_callers_transaction():
+    """Every batch commits on its own; inside an outer transaction that would hold all
+    the locks to its end, so the sweep refuses."""
+    with transaction.atomic(), pytest.raises(RuntimeError):
+        retention_sweep(now=NOW)
+
+
+# ------------------------------------------------------------------------ the setting
+
+SETTINGS_FILE = Path(settings.BASE_DIR) / "lakeshore_admin" / "settings.py"
+
+
+def _load_settings(monkeypatch, tmp_path, value):
+    """Run the real settings file in a fresh namespace, with a DATABASE_URL that is only
+    parsed (no server starts) and var/ in a temporary folder."""
+    monkeypatch.setenv("DATABASE_URL", "postgres://u@127.0.0.1:1/none")
+    monkeypatch.setenv("DJANGO_SECRET_KEY", "test")
+    monkeypatch.setenv("LAKESHORE_VAR_DIR", str(tmp_path))
+    if value is None:
+        monkeypatch.delenv("LAKESHORE_RETENTION_DAYS", raising=False)
+    else:
+        monkeypatch.setenv("LAKESHORE_RETENTION_DAYS", value)
+    return runpy.run_path(str(SETTINGS_FILE))
+
+
+@pytest.mark.django_db(False)
+@pytest.mark.parametrize("value", ["0", "-3", "abc", "1.5"])
+def test_it_fails_settings_loading_on_a_bad_retention_days(monkeypatch, tmp_path, value):
+    with pytest.raises(ImproperlyConfigured, match="LAKESHORE_RETENTION_DAYS"):
+        _load_settings(monkeypatch, tmp_path, value)
+
+
+@pytest.mark.django_db(False)
+@pytest.mark.parametrize(("value", "days"), [(None, 30), ("", 30), ("1", 1), ("90", 90)])
+def test_it_reads_retention_days_from_the_environment(monkeypatch, tmp_path, value, days):
+    assert _load_settings(monkeypatch, tmp_path, value)["LAKESHORE_RETENTION_DAYS"] == days
