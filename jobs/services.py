@@ -270,6 +270,7 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random) -> list[Invocati
                     daemon_id=daemon.pk, queue=queue.name, order=_ORDER[queue.kind], limit=want
                 )
         daemons.touch(daemon.pk)
+        hooks.point("claim.before_commit")
     return claimed
 
 

@@ -137,6 +137,7 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
             action, delta, reason = _launch(queue, driver, decided, now)
         elif decided.action == "terminate":
             action, delta, reason = _terminate(queue, driver, decided, now)
+        hooks.point("tick.acted")
         return QueueEvent.objects.create(
             queue=queue,
             at=now,

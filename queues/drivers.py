@@ -66,7 +66,9 @@ class SimulatedDriver(Driver):
         mine.filter(
             state=DaemonState.PROVISIONING, created_at__lte=now - timedelta(seconds=startup)
         ).update(state=DaemonState.IDLE, updated_at=now)
-        mine.update(last_heartbeat_at=now)  # simulated daemons heartbeat through it
+        # Simulated daemons heartbeat through their provider, as seldom as real ones.
+        every = timedelta(seconds=float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS))
+        mine.filter(last_heartbeat_at__lt=now - every).update(last_heartbeat_at=now)
 
 
 class LocalDriver(Driver):

@@ -1,12 +1,15 @@
 """Claims under real concurrency on PostgreSQL: every invocation to exactly one daemon."""
 
 import threading
+import time
+from collections import Counter
 
 import pytest
 from django.db import connection
 
 from jobs import services
 from jobs.models import Invocation
+from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -91,75 +94,132 @@ def test_the_duplicate_check_catches_a_naive_read_then_update():
     assert _duplicates(claims), "the naive claim should have handed rows out twice"
 
 
+KILL_CLAIM_ROUNDS = 40  # at least; more (up to KILL_CLAIM_MAX) until each side has won
+KILL_CLAIM_MAX = 400
+
+
 def test_kill_and_claim_of_the_same_invocation_never_both_win():
+    """Each round a kill and a claim race for one queued invocation. Exactly one wins:
+    either the kill killed it and the claim came back empty, or the claim took it and
+    the kill was refused with a Conflict saying it runs, on this daemon. Rounds go on
+    until each side has won at least once, so both outcomes are checked."""
     builders.queue(name="race")
     daemon = builders.daemon(queues=["race"])
-    outcomes = []
-    for _ in range(40):
+    outcomes: list[str] = []
+    while len(outcomes) < KILL_CLAIM_ROUNDS or len(set(outcomes)) < 2:
+        if len(outcomes) >= KILL_CLAIM_MAX:
+            break
         inv, _ = services.invocation_submit(function="x.y", queue="race")
-        result = {}
+        seen: dict = {}
         barrier = threading.Barrier(2)
 
-        def kill(_i, inv=inv, result=result, barrier=barrier):
+        def kill(inv=inv, seen=seen, barrier=barrier):
             barrier.wait()
             try:
-                services.invocation_kill(invocation_id=inv.pk)
-                result["kill"] = True
-            except services.Conflict:
-                result["kill"] = False
-            finally:
-                connection.close()
+                seen["kill"] = services.invocation_kill(invocation_id=inv.pk).state
+            except services.Conflict as exc:
+                seen["kill"] = exc
 
-        def claim(_i, result=result, barrier=barrier):
+        def claim(seen=seen, barrier=barrier):
             barrier.wait()
-            try:
-                result["claim"] = bool(services.invocation_claim(daemon=daemon))
-            finally:
-                connection.close()
+            seen["claim"] = [got.pk for got in services.invocation_claim(daemon=daemon)]
 
-        threads = [
-            threading.Thread(target=kill, args=(0,)),
-            threading.Thread(target=claim, args=(0,)),
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
+        _run_threads(lambda i, racers=(kill, claim): racers[i](), 2)
         inv.refresh_from_db()
-        assert result["kill"] != result["claim"], result
-        assert inv.state == ("killed" if result["kill"] else "running")
-        outcomes.append(result["kill"])
-        if not result["kill"]:  # free the daemon's slot for the next round
+        if seen["claim"]:  # the claim won
+            assert seen["claim"] == [inv.pk]
+            refused = seen["kill"]
+            assert isinstance(refused, services.Conflict), seen
+            assert (refused.status, refused.code) == (409, "invocation_running")
+            assert refused.extra["state"] == "running"
+            assert refused.extra["worker"] == str(daemon.pk)
+            assert (inv.state, inv.daemon_id, inv.attempts) == ("running", daemon.pk, 1)
+            outcomes.append("claimed")
             services.invocation_complete(
                 daemon=daemon, invocation_id=inv.pk, attempt=1, succeeded=True
             )
+        else:  # the kill won, and the claim found nothing to take
+            assert seen["kill"] == "killed", seen
+            assert (inv.state, inv.daemon_id, inv.attempts) == ("killed", None, 0)
+            outcomes.append("killed")
+    # the race went both ways; every round had exactly one winner, and the rows agree
+    assert set(outcomes) == {"claimed", "killed"}, Counter(outcomes)
+    assert Counter(outcomes) == Counter(
+        {
+            "claimed": Invocation.objects.filter(queue="race", state="succeeded").count(),
+            "killed": Invocation.objects.filter(queue="race", state="killed").count(),
+        }
+    )
+    assert not Invocation.objects.filter(queue="race", state__in=["queued", "running"]).exists()
+
+
+def _until(condition, timeout: float = 30) -> None:
+    """Wait for something another thread does (a condition, not a duration)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the other thread"
+        time.sleep(0.01)
+
+
+def _long_poll_check() -> None:
+    """The claim looks, finds nothing, and waits; a submit arrives; the claim comes back
+    with exactly that invocation, and not before the submit."""
+    builders.queue(name="lp")
+    daemon = builders.daemon(queues=["lp"])
+    log: list[str] = []
+    lock = threading.Lock()
+    returned = threading.Event()
+    got: dict = {}
+
+    def claimer():
+        try:
+            got["claimed"] = services.invocation_claim(daemon=daemon, wait=30)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            got["error"] = exc
+        finally:
+            with lock:
+                log.append("claim returned")
+            returned.set()
+            connection.close()
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    try:
+        # A claim heartbeats its daemon in the transaction that looks for work: once the
+        # heartbeat is written, the claim has looked at the empty queue and found nothing.
+        _until(
+            lambda: Daemon.objects.filter(pk=daemon.pk, last_heartbeat_at__isnull=False).exists()
+        )
+        assert not returned.is_set(), got  # it waits, rather than answering empty at once
+        with lock:
+            log.append("submitting")
+        inv, _ = services.invocation_submit(function="x.y", queue="lp")
+        assert returned.wait(60), "the waiting claim never saw the submit"
+    finally:
+        thread.join(60)
+    assert "error" not in got, got["error"]
+    assert log == ["submitting", "claim returned"]
+    assert [i.pk for i in got["claimed"]] == [inv.pk]
+    inv.refresh_from_db()
+    assert (inv.state, inv.daemon_id) == ("running", daemon.pk)
 
 
 def test_a_claim_long_polls_until_work_arrives():
-    import time
+    _long_poll_check()
 
-    builders.queue(name="lp")
-    daemon = builders.daemon(queues=["lp"])
 
-    def submit_later(_i):
-        time.sleep(0.5)
-        services.invocation_submit(function="x.y", queue="lp")
-
-    waiter = threading.Thread(target=lambda: _run_threads(submit_later, 1))
-    started = time.monotonic()
-    waiter.start()
-    got = services.invocation_claim(daemon=daemon, wait=5)
-    waited = time.monotonic() - started
-    waiter.join()
-    assert len(got) == 1
-    assert 0.4 < waited < 3  # it waited for the submit, and answered soon after it
+def test_the_long_poll_check_sees_a_claim_that_does_not_wait(monkeypatch):
+    """Negative control: a claim that ignores `wait` answers empty before the submit."""
+    claim = services.invocation_claim
+    monkeypatch.setattr(services, "invocation_claim", lambda **kw: claim(**{**kw, "wait": 0}))
+    with pytest.raises(AssertionError):
+        _long_poll_check()
 
 
 def test_a_claim_with_nothing_to_do_answers_empty_after_its_wait():
-    import time
-
     builders.queue(name="lp")
     daemon = builders.daemon(queues=["lp"])
     started = time.monotonic()
     assert services.invocation_claim(daemon=daemon, wait=0.6) == []
+    # a lower bound only (it answered no sooner than its wait), never a window
     assert time.monotonic() - started >= 0.6

@@ -106,28 +106,63 @@ def test_a_full_queue_rejects_with_the_depth(operator):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_full_blocking_queue_waits_for_room(settings):
-    settings.LAKESHORE_BLOCK_TIMEOUT = 5
+    settings.LAKESHORE_BLOCK_TIMEOUT = 60  # only room can end this wait within the test
+    builders.queue(name="b", max_depth=1, on_full="block")
+    first, _ = services.invocation_submit(function=ECHO, queue="b")
+    log: list[str] = []
+    lock = threading.Lock()
+    started, returned = threading.Event(), threading.Event()
+    outcome: dict = {}
+
+    def submit():
+        started.set()
+        try:
+            outcome["result"] = services.invocation_submit(function=ECHO, queue="b")
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+        finally:
+            with lock:
+                log.append("submit returned")
+            returned.set()
+            connection.close()
+
+    submitter = threading.Thread(target=submit)
+    submitter.start()
+    assert started.wait(10)
+    # A submit that does not block (rejects, or admits past max_depth) comes back at
+    # once: give it the chance. A blocked one cannot come back while the queue is full.
+    assert not returned.wait(0.5), outcome
+    queued = Invocation.objects.filter(queue="b", state="queued")
+    assert list(queued.values_list("id", flat=True)) == [first.pk]  # nothing admitted
+    assert not returned.is_set(), outcome  # still waiting, just before the room is made
+    with lock:
+        log.append("making room")
+    assert services.invocation_bulk_cancel(queue="b") == 1
+    assert returned.wait(30), "the blocked submit never came back after room was made"
+    submitter.join(10)
+    assert log == ["making room", "submit returned"]
+    assert "error" not in outcome, outcome["error"]
+    inv, created = outcome["result"]
+    assert created and inv.state == "queued" and inv.pk != first.pk
+    assert list(queued.values_list("id", flat=True)) == [inv.pk]
+
+
+def test_a_full_blocking_queue_gives_up_after_the_timeout(operator, settings):
     builders.queue(name="b", max_depth=1, on_full="block")
     services.invocation_submit(function=ECHO, queue="b")
-
-    def make_room():
-        time.sleep(0.6)
-        services.invocation_bulk_cancel(queue="b")
-        connection.close()
-
-    threading.Thread(target=make_room).start()
     started = time.monotonic()
-    inv, created = services.invocation_submit(function=ECHO, queue="b")
-    waited = time.monotonic() - started
-    assert created and inv.state == "queued"
-    assert waited >= 0.5
-
-
-def test_a_full_blocking_queue_gives_up_after_the_timeout():
-    builders.queue(name="b", max_depth=1, on_full="block")
-    services.invocation_submit(function=ECHO, queue="b")
-    with pytest.raises(services.BacklogFull):
+    with pytest.raises(services.BacklogFull) as refused:
         services.invocation_submit(function=ECHO, queue="b", block_timeout=0.3)
+    # a lower bound only (it gave up no sooner than its timeout), never a window
+    assert time.monotonic() - started >= 0.3
+    assert (refused.value.status, refused.value.code) == (429, "backlog_full")
+    assert refused.value.extra["depth"] == 1 and refused.value.extra["max_depth"] == 1
+    # the same through the API: 429 backlog_full with the depth, nothing admitted
+    settings.LAKESHORE_BLOCK_TIMEOUT = 0.3
+    response = operator.post("/api/v1/jobs/", {"function": ECHO, "queue": "b"}, format="json")
+    body = _error(response, 429, "backlog_full")
+    assert body["depth"] == 1 and "full" in body["message"]
+    assert Invocation.objects.filter(queue="b").count() == 1
 
 
 def test_a_batch_is_admitted_whole_or_not_at_all(operator):
@@ -252,7 +287,7 @@ def test_kill_of_a_running_invocation_says_to_drop_the_daemon(operator):
     inv, _ = services.invocation_submit(function=ECHO)
     daemon = builders.daemon()
     services.invocation_claim(daemon=daemon)
-    body = _error(operator.post(f"/api/v1/jobs/{inv.pk}/kill/"), 409, "conflict")
+    body = _error(operator.post(f"/api/v1/jobs/{inv.pk}/kill/"), 409, "invocation_running")
     assert "drop the daemon" in body["message"] and str(daemon.pk) in body["message"]
 
 
@@ -324,7 +359,7 @@ def test_the_daemon_protocol_round_trip(daemon_client):
         {"invocation": inv.pk, "attempt": 1, "state": "failed", "error": "late"},
         format="json",
     )
-    _error(again, 409, "conflict")
+    _error(again, 409, "already_completed")
     inv.refresh_from_db()
     assert inv.state == "succeeded"
 

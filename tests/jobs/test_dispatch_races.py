@@ -1,0 +1,429 @@
+"""Races the dispatch core must win, each forced into its worst interleaving with a
+hook (lakeshore_admin.hooks) and a second connection, with a negative control showing
+that the old way loses."""
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from jobs import services, transitions
+from jobs.models import Invocation
+from lakeshore_admin import hooks
+from queues import controller, daemons
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ECHO = "lakeshore.functions.echo"
+
+# The claim as it was before this change: nothing in it looks at the daemon again.
+OLD_CLAIM_SQL = """
+UPDATE jobs_invocation
+   SET state = 'running', daemon_id = %(daemon)s, attempts = attempts + 1, started_at = now()
+ WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs_invocation WHERE queue = %(queue)s AND state = 'queued'
+         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED))
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_hooks_left():
+    yield
+    hooks.clear()
+
+
+def _in_other_thread(action):
+    """Run `action` on another thread (its own database connection) to completion."""
+    errors = []
+
+    def run():
+        try:
+            action()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the other thread did not finish"
+    if errors:
+        raise errors[0]
+
+
+def _running_on_dead_daemons() -> int:
+    return Invocation.objects.filter(
+        state="running", daemon__state__in=["terminated", "lost"]
+    ).count()
+
+
+def test_a_drop_between_the_liveness_check_and_the_claim_strands_nothing():
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    daemon = builders.daemon(queues=["w"])
+    hooks.register(
+        "claim.before_statement",
+        lambda: _in_other_thread(
+            lambda: daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk))
+        ),
+    )
+
+    claimed = services.invocation_claim(daemon=daemon)  # it passed the check; then the drop
+
+    assert claimed == []
+    inv.refresh_from_db()
+    assert (inv.state, inv.daemon_id) == ("queued", None)
+    assert _running_on_dead_daemons() == 0
+
+
+def test_negative_control_the_old_claim_after_that_drop_strands_the_invocation():
+    builders.queue(name="w")
+    services.invocation_submit(function=ECHO, queue="w")
+    daemon = builders.daemon(queues=["w"])
+    daemons.daemon_drop(daemon=daemon)  # the drop lands first; the old statement runs on
+    with connection.cursor() as cursor:
+        cursor.execute(OLD_CLAIM_SQL, {"daemon": daemon.pk, "queue": "w"})
+    assert _running_on_dead_daemons() == 1
+
+
+def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    daemon = builders.daemon(queues=["w"])
+    drop_result, drop_errors = {}, []
+
+    def drop():
+        try:
+            drop_result.update(daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            drop_errors.append(exc)
+        finally:
+            connection.close()
+
+    dropper = threading.Thread(target=drop)
+
+    def start_drop_and_see_it_wait():
+        dropper.start()
+        try:
+            _wait_until_blocked_on_a_lock()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} {drop_result} {drop_errors}") from None
+
+    hooks.register("claim.before_commit", start_drop_and_see_it_wait)
+    claimed = services.invocation_claim(daemon=daemon)  # commits; the drop then goes on
+    dropper.join(30)
+
+    assert drop_errors == []
+    assert [i.pk for i in claimed] == [inv.pk]
+    assert drop_result["terminated"] is True
+    inv.refresh_from_db()
+    assert (inv.state, inv.reason) == ("killed", "daemon removed")
+    assert _running_on_dead_daemons() == 0
+
+
+def _wait_until_blocked_on_a_lock(timeout: float = 10.0):
+    """Until another backend of this database waits on a lock (the drop, queued behind
+    the claim's share lock on the daemon's row)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            # inside a transaction, statistics views keep their first snapshot: drop it
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.02)
+        cursor.execute(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 60) "
+            "FROM pg_stat_activity WHERE datname = current_database()"
+        )
+        seen = cursor.fetchall()
+    raise AssertionError(f"the drop never waited for the claim: {seen}")
+
+
+def test_the_reaper_rescues_work_left_running_on_a_terminated_daemon():
+    builders.queue(name="w")
+    again, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
+    last, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=1)
+    daemon = builders.daemon(queues=["w"])
+    with connection.cursor() as cursor:  # strand both, as the old claim could
+        for _ in range(2):
+            cursor.execute(OLD_CLAIM_SQL, {"daemon": daemon.pk, "queue": "w"})
+    Daemon.objects.filter(pk=daemon.pk).update(state="terminated")
+
+    report = services.reap()
+
+    again.refresh_from_db()
+    last.refresh_from_db()
+    assert (again.state, again.daemon_id) == ("queued", None)
+    assert (last.state, last.error) == ("failed", "daemon gone")
+    assert (report["requeued"], report["failed"]) == (1, 1)
+    assert _running_on_dead_daemons() == 0
+
+
+# ---------------------------------------------------------------------------- scale-down
+
+
+def _pool_of_one_idle_daemon(settings):
+    settings.LAKESHORE_STARTUP_GRACE = 0
+    settings.LAKESHORE_SCALE_DOWN_WINDOW = 0
+    builders.provider(name="sim", kind="simulated")
+    queue = builders.queue(
+        name="pool",
+        provider="sim",
+        elasticity_spec={"kind": "max_count", "max": 4},
+    )
+    controller.tick_queue(queue.pk)  # nothing queued: nothing launched
+    inv, _ = services.invocation_submit(function=ECHO, queue="pool")
+    controller.tick_queue(queue.pk)  # P=1: launch one
+    daemon = Daemon.objects.get(queues=["pool"])
+    controller.tick_queue(queue.pk)  # provisioning → idle (simulated start-up 0 s)
+    daemon.refresh_from_db()
+    assert daemon.state == "idle"
+    services.invocation_kill(invocation_id=inv.pk)  # now the formula wants zero
+    return queue, daemon
+
+
+def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
+    queue, daemon = _pool_of_one_idle_daemon(settings)
+    got = []
+
+    def submit_and_claim():  # after the tick chose the idle daemon, before it acts
+        services.invocation_submit(function=ECHO, queue="pool")
+        got.extend(services.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
+
+    hooks.register("scale_down.chosen", lambda: _in_other_thread(submit_and_claim))
+
+    event = controller.tick_queue(queue.pk)
+
+    assert len(got) == 1
+    daemon.refresh_from_db()
+    assert daemon.state == "busy"  # neither retired nor ended
+    assert (event.action, event.delta) == ("tick_noop", 0)
+    done = services.invocation_complete(
+        daemon=daemon, invocation_id=got[0].pk, attempt=1, outcome="succeeded", result=1
+    )
+    assert done.state == "succeeded"
+
+
+def test_negative_control_ending_the_chosen_daemon_outright_kills_the_claimed_job(settings):
+    queue, daemon = _pool_of_one_idle_daemon(settings)
+    job, _ = services.invocation_submit(function=ECHO, queue="pool")
+    services.invocation_claim(daemon=daemon)  # claimed after the old code chose it
+    daemons.daemon_drop(daemon=daemon)  # the old scale-down: terminate the chosen one
+    job.refresh_from_db()
+    assert job.state == "killed"
+
+
+def test_scale_down_ends_an_idle_daemon_and_revokes_its_token(settings):
+    queue, daemon = _pool_of_one_idle_daemon(settings)
+    token, _ = _minted_token_for(daemon)
+
+    event = controller.tick_queue(queue.pk)
+
+    daemon.refresh_from_db()
+    token.refresh_from_db()
+    assert (event.action, event.delta, daemon.state) == ("scale_down", -1, "terminated")
+    assert token.revoked_at is not None
+
+
+def _minted_token_for(daemon):
+    from accounts.services import token_create
+
+    token, raw = token_create(username="provider-sim", role="daemon", name=f"daemon {daemon.name}")
+    Daemon.objects.filter(pk=daemon.pk).update(token=token)
+    return token, raw
+
+
+# ---------------------------------------------------------------------------- side effects
+
+
+def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(settings):
+    from accounts.models import ApiToken
+    from queues.drivers import DRIVERS
+
+    local = DRIVERS["local"]
+    builders.provider(name="here", kind="local")
+    queue = builders.queue(
+        name="grow", provider="here", elasticity_spec={"kind": "fixed", "min": 2}
+    )
+    before = dict(local.processes)
+    started = []
+    real_start = local._start
+    local._start = lambda *a, **k: started.append(a) or real_start(*a, **k)
+
+    def boom():
+        raise RuntimeError("the tick fails after its launch")
+
+    hooks.register("tick.acted", boom)
+    try:
+        with pytest.raises(RuntimeError, match="after its launch"):
+            controller.tick_queue(queue.pk)
+    finally:
+        local._start = real_start
+
+    assert started == []  # no process was ever started
+    assert local.processes == before
+    assert not Daemon.objects.filter(queues=["grow"]).exists()
+    assert not ApiToken.objects.usable().filter(user__username="provider-here").exists()
+
+
+def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
+    from queues.drivers import DRIVERS
+
+    local = DRIVERS["local"]
+    builders.provider(name="here", kind="local")
+    queue = builders.queue(
+        name="grow", provider="here", elasticity_spec={"kind": "fixed", "min": 1}
+    )
+    started = []
+    real_start = local._start
+    local._start = lambda daemon, args, raw: started.append(daemon.pk)  # no real process
+    try:
+        controller.tick_queue(queue.pk)
+    finally:
+        local._start = real_start
+    assert started == list(Daemon.objects.filter(queues=["grow"]).values_list("pk", flat=True))
+
+
+# ---------------------------------------------------------------------------- completion
+
+
+def test_a_completion_retried_after_a_lost_response_is_recorded_once(daemon_client):
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    me = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
+    ).json()
+    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
+    report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [1]}
+
+    first = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
+    stored = Invocation.objects.get(pk=inv.pk)
+    retry = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
+
+    assert first.status_code == retry.status_code == 200
+    assert retry.json() == first.json()
+    again = Invocation.objects.get(pk=inv.pk)
+    assert (again.state, again.finished_at, again.result) == (
+        "succeeded",
+        stored.finished_at,
+        [1],
+    )
+
+
+def test_a_retried_failure_report_is_recorded_once_even_after_its_requeue(daemon_client, settings):
+    settings.LAKESHORE_RETRY_BACKOFF = 60
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
+    me = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
+    ).json()
+    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
+    report = {"invocation": inv.pk, "attempt": 1, "state": "failed", "error": "boom"}
+
+    first = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
+    retry = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
+
+    assert first.status_code == retry.status_code == 200
+    inv.refresh_from_db()
+    assert (inv.state, inv.attempts, inv.error) == ("queued", 1, "boom")
+
+
+def test_another_daemon_or_attempt_still_gets_409_claim_stale(daemon_client):
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    me = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
+    ).json()
+    other = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "e", "queues": ["w"]}, format="json"
+    ).json()
+    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
+    report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": 1}
+
+    theirs = daemon_client.post(f"/api/v1/daemons/{other['id']}/complete/", report, format="json")
+    wrong_attempt = daemon_client.post(
+        f"/api/v1/daemons/{me['id']}/complete/", {**report, "attempt": 2}, format="json"
+    )
+
+    assert (theirs.status_code, theirs.json()["error"]["code"]) == (409, "claim_stale")
+    assert (wrong_attempt.status_code, wrong_attempt.json()["error"]["code"]) == (
+        409,
+        "claim_stale",
+    )
+    assert Invocation.objects.get(pk=inv.pk).state == "running"
+
+
+def test_the_daemon_learns_why_it_may_not_claim_from_the_code(daemon_client):
+    builders.queue(name="w")
+    me = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
+    ).json()
+    Daemon.objects.filter(pk=me["id"]).update(state="lost")
+    lost = daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {}, format="json")
+    Daemon.objects.filter(pk=me["id"]).update(state="terminated")
+    gone = daemon_client.post(f"/api/v1/daemons/{me['id']}/heartbeat/", format="json")
+    assert (lost.status_code, lost.json()["error"]["code"]) == (409, "daemon_lost")
+    assert (gone.status_code, gone.json()["error"]["code"]) == (409, "daemon_terminated")
+
+
+# ---------------------------------------------------------------------------- back-off
+
+
+def test_a_failed_attempt_waits_its_back_off_before_it_can_be_claimed_again(settings):
+    settings.LAKESHORE_RETRY_BACKOFF = 20
+    settings.LAKESHORE_RETRY_BACKOFF_MAX = 300
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
+    daemon = builders.daemon(queues=["w"])
+    services.invocation_claim(daemon=daemon)
+    services.invocation_complete(
+        daemon=daemon, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
+    )
+    inv.refresh_from_db()
+    wait = (inv.scheduled_at - inv.created_at).total_seconds()
+    assert inv.state == "queued" and 10 <= wait <= 21  # 20 s × a jitter in [0.5, 1)
+
+    assert services.invocation_claim(daemon=daemon) == []
+    Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)  # its time has come
+    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv.pk]
+
+
+def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
+    settings.LAKESHORE_RETRY_BACKOFF = 10
+    settings.LAKESHORE_RETRY_BACKOFF_MAX = 25
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=5)
+    daemon = builders.daemon(queues=["w"])
+    waits = []
+    for attempt in (1, 2, 3):
+        Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)
+        services.invocation_claim(daemon=daemon)
+        with transaction.atomic():
+            transitions.complete(
+                daemon_id=daemon.pk,
+                invocation_id=inv.pk,
+                attempt=attempt,
+                outcome="failed",
+                result=None,
+                error="x",
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT extract(epoch FROM scheduled_at - now()) FROM jobs_invocation "
+                    "WHERE id = %s",
+                    [inv.pk],
+                )
+                waits.append(cursor.fetchone()[0])
+    assert 5 <= waits[0] < 10  # 10 × [0.5, 1)
+    assert 10 <= waits[1] < 20  # 20 × [0.5, 1)
+    assert 12.5 <= waits[2] < 25  # 40, capped at 25
