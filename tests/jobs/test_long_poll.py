@@ -1,0 +1,176 @@
+"""Waiting daemons cost nothing: a long-poll claim sleeps on LISTEN/NOTIFY, holds no
+database connection while it waits, does not rewrite its daemon's row, and wakes for
+every way work can appear (submit, requeue, resume, the end of a retry's back-off)."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs import services
+from jobs.models import Invocation
+from queues import daemons
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ECHO = "lakeshore.functions.echo"
+
+
+class Claimer(threading.Thread):
+    """A long-poll claim on its own thread (and connection), counting its queries."""
+
+    def __init__(self, daemon, wait):
+        super().__init__()
+        self.daemon, self.wait = daemon, wait
+        self.claimed = None
+        self.queries = None
+        self.error = None
+
+    def run(self):
+        try:
+            with CaptureQueriesContext(connection) as ctx:
+                self.claimed = services.invocation_claim(
+                    daemon=Daemon.objects.get(pk=self.daemon.pk), wait=self.wait
+                )
+            self.queries = len(ctx.captured_queries) - 1  # minus the daemon lookup above
+        except BaseException as exc:  # noqa: BLE001 - asserted by the test
+            self.error = exc
+        finally:
+            connection.close()
+
+    def result(self):
+        self.join(60)
+        assert not self.is_alive(), "the claim never returned"
+        assert self.error is None, self.error
+        return self.claimed
+
+
+def _backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend'"
+        )
+        return cursor.fetchone()[0]
+
+
+def _until(condition, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+@pytest.mark.slow
+def test_an_empty_20_second_wait_costs_what_an_empty_instant_claim_costs():
+    builders.queue(name="idle")
+    daemon = builders.daemon(queues=["idle"])
+    instant = Claimer(daemon, wait=0)
+    instant.start()
+    assert instant.result() == []
+    row_before = Daemon.objects.values("updated_at", "last_heartbeat_at").get(pk=daemon.pk)
+
+    waiting = Claimer(daemon, wait=20)
+    waiting.start()
+    time.sleep(2)  # well into its wait
+    connections_while_waiting = _backends()  # this test's, and the one shared listener
+    assert waiting.result() == []
+
+    assert waiting.queries == instant.queries
+    assert waiting.queries <= 6
+    assert connections_while_waiting <= 2
+    row_after = Daemon.objects.values("updated_at", "last_heartbeat_at").get(pk=daemon.pk)
+    assert row_after == row_before  # the wait did not rewrite the daemon's row
+
+
+def test_a_waiting_claim_wakes_for_a_submit():
+    builders.queue(name="w")
+    claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
+    claimer.start()
+    time.sleep(0.5)  # it looked, found nothing, and sleeps
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    # At its deadline an empty claim answers [] without looking again: getting the
+    # invocation means the submit woke it.
+    assert [i.pk for i in claimer.result()] == [inv.pk]
+
+
+def test_a_waiting_claim_wakes_when_a_failed_attempt_is_requeued(settings):
+    settings.LAKESHORE_RETRY_BACKOFF = 0
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
+    first = builders.daemon(queues=["w"])
+    services.invocation_claim(daemon=first)
+    claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
+    claimer.start()
+    time.sleep(0.5)
+    services.invocation_complete(
+        daemon=first, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
+    )
+    got = claimer.result()
+    assert [(i.pk, i.attempts) for i in got] == [(inv.pk, 2)]
+
+
+def test_a_waiting_claim_wakes_when_its_retry_back_off_ends(settings):
+    settings.LAKESHORE_RETRY_BACKOFF = 1.5
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
+    first = builders.daemon(queues=["w"])
+    services.invocation_claim(daemon=first)
+    services.invocation_complete(
+        daemon=first, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
+    )
+    due = Invocation.objects.get(pk=inv.pk).scheduled_at
+    claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
+    claimer.start()
+    assert [i.pk for i in claimer.result()] == [inv.pk]  # woken when its time came
+    inv.refresh_from_db()
+    assert inv.started_at >= due  # and not before
+
+
+def test_a_waiting_claim_wakes_when_its_paused_queue_resumes():
+    from queues.services import queue_transition
+
+    builders.queue(name="w")
+    queue_transition(name="w", action="pause")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
+    claimer.start()
+    time.sleep(0.5)
+    assert claimer.is_alive()  # paused: it waits
+    queue_transition(name="w", action="resume")
+    assert [i.pk for i in claimer.result()] == [inv.pk]
+
+
+def test_a_heartbeat_rewrites_the_daemon_row_at_most_every_few_seconds(settings):
+    settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS = 30
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    daemons.daemon_heartbeat(daemon=daemon)  # the first one writes (no heartbeat yet)
+    written = Daemon.objects.values_list("updated_at", flat=True).get(pk=daemon.pk)
+    for _ in range(5):
+        daemons.daemon_heartbeat(daemon=daemon)
+    assert Daemon.objects.values_list("updated_at", flat=True).get(pk=daemon.pk) == written
+
+    settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS = 0  # negative control: every time
+    daemons.daemon_heartbeat(daemon=daemon)
+    assert Daemon.objects.values_list("updated_at", flat=True).get(pk=daemon.pk) > written
+
+
+def test_a_state_change_is_written_at_once_whatever_the_heartbeat_interval(settings):
+    settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS = 30
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    daemons.daemon_heartbeat(daemon=daemon)
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    services.invocation_claim(daemon=daemon)
+    daemon.refresh_from_db()
+    assert (daemon.state, daemon.current_invocation_id) == ("busy", inv.pk)
+    services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1, result=1)
+    daemon.refresh_from_db()
+    assert (daemon.state, daemon.current_invocation_id) == ("idle", None)
