@@ -1,0 +1,68 @@
+"""A provider-minted daemon token lives exactly as long as its daemon."""
+
+import pytest
+
+from accounts.models import ApiToken
+from accounts.services import token_create
+from queues import daemons, services
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+
+def _minted(provider="sim", queues=("w",)):
+    token, raw = token_create(username=f"provider-{provider}", role="daemon", name="daemon d")
+    daemon = builders.daemon(
+        queues=list(queues), provider_id=services.provider_get(provider).pk, token=token
+    )
+    return daemon, token
+
+
+@pytest.fixture
+def pool():
+    builders.provider(name="sim", kind="simulated")
+    builders.queue(name="w")
+
+
+@pytest.mark.parametrize("end", [daemons.daemon_drop, daemons.daemon_deregister])
+def test_it_revokes_the_token_when_the_daemon_ends(pool, end):
+    daemon, token = _minted()
+    end(daemon=daemon)
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+
+
+def test_it_keeps_the_token_of_a_lost_daemon_which_may_come_back(pool):
+    daemon, token = _minted()
+    Daemon.objects.filter(pk=daemon.pk).update(state="lost")
+    token.refresh_from_db()
+    assert token.revoked_at is None
+
+
+def test_a_daemon_registering_again_with_its_minted_token_keeps_it_tied(pool):
+    daemon, token = _minted()
+    Daemon.objects.filter(pk=daemon.pk).update(state="lost")
+    again = daemons.daemon_register(owner=token.user, name="d2", queues=["w"], token=token)
+    assert again.token_id == token.pk
+    daemons.daemon_deregister(daemon=again)
+    token.refresh_from_db()
+    assert token.revoked_at is not None
+
+
+def test_it_never_revokes_a_token_it_did_not_mint(pool):
+    token, _ = token_create(username="alice", role="operator")
+    daemon = daemons.daemon_register(owner=token.user, name="hand", queues=["w"], token=token)
+    assert daemon.token_id is None
+    daemons.daemon_drop(daemon=daemon)
+    token.refresh_from_db()
+    assert token.revoked_at is None
+
+
+def test_it_revokes_every_daemon_token_of_a_removed_provider(pool):
+    first, one = _minted()
+    second, two = _minted()
+    daemons.daemon_deregister(daemon=first)  # revoked as it ended
+    Daemon.objects.filter(pk=second.pk).update(state="lost")  # lost: kept so far
+    services.provider_delete(name="sim")
+    assert not ApiToken.objects.usable().filter(pk__in=[one.pk, two.pk]).exists()
