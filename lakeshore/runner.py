@@ -1,39 +1,49 @@
 """Runs one invocation in its own process: `python -m lakeshore.runner OUTCOME_FILE`
-reads {"function", "args", "kwargs"} as JSON on stdin and writes {"ok": true,
-"result": …} or {"ok": false, "error": "<traceback>"} as JSON to OUTCOME_FILE; the
-function's own output goes to the daemon's log. A process of its own lets the daemon
-stop it (timeout, drop) without stopping itself."""
+reads {"function", "args", "kwargs", "allowed_modules"} as JSON on stdin and writes
+{"ok": true, "result": …} or {"ok": false, "error": "<traceback>"} as JSON to
+OUTCOME_FILE; the function's own output goes to the daemon's log. A process of its own
+lets the daemon stop it (timeout, drop) without stopping itself.
+
+The daemon decides what may run: `allowed_modules` comes from the daemon host's
+LAKESHORE_ALLOWED_MODULES, read by the daemon and sent in the payload. The runner never
+reads it from its own environment, which the daemon scrubs (see lakeshore.worker)."""
 
 import importlib
 import json
-import os
 import sys
 import traceback
 
 ALWAYS_ALLOWED = ("lakeshore.functions",)
 
 
-def allowed_modules() -> tuple[str, ...]:
-    extra = os.environ.get("LAKESHORE_ALLOWED_MODULES", "")
-    return ALWAYS_ALLOWED + tuple(m.strip() for m in extra.split(",") if m.strip())
+def parse_modules(text: str) -> tuple[str, ...]:
+    """`"a.b, c"` → `("a.b", "c")`: the LAKESHORE_ALLOWED_MODULES syntax."""
+    return tuple(m.strip() for m in (text or "").split(",") if m.strip())
 
 
-def is_allowed(function: str) -> bool:
+def allowed_modules(payload: dict) -> tuple[str, ...]:
+    extra = payload.get("allowed_modules") or ()
+    return ALWAYS_ALLOWED + tuple(str(m) for m in extra if str(m).strip())
+
+
+def is_allowed(function: str, allowed: tuple[str, ...]) -> bool:
     module = function.rpartition(".")[0]
-    return any(module == m or module.startswith(m + ".") for m in allowed_modules())
+    return any(module == m or module.startswith(m + ".") for m in allowed)
 
 
-def refusal(function: str) -> str:
+def refusal(function: str, allowed: tuple[str, ...]) -> str:
     return (
         f"function {function!r} is not in an allowed module: this daemon runs "
-        f"{', '.join(allowed_modules())} (set LAKESHORE_ALLOWED_MODULES to add modules)."
+        f"{', '.join(allowed)} (set LAKESHORE_ALLOWED_MODULES where the daemon runs to "
+        "add modules)."
     )
 
 
 def run(payload: dict) -> dict:
     function = payload["function"]
-    if not is_allowed(function):
-        return {"ok": False, "error": refusal(function)}
+    allowed = allowed_modules(payload)
+    if not is_allowed(function, allowed):
+        return {"ok": False, "error": refusal(function, allowed)}
     module_name, _, attr = function.rpartition(".")
     try:
         target = getattr(importlib.import_module(module_name), attr)

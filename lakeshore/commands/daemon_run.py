@@ -48,6 +48,12 @@ def run(ctx: click.Context, queues: list[str], concurrency: int, name, heartbeat
     It runs functions from lakeshore.functions (echo, sleep, fail) and from the modules
     in LAKESHORE_ALLOWED_MODULES (comma-separated). On the first SIGTERM or Ctrl-C it
     stops claiming, finishes what it runs and deregisters; a second one stops now.
+
+    Each invocation runs in a process of its own that dies with the daemon, with a
+    scrubbed environment: PATH, HOME, USER, LOGNAME, LANG, LC_*, TZ, TMPDIR, PYTHONPATH,
+    VIRTUAL_ENV, plus LAKESHORE_INVOCATION_ID and LAKESHORE_ATTEMPT. LAKESHORE_JOB_ENV
+    (comma-separated names) passes more, but never LAKESHORE_*, DJANGO_*, DATABASE_*,
+    CELERY_* or other server settings and secrets.
     """
     from lakeshore.worker import Worker
 
