@@ -10,6 +10,11 @@ os.environ["LAKESHORE_PGDATA"] = os.environ.get(
     "LAKESHORE_TEST_PGDATA", str(_base / "var" / "pg-test")
 )
 
+# Tests run many threads at once (claim races, live servers): a bigger pool per process,
+# still under the server's 100 connections for two xdist workers.
+os.environ.setdefault("LAKESHORE_DB_POOL_MAX", "40")
+os.environ.setdefault("LAKESHORE_STATIC_FROM_FINDERS", "1")
+
 from lakeshore_admin.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -1,0 +1,29 @@
+"""gunicorn's configuration for `make run` and production: threads in a few worker
+processes (the `gthread` worker). A long-poll claim occupies a thread while it waits
+but no database connection (it sleeps on LISTEN/NOTIFY), so threads are cheap and
+plentiful; database connections come from a bounded pool per process (settings.py).
+
+Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
+default 2), LAKESHORE_WEB_THREADS (threads per process, default 128)."""
+
+import os
+
+bind = f"{os.environ.get('LAKESHORE_BIND', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"
+worker_class = "gthread"
+workers = int(os.environ.get("LAKESHORE_WEB_WORKERS", "2"))
+threads = int(os.environ.get("LAKESHORE_WEB_THREADS", "128"))
+worker_connections = 1000
+timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
+graceful_timeout = 25  # long-polls wait at most 20 s
+keepalive = 5
+wsgi_app = "lakeshore_admin.wsgi:application"
+# One line per request: address, request line, status, bytes, milliseconds.
+accesslog = "-"
+access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
+errorlog = "-"
+loglevel = os.environ.get("LAKESHORE_WEB_LOG_LEVEL", "warning")
+# Above Django's own header limits (lakeshore_admin/middleware.py), so that Django
+# answers an oversized header with its JSON error first.
+limit_request_line = 16384
+limit_request_fields = 200
+limit_request_field_size = 16384
