@@ -175,12 +175,24 @@ class DaemonComplete(APIView):
     permission_classes = [DaemonProtocol]
 
     @extend_schema(
-        summary="Report an outcome (fenced by daemon and attempt: a stale claim gets 409)",
+        summary="Report an outcome, or a list of up to 1,000 (each fenced by daemon and "
+        "attempt: a stale claim gets 409 claim_stale, alone in a list)",
         request=s.CompleteInput,
-        responses={200: s.InvocationSerializer, **errors(400, 404, 409)},
+        responses={
+            200: s.InvocationSerializer,
+            **errors(400, 404, 409),
+        },
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
+        if isinstance(request.data, list):
+            if not request.data or len(request.data) > BATCH_MAX:
+                raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
+            data = s.CompleteInput(data=request.data, many=True)
+            data.is_valid(raise_exception=True)
+            return Response(
+                services.invocation_complete_batch(daemon=daemon, outcomes=data.validated_data)
+            )
         data = s.CompleteInput(data=request.data)
         data.is_valid(raise_exception=True)
         fields = data.validated_data

@@ -1,0 +1,92 @@
+"""Batch completion: many outcomes in one request, each fenced alone."""
+
+import pytest
+
+from jobs import services
+from jobs.models import Invocation
+from queues.models import Daemon
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+ECHO = "lakeshore.functions.echo"
+
+
+@pytest.fixture
+def claimed(daemon_client):
+    builders.queue(name="w")
+    ids = [services.invocation_submit(function=ECHO, queue="w")[0].pk for _ in range(3)]
+    me = daemon_client.post(
+        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
+    ).json()
+    got = daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 3}, format="json")
+    assert [int(i["id"]) for i in got.json()] == ids
+    return me["id"], ids
+
+
+def _report(ids, attempt=1):
+    return [
+        {"invocation": pk, "attempt": attempt, "state": "succeeded", "result": pk} for pk in ids
+    ]
+
+
+def test_one_stale_outcome_in_a_batch_is_refused_alone(daemon_client, claimed):
+    me, ids = claimed
+    outcomes = _report(ids)
+    outcomes[1]["attempt"] = 2  # not the attempt this daemon holds
+
+    response = daemon_client.post(f"/api/v1/daemons/{me}/complete/", outcomes, format="json")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert [item["ok"] for item in body] == [True, False, True]
+    assert body[1]["invocation"] == str(ids[1])
+    assert body[1]["error"]["code"] == "claim_stale"
+    states = dict(Invocation.objects.values_list("id", "state"))
+    assert [states[pk] for pk in ids] == ["succeeded", "running", "succeeded"]
+
+
+def test_a_batch_retried_after_a_lost_response_is_recorded_once(daemon_client, claimed):
+    me, ids = claimed
+    first = daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
+    finished = dict(Invocation.objects.values_list("id", "finished_at"))
+    again = daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
+    assert first.json() == again.json()
+    assert all(item["ok"] and item["state"] == "succeeded" for item in again.json())
+    assert dict(Invocation.objects.values_list("id", "finished_at")) == finished
+
+
+def test_a_daemon_that_is_no_longer_live_gets_409_for_the_whole_batch(daemon_client, claimed):
+    me, ids = claimed
+    Daemon.objects.filter(pk=me).update(state="terminated")
+    response = daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "daemon_terminated"
+    assert set(Invocation.objects.values_list("state", flat=True)) == {"running"}
+
+
+@pytest.mark.parametrize("size", [0, 1001])
+def test_a_batch_holds_1_to_1000_outcomes(daemon_client, claimed, size):
+    me, ids = claimed
+    outcomes = (_report(ids) * 400)[:size]
+    response = daemon_client.post(f"/api/v1/daemons/{me}/complete/", outcomes, format="json")
+    assert response.status_code == 400
+    assert "1 to 1000" in response.json()["error"]["message"]
+
+
+def test_a_bad_item_names_its_place(daemon_client, claimed):
+    me, ids = claimed
+    outcomes = _report(ids)
+    outcomes[2]["state"] = "exploded"
+    response = daemon_client.post(f"/api/v1/daemons/{me}/complete/", outcomes, format="json")
+    assert response.status_code == 400
+    assert "2.state" in response.json()["error"]["fields"]
+    assert set(Invocation.objects.values_list("state", flat=True)) == {"running"}
+
+
+def test_it_costs_the_same_queries_per_outcome(
+    daemon_client, claimed, django_assert_max_num_queries
+):
+    me, ids = claimed
+    with django_assert_max_num_queries(6 + 2 * len(ids) + 4):
+        daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
