@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run test lint format check clean token admin-password help bench
+.PHONY: install run dev test lint format check clean token admin-password help bench bench-server
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -28,6 +28,9 @@ install: $(STAMP)
 run: install
 	@PORT=$(PORT) $(BIN)/python scripts/run.py
 
+dev: install
+	@PORT=$(PORT) $(BIN)/python scripts/run.py --dev
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -40,8 +43,13 @@ check: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python manage.py check
 
+# The migration check loads the test settings, so it attaches to (or starts) the tests'
+# PostgreSQL under var/pg-test, which pytest stops at the end; on failure it stops it here.
+TEST_SETTINGS := DJANGO_SETTINGS_MODULE=lakeshore_admin.settings_test
+STOP_TEST_DB := $(BIN)/python -c "import django; django.setup(); from django.conf import settings as s; from lakeshore_admin import embedded_db; s.EMBEDDED_PGDATA and embedded_db.stop(s.EMBEDDED_PGDATA)"
+
 test: lint
-	$(BIN)/python manage.py makemigrations --check --dry-run >/dev/null || { echo "Model changes without a migration: run '$(BIN)/python manage.py makemigrations'"; exit 1; }
+	$(TEST_SETTINGS) $(BIN)/python manage.py makemigrations --check --dry-run >/dev/null || { echo "Model changes without a migration: run '$(BIN)/python manage.py makemigrations'"; $(TEST_SETTINGS) $(STOP_TEST_DB); exit 1; }
 	$(BIN)/pytest -n 2 $(PYTEST_ARGS)
 
 token: install
@@ -54,4 +62,7 @@ clean:
 	rm -rf $(VENV) var/pg var/pg-test
 
 bench: install
-	$(BIN)/python bench/queue_bench.py
+	$(BIN)/python -m bench.compare
+
+bench-server: install
+	$(BIN)/python bench/server_bench.py

@@ -1,7 +1,11 @@
+import math
+
+from django.shortcuts import render
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from accounts.models import ApiToken, hash_token
+from accounts.throttles import BadTokenThrottle
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -13,6 +17,13 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1").split()
         if not header or header[0].lower() != self.keyword:
             return None
+        try:
+            return self._authenticate(header)
+        except exceptions.AuthenticationFailed:
+            BadTokenThrottle().check(request)  # past the limit: 429 instead of 401
+            raise
+
+    def _authenticate(self, header: list[str]):
         if len(header) != 2:
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header: expected 'Bearer <token>'."
@@ -36,3 +47,21 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="lakeshore"'
+
+
+def login_locked_out(request, original_response=None, credentials=None):
+    """django-axes' answer to a locked-out login (AXES_LOCKOUT_CALLABLE): a page that says
+    the login is locked and for how long, with 429 like axes' own answer."""
+    from axes.helpers import get_client_username, get_cool_off, get_failure_limit
+
+    cool_off = get_cool_off(request)
+    return render(
+        request,
+        "registration/locked_out.html",
+        {
+            "username": get_client_username(request, credentials) or "",
+            "minutes": math.ceil(cool_off.total_seconds() / 60) if cool_off else None,
+            "failure_limit": get_failure_limit(request, credentials),
+        },
+        status=429,
+    )

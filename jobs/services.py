@@ -26,7 +26,8 @@ from queues.models import (
     QueueKind,
 )
 
-FUNCTION_PATTERN = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+# module.path.name: two or more parts, each starting with a letter (so never private)
+FUNCTION_PATTERN = re.compile(r"^[A-Za-z]\w*(\.[A-Za-z]\w*)+$")
 POSITION_CAP = 10_000
 Q_ = InvocationState
 
@@ -66,6 +67,17 @@ def _lock_queue_admission(name: str) -> None:
 
 
 def _check_function(function: str) -> None:
+    """A public dotted path. A part starting with '_' (`os._exit`, `a.__class__.b`)
+    reaches what a module keeps private or Python's internals, past the daemon's
+    check of allowed modules: refused whatever the daemon would say."""
+    private = [part for part in (function or "").split(".") if part.startswith("_")]
+    if private:
+        raise Invalid(
+            f"function {function!r} names a private or dunder attribute "
+            f"({', '.join(repr(p) for p in private)}): only public functions can be "
+            "submitted, so no part of the path may start with '_'.",
+            fields={"function": "a part starts with '_' (private or dunder)"},
+        )
     if not FUNCTION_PATTERN.match(function or ""):
         raise Invalid(
             f"function must be a dotted path such as 'package.module.name', got {function!r}.",
@@ -301,6 +313,40 @@ def invocation_complete(
     back-off."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
+    invocation = _complete_one(daemon, invocation_id, attempt, outcome, result, error)
+    daemons.touch(daemon.pk)
+    return invocation
+
+
+def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[dict]:
+    """Many outcomes in one request and one transaction, each fenced alone: a stale one
+    is refused by itself and the others are recorded. A daemon that is no longer live
+    gets a Conflict for the whole batch (daemon_terminated, daemon_lost)."""
+    daemons.check_live(daemon)
+    answers = []
+    with transaction.atomic():
+        for item in outcomes:
+            try:
+                invocation = _complete_one(
+                    daemon,
+                    item["invocation"],
+                    item["attempt"],
+                    item["state"],
+                    item.get("result"),
+                    item.get("error", ""),
+                )
+            except (Conflict, NotFound) as exc:
+                error = {"code": exc.code, "message": exc.message}
+                answers.append({"invocation": str(item["invocation"]), "ok": False, "error": error})
+            else:
+                answers.append(
+                    {"invocation": str(invocation.pk), "ok": True, "state": invocation.state}
+                )
+        daemons.touch(daemon.pk)
+    return answers
+
+
+def _complete_one(daemon, invocation_id, attempt, outcome, result, error) -> Invocation:
     recorded = transitions.complete(
         daemon_id=daemon.pk,
         invocation_id=invocation_id,
@@ -309,12 +355,11 @@ def invocation_complete(
         result=result,
         error=error,
     )
+    if recorded is not None:
+        return recorded
     current = Invocation.objects.filter(pk=invocation_id).first()
     if current is None:
         raise NotFound(f"Invocation {invocation_id} does not exist.")
-    if recorded:
-        daemons.touch(daemon.pk)
-        return current
     seen = transitions.already_recorded(
         current, daemon_id=daemon.pk, attempt=attempt, outcome=outcome
     )

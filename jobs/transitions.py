@@ -121,15 +121,17 @@ UPDATE jobs_invocation
        error = %(error)s
  WHERE id = %(id)s AND daemon_id = %(daemon)s AND attempts = %(attempt)s
    AND state = %(running)s
-RETURNING id
+RETURNING *
 """
 
 
 def complete(
     *, daemon_id: int, invocation_id: int, attempt: int, outcome: str, result, error: str
-) -> bool:
+) -> Invocation | None:
     """running → succeeded | failed | timeout (or queued, for a failure with attempts
-    left). Fenced: only the daemon holding that attempt can. True when recorded."""
+    left). Fenced: only the daemon holding that attempt can. The row as recorded (read
+    in the same statement, so a claim that follows at once cannot show through), or
+    None when nothing was recorded."""
     params = {
         "id": invocation_id,
         "daemon": daemon_id,
@@ -140,7 +142,8 @@ def complete(
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }
-    return bool(_execute(_COMPLETE_SQL, params))
+    rows = list(Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params}))
+    return rows[0] if rows else None
 
 
 def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, outcome: str):
@@ -152,8 +155,8 @@ def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, ou
     recorded_as = {SUCCEEDED: [SUCCEEDED], TIMEOUT: [TIMEOUT], FAILED: [FAILED, QUEUED]}
     if invocation.state in recorded_as[outcome]:
         return True
-    if invocation.state == RUNNING:
-        return None
+    if invocation.state in (RUNNING, KILLED):
+        return None  # still someone's, or killed by a drop: the claim was taken away
     return False
 
 

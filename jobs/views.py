@@ -1,18 +1,18 @@
 """Console pages for jobs: the same FilterSet and keyset order as the API's list."""
 
-from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
+from queues.views import console_view
 
 PAGE_SIZE = 50
 
 
 @require_GET
-@login_required
+@console_view
 def job_list(request):
     filterset = InvocationFilter(request.GET, queryset=Invocation.objects.order_by("-id"))
     valid = filterset.is_valid()

@@ -23,6 +23,7 @@ from django.db import connection
 CHANNEL = "lakeshore_work"
 FALLBACK_POLL = 1.0
 RECONNECT_DELAY = 1.0
+STARTUP_WAIT = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Listener:
         self._thread: threading.Thread | None = None
         self._params: dict | None = None
         self._stop = threading.Event()
+        self._tried = threading.Event()  # the first connection attempt is over
 
     # ------------------------------------------------------------------ waiters
 
@@ -69,8 +71,11 @@ class Listener:
             if self._thread is not None and self._thread.is_alive():
                 return
             self._params = _connection_params()
+            self._tried.clear()
             self._thread = threading.Thread(target=self._run, name="lakeshore-listen", daemon=True)
             self._thread.start()
+        # The first waiter waits for the connection, rather than fall back to polling.
+        self._tried.wait(STARTUP_WAIT)
 
     def stop(self, timeout: float = 3.0) -> None:
         """Close the listening connection (the test session does, before it drops its
@@ -113,6 +118,7 @@ class Listener:
     def _set_health(self, healthy: bool) -> None:
         with self._cond:
             self._healthy = healthy
+            self._tried.set()
             if not healthy:
                 self._cond.notify_all()  # waiters switch to polling now
 

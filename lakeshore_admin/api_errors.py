@@ -1,10 +1,13 @@
 """The one place that turns errors into the API's error body:
 {"error": {"code": "...", "message": "...", "fields": {...}}}."""
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import DisallowedHost, PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, InterfaceError, OperationalError
-from django.http import Http404
+from django.http import Http404, HttpResponse, JsonResponse
+from django.http.request import split_domain_port
+from django.utils.html import format_html
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -14,6 +17,53 @@ from lakeshore_admin.errors import DomainError
 
 def error_body(code: str, message: str, fields: dict | None = None, **extra) -> dict:
     return {"error": {"code": code, "message": message, "fields": fields or {}, **extra}}
+
+
+def is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def body_too_large() -> str:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / (1024 * 1024)
+    return f"The request body is too large (at most {limit:g} MB)."
+
+
+def error_response(request, status: int, code: str, message: str, title: str) -> HttpResponse:
+    """The error body under /api/, a small HTML page elsewhere (no template: this
+    answers requests the rest of the site refused)."""
+    if is_api(request):
+        return JsonResponse(error_body(code, message), status=status)
+    page = format_html(
+        "<!doctype html><title>{}</title><h1>{}</h1><p>{}</p>", title, title, message
+    )
+    return HttpResponse(page, status=status)
+
+
+def _shorten(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def disallowed_host(request) -> str:
+    host = request._get_raw_host()  # what get_host() refused: Host, or X-Forwarded-Host
+    domain, port = split_domain_port(host)
+    if not domain:
+        return f"Host '{_shorten(host)}' is not a valid host name."
+    what = "it" if not port else f"'{_shorten(domain)}'"
+    return f"Host '{_shorten(host)}' is not allowed: add {what} to ALLOWED_HOSTS."
+
+
+def bad_request(request, exception=None):
+    """handler400: what Django answers for SuspiciousOperation and BadRequest raised
+    outside the API's views (a Host not in ALLOWED_HOSTS, a body over the limit read
+    by a middleware), saying which it was."""
+    if isinstance(exception, RequestDataTooBig):
+        return error_response(
+            request, 413, "too_large", body_too_large(), "Request Too Large (413)"
+        )
+    if isinstance(exception, DisallowedHost):
+        message = disallowed_host(request)
+        return error_response(request, 400, "bad_host", message, "Bad Request (400)")
+    return error_response(request, 400, "invalid", "Bad request.", "Bad Request (400)")
 
 
 def _flatten(detail, prefix: str = "") -> dict[str, str]:
@@ -51,9 +101,7 @@ def exception_handler(exc, context):
             status=503,
         )
     if isinstance(exc, RequestDataTooBig):
-        return Response(
-            error_body("too_large", "The request body is too large (at most 10 MB)."), status=413
-        )
+        return Response(error_body("too_large", body_too_large()), status=413)
     if isinstance(exc, DomainError):
         body = error_body(exc.code, exc.message, exc.fields, **exc.extra)
         return Response(body, status=exc.status)

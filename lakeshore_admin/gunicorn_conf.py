@@ -24,6 +24,6 @@ errorlog = "-"
 loglevel = os.environ.get("LAKESHORE_WEB_LOG_LEVEL", "warning")
 # Above Django's own header limits (lakeshore_admin/middleware.py), so that Django
 # answers an oversized header with its JSON error first.
-limit_request_line = 16384
-limit_request_fields = 200
-limit_request_field_size = 16384
+limit_request_line = 8190  # gunicorn's maximum: longer filter URLs reach the app
+limit_request_fields = 128  # Django refuses more than 100 itself
+limit_request_field_size = 16384  # the whole "Name: value" line; Django's check is 8190

@@ -1,9 +1,11 @@
 """One settings file, read from the environment (see README for the variables)."""
 
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from psycopg_pool import ConnectionPool
 
 from lakeshore_admin import embedded_db
 from lakeshore_admin.env import env_bool, env_list, env_number, env_str
@@ -41,7 +43,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from /static/, no CDN
     "django_htmx",
+    "axes",  # failed-login lockout
     "accounts",
     "queues",
     "jobs",
@@ -49,6 +53,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",  # static files, served by the app
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",  # SECURE_CSP, below
+    "lakeshore_admin.middleware.RequestHeaderLimitMiddleware",  # 431 for oversized headers
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -56,6 +63,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # turns a locked-out login into the lockout page
 ]
 
 ROOT_URLCONF = "lakeshore_admin.urls"
@@ -93,6 +101,21 @@ if not _db["ENGINE"].endswith("postgresql"):
     )
 if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
     _db["HOST"] = _db["OPTIONS"].pop("host")  # a unix socket: lets dbshell work too
+# A bounded pool of connections per process (psycopg_pool), instead of one persistent
+# connection per thread: a burst of requests waits for a connection, it never opens
+# more than the pool holds. Threads return their connection at the end of each request
+# (and a long-poll claim before it waits). LAKESHORE_DB_POOL_MAX=0 turns the pool off.
+LAKESHORE_DB_POOL_MAX = env_number("LAKESHORE_DB_POOL_MAX", 16, minimum=0)
+LAKESHORE_DB_POOL_TIMEOUT = env_number("LAKESHORE_DB_POOL_TIMEOUT", 20, minimum=1, kind=float)
+if LAKESHORE_DB_POOL_MAX:
+    _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections
+    _db["CONN_HEALTH_CHECKS"] = False  # the pool checks a connection before lending it
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": LAKESHORE_DB_POOL_MAX,
+        "timeout": LAKESHORE_DB_POOL_TIMEOUT,
+        "check": ConnectionPool.check_connection,
+    }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -110,7 +133,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # a batch of invocations can be 
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # `make run` collects static files here
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # gzip/brotli copies made by collectstatic, served by WhiteNoise
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve straight from the apps' static folders (tests): no collectstatic needed.
+WHITENOISE_USE_FINDERS = env_bool("LAKESHORE_STATIC_FROM_FINDERS", False)
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -123,7 +153,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["accounts.permissions.ReadOrOperate"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # JSON nested deeper than LAKESHORE_JSON_MAX_DEPTH: 400, not a RecursionError (500)
+    "DEFAULT_PARSER_CLASSES": ["lakeshore_admin.parsers.DepthLimitedJSONParser"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "lakeshore_admin.api_errors.exception_handler",
@@ -134,6 +165,50 @@ if DEBUG:
         "rest_framework.renderers.BrowsableAPIRenderer"
     )
 
+# --- Throttling, login lockout, API docs ---------------------------------------------------
+# The client's address: REMOTE_ADDR; behind N trusted reverse proxies (LAKESHORE_PROXY_COUNT)
+# the N-th address from the right of X-Forwarded-For. Both limits below count by it.
+LAKESHORE_PROXY_COUNT = env_number("LAKESHORE_PROXY_COUNT", 0, minimum=0)
+REST_FRAMEWORK["NUM_PROXIES"] = LAKESHORE_PROXY_COUNT
+# Bad bearer tokens: after LIMIT failures from one address within WINDOW seconds, further
+# bad tokens from it get 429 until the window has room again (0 turns this off). Good
+# tokens are never held back. Counted in Django's cache: without CACHES that is the
+# per-process memory cache, so each server process counts on its own.
+LAKESHORE_BAD_TOKEN_LIMIT = env_number("LAKESHORE_BAD_TOKEN_LIMIT", 20, minimum=0)
+LAKESHORE_BAD_TOKEN_WINDOW = env_number("LAKESHORE_BAD_TOKEN_WINDOW", 60, minimum=1)
+# An optional rate for every API request, per user (per address when anonymous), in
+# DRF's notation: "600/min", "20/s". Unset: no rate limit.
+LAKESHORE_API_RATE = env_str("LAKESHORE_API_RATE").strip() or None
+if LAKESHORE_API_RATE:
+    import re
+
+    if not re.fullmatch(r"[1-9]\d*/(s|sec|second|m|min|minute|h|hour|d|day)", LAKESHORE_API_RATE):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(
+            f"LAKESHORE_API_RATE={LAKESHORE_API_RATE!r} is not a rate like '600/min' or '20/s'."
+        )
+    REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["rest_framework.throttling.UserRateThrottle"]
+    REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"user": LAKESHORE_API_RATE}
+# Failed logins (console and Django admin), django-axes: LIMIT failures for one user name
+# from one address lock that pair for COOLOFF minutes; each try while locked starts the
+# wait again; a good login clears the count. Other users and addresses are unaffected.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # refuses a locked pair before the password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+LAKESHORE_LOGIN_FAILURE_LIMIT = env_number("LAKESHORE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LAKESHORE_LOGIN_COOLOFF_MINUTES = env_number("LAKESHORE_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+AXES_FAILURE_LIMIT = LAKESHORE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LAKESHORE_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "accounts.throttles.client_address"
+AXES_LOCKOUT_CALLABLE = "accounts.authentication.login_locked_out"
+# The OpenAPI schema (/api/schema/) and its pages (/api/docs/, /api/redoc/) need a login
+# (console session or bearer token) with a read role, unless LAKESHORE_PUBLIC_DOCS=1.
+LAKESHORE_PUBLIC_DOCS = env_bool("LAKESHORE_PUBLIC_DOCS", False)
+
 SPECTACULAR_SETTINGS = {
     "TITLE": "Lakeshore Admin API",
     "DESCRIPTION": "Queues, jobs (invocations), daemons and providers of the Lakeshore "
@@ -142,6 +217,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",  # drf-spectacular-sidecar: served from /static/
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "QueueStateEnum": "queues.models.QueueState",
         "QueueKindEnum": "queues.models.QueueKind",
@@ -224,3 +302,50 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("LAKESHORE_LOG_LEVEL", "WARNING")},
 }
+
+
+# --- Security (LAKESHORE_HTTPS) -------------------------------------------------------------
+# LAKESHORE_HTTPS=1 when the console is served over HTTPS: HSTS, a redirect from http://,
+# cookies only over HTTPS. TLS usually ends at a reverse proxy: it must set
+# X-Forwarded-Proto (replacing any the client sent), which tells Django the request was
+# HTTPS. The probes stay reachable over plain HTTP for the load balancer.
+LAKESHORE_HTTPS = env_bool("LAKESHORE_HTTPS", False)
+if LAKESHORE_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # Browsers remember HSTS for this long: try a short value (3600) first; 0 turns it off.
+    SECURE_HSTS_SECONDS = env_number("LAKESHORE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True  # only a hint: nothing is preloaded unless the owner submits it
+
+# Content-Security-Policy on every response (Django's own, 6.0+). Scripts and styles come
+# from this server, or are inline with the request's nonce ({{ csp_nonce }}; the header
+# names a nonce only on pages that used one). No style="" attributes, inline handlers or
+# eval: htmx is told (<meta name="htmx-config">) not to inject its <style> or run code.
+from django.utils.csp import CSP  # noqa: E402
+
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "img-src": [CSP.SELF, "data:"],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+
+# Bad input never gets a 500: JSON nested deeper than this is refused (400), and a header
+# value over LAKESHORE_MAX_HEADER_BYTES (or 32 KiB of headers, or 100 of them) gets 431.
+LAKESHORE_JSON_MAX_DEPTH = env_number("LAKESHORE_JSON_MAX_DEPTH", 64, minimum=1)
+if LAKESHORE_JSON_MAX_DEPTH > 256:  # deeper, and Python's own recursion limit answers (500)
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"LAKESHORE_JSON_MAX_DEPTH={LAKESHORE_JSON_MAX_DEPTH} must be at most 256."
+    )
+LAKESHORE_MAX_HEADER_BYTES = env_number("LAKESHORE_MAX_HEADER_BYTES", 8190, minimum=1024)

@@ -17,4 +17,6 @@ os.environ.setdefault("LAKESHORE_STATIC_FROM_FINDERS", "1")
 
 from lakeshore_admin.settings import *  # noqa: E402,F403
 
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when absent
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -3,10 +3,15 @@ from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.views import defaults
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerSplitView,
+)
 
 from jobs import views as job_views
-from lakeshore_admin.health import healthz
+from lakeshore_admin.api_errors import bad_request
+from lakeshore_admin.health import healthz, readyz
 from queues import views as queue_views
 
 
@@ -30,12 +35,51 @@ def _json_for_api(status: int, code: str, message: str, html_view):
     return view
 
 
-handler400 = _json_for_api(
-    400, "invalid", "Bad request (a body over 10 MB is refused).", defaults.bad_request
-)
+handler400 = bad_request  # says what it was: a bad Host, a body too large, or bad input
 handler500 = _json_for_api(
     500, "server_error", "The server failed; the error was logged.", defaults.server_error
 )
+
+
+def _docs(view_class, *, page: bool, **options):
+    """The OpenAPI schema and its two pages. With LAKESHORE_PUBLIC_DOCS=1 anyone reads them;
+    otherwise they need a read role, as the API does, through a bearer token or a console
+    session. A person not logged in is sent to the login page (and back); an API client
+    gets the API's 401."""
+    from django.conf import settings
+    from django.utils.csp import CSP
+    from django.views.decorators.csp import csp_override
+    from rest_framework.permissions import AllowAny
+
+    from accounts.permissions import ReadOrOperate
+
+    public = view_class.as_view(permission_classes=[AllowAny], **options)
+    private = view_class.as_view(permission_classes=[ReadOrOperate], **options)
+    for_a_person = queue_views.console_view(private)
+
+    def view(request, *args, **kwargs):
+        if settings.LAKESHORE_PUBLIC_DOCS:
+            return public(request, *args, **kwargs)
+        if page and "HTTP_AUTHORIZATION" not in request.META:
+            return for_a_person(request, *args, **kwargs)
+        return private(request, *args, **kwargs)
+
+    policy = getattr(settings, "SECURE_CSP", None)
+    if page and policy:
+        # Swagger UI and ReDoc write <style> elements as they run (ReDoc cannot even start
+        # without them) and ReDoc searches in a worker it makes from a blob: these two pages
+        # alone allow inline styles and blob: workers. Scripts stay as strict as elsewhere.
+        styles = [
+            s for s in policy.get("style-src", policy.get("default-src", [])) if s != CSP.NONCE
+        ]
+        docs_policy = {
+            **policy,
+            "style-src": [*styles, CSP.UNSAFE_INLINE],
+            "worker-src": [CSP.SELF, "blob:"],
+        }
+        view = csp_override(docs_policy)(view)
+    return view
+
 
 urlpatterns = [
     path("", queue_views.queue_list, name="console-home"),
@@ -51,10 +95,25 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("queues.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("api/schema/", _docs(SpectacularAPIView, page=False), name="schema"),
+    # Swagger UI's start script is a file of its own (?script): no inline script, for CSP
+    path(
+        "api/docs/",
+        _docs(
+            SpectacularSwaggerSplitView,
+            page=True,
+            url_name="schema",
+        ),
+        name="swagger-ui",
+    ),
+    path(
+        "api/redoc/",
+        _docs(SpectacularRedocView, page=True, url_name="schema", template_name="api/redoc.html"),
+        name="redoc",
+    ),
     re_path(r"^api/", api_not_found),
 ]

@@ -2,9 +2,11 @@
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import QuerySet
 
 from lakeshore_admin.errors import DomainError
+from lakeshore_admin.parsers import DepthLimitedJSONFormField
 from queues import services
 from queues.models import Daemon, Provider, Queue, QueueEvent
 
@@ -185,6 +187,8 @@ class QueueAdmin(admin.ModelAdmin):
 
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
+    # JSON typed into the form has the API's depth limit: too deep is a form error
+    formfield_overrides = {models.JSONField: {"form_class": DepthLimitedJSONFormField}}
     list_display = ["name", "kind", "description", "created_at"]
     list_filter = ["kind"]
     search_fields = ["name", "description"]
@@ -197,8 +201,9 @@ class ProviderAdmin(admin.ModelAdmin):
 
         class CheckedForm(form):
             def clean_config(self):
-                try:  # the credential rule is the service's
-                    return services.check_provider_config(self.cleaned_data.get("config"))
+                kind = self.instance.kind if self.instance.pk else self.cleaned_data.get("kind")
+                try:  # the credential and per-kind rules are the service's
+                    return services.check_provider_config(self.cleaned_data.get("config"), kind)
                 except DomainError as exc:
                     raise ValidationError(exc.message) from exc
 

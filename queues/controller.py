@@ -8,6 +8,7 @@ A tick of one queue holds a transaction-scoped advisory lock, so two beats (or a
 and a retried message) never act on the same queue at once; the database, not the
 broker, records what was done."""
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,6 +30,8 @@ from queues.models import (
 )
 
 BACKOFF_MAX_SECONDS = 600
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,13 @@ def _terminate(queue: Queue, driver, decided: Plan, now):
 
 
 def tick(*, now=None) -> dict:
-    """A tick over every queue the controller manages; prunes old tick_noop rows."""
+    """A tick over every queue the controller manages; prunes old tick_noop rows.
+
+    Each queue's tick is isolated: one that raises is rolled back, becomes a
+    `tick_failed` event and backs off (the queue is skipped, without an event, until
+    `tick_backoff_until`), and every other queue still ticks. A queue whose tick
+    succeeds again has its failure count reset. `queues` counts the queues that got an
+    event (tick_failed included); `skipped`, those locked by another tick or backing off."""
     now = now or timezone.now()
     managed = set(
         Queue.objects.exclude(elasticity_kind="")
@@ -226,14 +235,77 @@ def tick(*, now=None) -> dict:
             "pk", flat=True
         )
     )
+    failing = dict(
+        Queue.objects.filter(pk__in=managed, tick_failures__gt=0).values_list(
+            "pk", "tick_backoff_until"
+        )
+    )
     decided = skipped = 0
     for queue_id in sorted(managed):
-        if tick_queue(queue_id, now=now) is None:
-            skipped += 1
-        else:
+        until = failing.get(queue_id)
+        if until is not None and until > now:
+            skipped += 1  # backing off after a failed tick: no event, no noise
+            continue
+        try:
+            event = tick_queue(queue_id, now=now)
+        except Exception as exc:  # noqa: BLE001 - one queue must not stop the others
+            logger.exception("controller tick of queue %s failed", queue_id)
+            _tick_failed(queue_id, exc, now)
             decided += 1
+            continue
+        if event is None:
+            skipped += 1
+            continue
+        decided += 1
+        if queue_id in failing:
+            Queue.objects.filter(pk=queue_id, tick_failures__gt=0).update(
+                tick_failures=0, tick_backoff_until=None
+            )
     retention = timedelta(seconds=settings.LAKESHORE_NOOP_RETENTION)
     pruned, _ = QueueEvent.objects.filter(
         action=EventAction.TICK_NOOP, at__lt=now - retention
     ).delete()
     return {"queues": decided, "skipped": skipped, "pruned": pruned}
+
+
+def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
+    """In a transaction of its own (the tick's was rolled back): count the failure,
+    back off like a failed launch, and write a `tick_failed` event with the reason and
+    whatever signals can still be read (zeros if none)."""
+    from queues.services import queue_signals
+
+    try:
+        with transaction.atomic():
+            if not _try_lock(queue_id):
+                return None  # another tick holds the queue: it will speak for it
+            queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
+            if queue is None:
+                return None
+            failures = queue.tick_failures + 1
+            wait = min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+            Queue.objects.filter(pk=queue_id).update(
+                tick_failures=failures, tick_backoff_until=now + timedelta(seconds=wait)
+            )
+            try:
+                with transaction.atomic():  # a savepoint: a failed read spoils nothing
+                    signals = queue_signals(queue)["signals"]
+            except Exception:  # noqa: BLE001 - the event is written with zeros instead
+                signals = elasticity.Signals(daemons=0, busy=0, pending=0)
+            suffix = f"; {failures} failed tick(s) in a row: skipping this queue for {wait:.0f} s"
+            cause = f"tick failed: {type(error).__name__}: {error}"
+            return QueueEvent.objects.create(
+                queue=queue,
+                at=now,
+                action=EventAction.TICK_FAILED,
+                reason=cause[: 500 - len(suffix)] + suffix,
+                daemons=signals.daemons,
+                busy=signals.busy,
+                pending=signals.pending,
+                utilization=round(signals.utilization, 4),
+                desired=signals.daemons,
+                wanted=0,
+                delta=0,
+            )
+    except Exception:  # noqa: BLE001 - e.g. the database itself is failing: go on
+        logger.exception("could not record the failed tick of queue %s", queue_id)
+        return None

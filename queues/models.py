@@ -203,6 +203,14 @@ class Queue(models.Model):
         default=0, help_text="Failed launches in a row (the controller backs off)."
     )
     launch_backoff_until = models.DateTimeField(null=True, blank=True)
+    # The controller's own bookkeeping (never a form field): ticks that raised, in a
+    # row, and until when it skips the queue.
+    tick_failures = models.PositiveIntegerField(
+        default=0, editable=False, help_text="Controller ticks of this queue that raised, in a row."
+    )
+    tick_backoff_until = models.DateTimeField(
+        null=True, editable=False, help_text="The controller skips this queue until then."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -264,6 +272,7 @@ class EventAction(models.TextChoices):
     LAUNCH_FAILED = "launch_failed"
     TERMINATE_FAILED = "terminate_failed"
     HOLD = "hold"
+    TICK_FAILED = "tick_failed"
 
 
 class QueueEventQuerySet(models.QuerySet):

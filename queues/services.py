@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
-from queues import controller, daemons, elasticity
+from queues import controller, daemons, elasticity, provider_configs
 from queues.models import (
     LIVE_DAEMON_STATES,
     Daemon,
@@ -354,7 +354,10 @@ def _secret_paths(value, path: str = "config") -> list[str]:
     return found
 
 
-def check_provider_config(config) -> dict:
+def check_provider_config(config, kind: str | None = None) -> dict:
+    """Refuse credentials (whatever the kind), then, given the provider's kind, anything
+    its schema (queues/provider_configs.py) does not allow: unknown keys, wrong types,
+    values out of range, missing required keys."""
     if not isinstance(config, dict):
         raise Invalid("config must be a JSON object.", fields={"config": "not an object"})
     secrets = _secret_paths(config)
@@ -365,13 +368,24 @@ def check_provider_config(config) -> dict:
             + "): store them outside Lakeshore and name them with 'credential_ref'.",
             fields={path: "credentials are refused" for path in secrets},
         )
+    if kind is None:
+        return config
+    if kind not in provider_configs.SCHEMAS:
+        raise Invalid(f"Unknown provider kind '{kind}'.", fields={"kind": "unknown kind"})
+    errors = provider_configs.config_errors(kind, config)
+    if errors:
+        raise Invalid(
+            f"Invalid config for a {kind} provider: "
+            + "; ".join(f"{path}: {message}" for path, message in errors.items())
+            + ".",
+            fields=errors,
+        )
     return config
 
 
 def provider_create(*, name: str, kind: str, description: str = "", config=None) -> Provider:
-    provider = Provider(
-        name=name, kind=kind, description=description, config=check_provider_config(config or {})
-    )
+    config = check_provider_config({} if config is None else config, kind)
+    provider = Provider(name=name, kind=kind, description=description, config=config)
     try:
         with transaction.atomic():
             provider.save()
@@ -385,6 +399,8 @@ def provider_create(*, name: str, kind: str, description: str = "", config=None)
 
 
 def provider_patch(*, name: str, changes: dict) -> Provider:
+    """A new `config` replaces the old one whole, and is checked against the
+    provider's kind like a new provider's."""
     if "name" in changes or "kind" in changes:
         field = "name" if "name" in changes else "kind"
         raise Invalid(
@@ -393,7 +409,7 @@ def provider_patch(*, name: str, changes: dict) -> Provider:
         )
     provider = provider_get(name)
     if "config" in changes:
-        provider.config = check_provider_config(changes["config"])
+        provider.config = check_provider_config(changes["config"], provider.kind)
     if "description" in changes:
         provider.description = changes["description"]
     provider.save()

@@ -1,14 +1,41 @@
 """Console pages (HTML). The lists use the same FilterSet and QuerySet as the API."""
 
+from functools import wraps
+
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
+from rest_framework.permissions import SAFE_METHODS
 
-from accounts.roles import can_operate
+from accounts.models import Role
+from accounts.permissions import ReadOrOperate
+from accounts.roles import can_operate, roles_of
 from queues.filters import QueueFilter
 from queues.models import Queue, QueueState
 
 PAGE_SIZE = 100
+
+
+def console_view(view):
+    """Every console page and action: a login, then the API's own rule (ReadOrOperate):
+    reading needs the viewer or operator role, acting (POST) the operator role; staff
+    act as operators. Without it, a 403 page names the role and who grants it."""
+
+    @wraps(view)
+    @login_required
+    def checked(request, *args, **kwargs):
+        rule = ReadOrOperate()
+        if rule.has_permission(request, view):
+            return view(request, *args, **kwargs)
+        needed = (Role.VIEWER if request.method in SAFE_METHODS else Role.OPERATOR).value
+        context = {
+            "reason": rule.message,
+            "needed": needed,
+            "roles": sorted(roles_of(request.user)),
+        }
+        return render(request, "console/forbidden.html", context, status=403)
+
+    return checked
 
 
 def page_offset(request) -> int:
@@ -23,7 +50,7 @@ def page_offset(request) -> int:
 
 
 @require_GET
-@login_required
+@console_view
 def queue_list(request):
     filterset = QueueFilter(request.GET, queryset=Queue.objects.for_list())
     queues = filterset.qs if filterset.is_valid() else Queue.objects.none()
@@ -75,7 +102,7 @@ def _detail_context(request, name: str, *, error: str = "") -> dict:
 
 
 @require_GET
-@login_required
+@console_view
 def queue_detail(request, name: str):
     template = "queues/queue_detail.html"
     if request.htmx and request.htmx.target == "queue-summary":
@@ -83,24 +110,18 @@ def queue_detail(request, name: str):
     return render(request, template, _detail_context(request, name))
 
 
-@login_required
+@require_POST
+@console_view
 def queue_action(request, name: str, action: str):
     """drain, pause, resume, archive, unarchive from the console: the same service as
     the API; a refusal shows in the page instead of an error status."""
-    from django.core.exceptions import PermissionDenied
-    from django.http import HttpResponseNotAllowed
-
     from lakeshore_admin.errors import DomainError
     from queues import services
 
-    if request.method != "POST":
-        return HttpResponseNotAllowed(["POST"])
     if action not in ACTIONS:
         from django.http import Http404
 
         raise Http404(f"No action '{action}'.")
-    if not can_operate(request.user):
-        raise PermissionDenied("This action needs the operator role.")
     error = ""
     try:
         services.queue_transition(name=name, action=action)
@@ -121,7 +142,7 @@ DAEMON_PAGE = 100
 
 
 @require_GET
-@login_required
+@console_view
 def daemon_list(request):
     from queues.filters import DaemonFilter
     from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState
@@ -151,20 +172,15 @@ def daemon_list(request):
     )
 
 
-@login_required
+@require_POST
+@console_view
 def daemon_drop(request, daemon_id: int):
     """Drop a daemon from the console: the same service as the API and the CLI."""
-    from django.core.exceptions import PermissionDenied
-    from django.http import HttpResponseNotAllowed
     from django.shortcuts import redirect
 
     from queues import services
     from queues.daemons import daemon_drop as drop
 
-    if request.method != "POST":
-        return HttpResponseNotAllowed(["POST"])
-    if not can_operate(request.user):
-        raise PermissionDenied("Dropping a daemon needs the operator role.")
     try:
         daemon = services.daemon_get(daemon_id)
     except services.NotFound as exc:

@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT))
 PY = sys.executable
 PORT = os.environ.get("PORT", "8080")
 BIND = os.environ.get("LAKESHORE_BIND", "127.0.0.1")
+DEV = "--dev" in sys.argv  # `make dev`: Django's runserver, reloading on code changes
 URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # noqa: S104
 
 
@@ -43,7 +44,9 @@ def write_cli_config(token: str) -> str:
 
 
 def link_cli() -> str:
-    """Put `lakeshore` on PATH so the cookbook's examples work in any shell."""
+    """Put `lakeshore` on PATH so the cookbook's examples work in any shell. A link that
+    belongs to another checkout (or anything else that is not ours) is left alone: it
+    says so instead. A dangling link is re-pointed."""
     import shutil
 
     ours = ROOT / ".venv" / "bin" / "lakeshore"
@@ -58,17 +61,32 @@ def link_cli() -> str:
             continue
         if target.exists() and not target.is_symlink():
             continue  # somebody else's lakeshore: leave it alone
-        previous = None
-        if target.is_symlink():
-            previous = os.readlink(target)
-            target.unlink()
+        previous = os.readlink(target) if target.is_symlink() else None
+        if previous and target.exists():  # a live link: ours, or somebody else's
+            if target.resolve() == ours.resolve():
+                return f"{target} points at {ours} (check that it comes before {found} on PATH)"
+            owner = _checkout_of(target.resolve())
+            whose = f"another checkout, {owner}" if owner else "not this checkout"
+            return (
+                f"left {target} alone: it points at {previous} ({whose}); "
+                f"run ours as {ours} or re-link by hand"
+            )
+        if previous:
+            target.unlink()  # dangling: what it pointed at is gone
         target.symlink_to(ours)
         if previous:
-            return f"linked {target} -> {ours} (it pointed at {previous})"
+            return f"linked {target} -> {ours} (it pointed at {previous}, which is gone)"
         if found and Path(found) != target:
             return f"linked {target} -> {ours} (check that it comes before {found} on PATH)"
         return f"linked {target} -> {ours}"
     return f"put it on PATH with: export PATH={ours.parent}:$PATH"
+
+
+def _checkout_of(program: Path) -> Path | None:
+    """The checkout a `<checkout>/.venv/bin/lakeshore` belongs to, else None."""
+    if program.parent.name == "bin" and program.parent.parent.name == ".venv":
+        return program.parent.parent.parent
+    return None
 
 
 def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -77,12 +95,12 @@ def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
         if proc.poll() is not None:
             sys.exit(f"The web server exited with code {proc.returncode}; see above.")
         try:
-            with urllib.request.urlopen(f"{URL}/healthz", timeout=1) as response:  # noqa: S310
+            with urllib.request.urlopen(f"{URL}/readyz", timeout=1) as response:  # noqa: S310
                 if response.status == 200:
                     return
         except OSError:
             time.sleep(0.2)
-    sys.exit(f"The web server did not answer {URL}/healthz within {timeout:.0f} s.")
+    sys.exit(f"The web server was not ready ({URL}/readyz) within {timeout:.0f} s.")
 
 
 def single_instance():
@@ -131,9 +149,15 @@ def main() -> None:
     boot = json.loads(manage("bootstrap", capture=True))
 
     procs: list[subprocess.Popen] = []
+    manage("collectstatic", "--no-input", "-v", "0")  # WhiteNoise serves var/static
+    if DEV:
+        command = [PY, "manage.py", "runserver", f"{BIND}:{PORT}", "--insecure"]
+    else:  # the production server (lakeshore_admin/gunicorn_conf.py)
+        command = [str(Path(PY).parent / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"]
     web = subprocess.Popen(
-        [PY, "manage.py", "runserver", f"{BIND}:{PORT}", "--noreload", "--insecure"],
+        command,
         cwd=ROOT,
+        env={**os.environ, "PORT": PORT, "LAKESHORE_BIND": BIND},
         preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads yet in this process
     )
     procs.append(web)
@@ -181,7 +205,8 @@ def main() -> None:
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))  # the terminal went away
     try:
         wait_healthy(web)
-        lines = ["", f"Lakeshore Admin is up: {URL}/"]
+        server = "runserver (make dev, reloads on changes)" if DEV else "gunicorn"
+        lines = ["", f"Lakeshore Admin is up: {URL}/  ({server})"]
         lines.append(f"  console: {URL}/   Django admin: {URL}/admin/   API: {URL}/api/v1/")
         lines.append(f"  API docs: {URL}/api/docs/")
         lines.append(

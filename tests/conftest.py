@@ -32,6 +32,17 @@ def _work_listener_closed_before_teardown(django_db_setup):
     listener.stop()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """The database is rolled back after each test, the cache is not: clear it, so that
+    counts kept there (bad tokens per address, API rates) start from zero each test."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture
 def api():
     """A DRF client; log in with `api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")`."""

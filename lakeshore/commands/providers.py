@@ -14,7 +14,10 @@ KINDS = ["local", "simulated"]
 config_option = click.option(
     "--config",
     type=JsonOf(dict),
-    help="Provider settings as a JSON object, e.g. '{\"max_processes\": 4}' (no credentials).",
+    help="Provider settings as a JSON object (no credentials; the server refuses unknown "
+    "keys). local: concurrency (1-64), credential_ref; simulated: startup_seconds (>= 0), "
+    "fail (a message every launch fails with), credential_ref. "
+    "E.g. '{\"concurrency\": 2}'.",
 )
 
 

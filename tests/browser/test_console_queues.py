@@ -2,6 +2,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
+from accounts.roles import grant
 from queues.services import queue_transition
 from tests import builders
 
@@ -10,7 +11,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def logged_in(page, live_server):
-    get_user_model().objects.create_user("alice", password="a-long-test-password")
+    user = get_user_model().objects.create_user("alice", password="a-long-test-password")
+    grant(user, "viewer")  # the console needs a role (tests/web/test_console_roles.py)
     page.goto(f"{live_server.url}/")
     page.fill("#id_username", "alice")
     page.fill("#id_password", "a-long-test-password")

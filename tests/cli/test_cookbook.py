@@ -284,11 +284,14 @@ class TestStats:
 
 class TestProvidersAndDaemons:
     def test_providers_verbs(self, sh):
-        sh("""lakeshore providers add sim --kind simulated --config '{"slots": 2}'""")
+        sh("""lakeshore providers add sim --kind simulated --config '{"startup_seconds": 2}'""")
         assert header(sh("lakeshore providers list").stdout) == ["NAME", "KIND", "DESCRIPTION"]
         sh('lakeshore providers patch sim --description "for tests"')
         provider = sh.json("lakeshore providers show sim --json")
-        assert (provider["description"], provider["config"]) == ("for tests", {"slots": 2})
+        assert (provider["description"], provider["config"]) == (
+            "for tests",
+            {"startup_seconds": 2},
+        )
         assert sh("lakeshore providers remove sim").stdout == "provider/sim deleted\n"
 
     def test_providers_remove_names_the_queues_using_it(self, sh, cookbook_queues):

@@ -3,6 +3,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from accounts.roles import grant
 from jobs.models import Invocation
 from tests import builders
 
@@ -11,7 +12,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def alice(client):
-    client.force_login(get_user_model().objects.create_user("alice", password="pw-x-12345"))
+    user = get_user_model().objects.create_user("alice", password="pw-x-12345")
+    grant(user, "viewer")  # the console needs a role (tests/web/test_console_roles.py)
+    client.force_login(user)
     return client
 
 

