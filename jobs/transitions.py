@@ -205,6 +205,22 @@ def rescue_orphans() -> dict:
     return {key: lost[key] + ended[key] for key in lost}
 
 
+def release_unheld(*, daemon_id: int, held: list[int], grace: float) -> int:
+    """running → queued for this daemon's invocations that it says it does not hold and
+    that were claimed more than `grace` seconds ago: the claim committed but its answer
+    never reached the daemon, so it never ran. The attempt is given back."""
+    return _rowcount(
+        """UPDATE jobs_invocation
+              SET state = %(queued)s, daemon_id = NULL, started_at = NULL,
+                  attempts = GREATEST(attempts - 1, 0),
+                  error = 'claimed, but the daemon never got it; requeued'
+            WHERE daemon_id = %(daemon)s AND state = %(running)s
+              AND NOT (id = ANY(%(held)s))
+              AND started_at < now() - make_interval(secs => %(grace)s)""",
+        {"daemon": daemon_id, "held": list(held), "grace": float(grace)},
+    )
+
+
 # ---------------------------------------------------------------------------- kill
 
 

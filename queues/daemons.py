@@ -161,12 +161,20 @@ def touch(daemon_id: int) -> None:
         cursor.execute(_TOUCH_SQL, params)
 
 
-def daemon_heartbeat(*, daemon: Daemon) -> dict:
+CLAIM_GRACE_SECONDS = 30  # a claim's answer reaches its daemon well within this
+
+
+def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
     """The daemon is alive. The answer tells it what the server believes: its state
-    (draining → stop claiming) and which invocations it should still be running."""
+    (draining → stop claiming) and which invocations it should still be running.
+    With `held` (what the daemon holds), work the server counts as running there but
+    the daemon never got — a claim whose answer was lost — goes back to the queue once
+    it is older than CLAIM_GRACE_SECONDS, its attempt given back."""
     from jobs.models import Invocation
 
     check_live(daemon)
+    if held is not None:
+        transitions.release_unheld(daemon_id=daemon.pk, held=held, grace=CLAIM_GRACE_SECONDS)
     touch(daemon.pk)
     daemon.refresh_from_db(fields=["state"])
     check_live(daemon)

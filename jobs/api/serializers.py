@@ -104,6 +104,19 @@ class CompleteInput(StrictInput):
         return value.replace("\x00", "\\x00")  # keep the traceback, drop what PG can't store
 
 
+class HeartbeatInput(StrictInput):
+    held = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
+        required=False,
+        allow_null=True,
+        default=None,
+        max_length=10_000,
+        help_text="Ids of every invocation the daemon holds (running, or finished and not "
+        "yet reported). Running ones of this daemon missing from it for longer than the "
+        "claim grace go back to the queue: their claim's answer never arrived.",
+    )
+
+
 class HeartbeatOutput(serializers.Serializer):
     state = serializers.CharField()
     running = serializers.ListField(child=serializers.CharField())

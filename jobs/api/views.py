@@ -148,11 +148,14 @@ class DaemonHeartbeat(APIView):
 
     @extend_schema(
         summary="The daemon is alive; answers its state and what it should be running",
-        request=None,
-        responses={200: s.HeartbeatOutput, **errors(404, 409)},
+        request=s.HeartbeatInput,
+        responses={200: s.HeartbeatOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        return Response(services.daemon_heartbeat(daemon=own_daemon(request, daemon_id)))
+        daemon = own_daemon(request, daemon_id)
+        data = s.HeartbeatInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        return Response(services.daemon_heartbeat(daemon=daemon, **data.validated_data))
 
 
 class DaemonClaim(APIView):
