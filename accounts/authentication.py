@@ -1,11 +1,49 @@
 import math
+import threading
+import time
 
+from django.conf import settings
 from django.shortcuts import render
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from accounts.models import ApiToken, hash_token
+from accounts.roles import roles_of
 from accounts.throttles import BadTokenThrottle
+
+
+class _TokenCache:
+    """Tokens that authenticated, with their user and roles, kept for a few seconds per
+    process (LAKESHORE_TOKEN_CACHE_SECONDS): a daemon polling several times a second
+    costs no token or role query. A revoked or expired token, or a disabled user, is
+    refused at most that many seconds late; unknown tokens are never kept."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[float, ApiToken]] = {}
+
+    def get(self, digest: str) -> ApiToken | None:
+        with self._lock:
+            hit = self._entries.get(digest)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+        return None
+
+    def put(self, digest: str, token: ApiToken, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        roles_of(token.user)  # computed once, cached on the user object with it
+        with self._lock:
+            if len(self._entries) > 10_000:
+                self._entries.clear()
+            self._entries[digest] = (time.monotonic() + ttl, token)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+token_cache = _TokenCache()
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -28,7 +66,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header: expected 'Bearer <token>'."
             )
-        token = ApiToken.objects.select_related("user").filter(digest=hash_token(header[1])).first()
+        digest = hash_token(header[1])
+        cached = token_cache.get(digest)
+        if cached is not None and cached.is_usable:
+            return cached.user, cached
+        token = ApiToken.objects.select_related("user").filter(digest=digest).first()
         if token is None:
             raise exceptions.AuthenticationFailed(
                 "Invalid token: create one with 'python manage.py create_token' or "
@@ -43,6 +85,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
             # At most one write a minute per token: reads stay reads.
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+            token.last_used_at = now
+        token_cache.put(digest, token, settings.LAKESHORE_TOKEN_CACHE_SECONDS)
         return token.user, token
 
     def authenticate_header(self, request):

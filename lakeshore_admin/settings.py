@@ -176,6 +176,11 @@ REST_FRAMEWORK["NUM_PROXIES"] = LAKESHORE_PROXY_COUNT
 # per-process memory cache, so each server process counts on its own.
 LAKESHORE_BAD_TOKEN_LIMIT = env_number("LAKESHORE_BAD_TOKEN_LIMIT", 20, minimum=0)
 LAKESHORE_BAD_TOKEN_WINDOW = env_number("LAKESHORE_BAD_TOKEN_WINDOW", 60, minimum=1)
+# A token that authenticated is trusted for this many seconds per process without a
+# query (its user and roles too): a revocation takes effect at most this late. 0: never.
+LAKESHORE_TOKEN_CACHE_SECONDS = env_number(
+    "LAKESHORE_TOKEN_CACHE_SECONDS", 5, minimum=0, kind=float
+)
 # An optional rate for every API request, per user (per address when anonymous), in
 # DRF's notation: "600/min", "20/s". Unset: no rate limit.
 LAKESHORE_API_RATE = env_str("LAKESHORE_API_RATE").strip() or None
