@@ -35,14 +35,13 @@ Q_ = InvocationState
 # ---------------------------------------------------------------------------- submit
 
 
-def _admitting_queue(name: str) -> Queue | None:
+def _admitting_queue(name: str, known: dict | None = None) -> Queue | None:
     """The queue to submit into, or None for the default queue ('')."""
     if not name:
         return None
-    try:
-        queue = Queue.objects.get(name=name)
-    except Queue.DoesNotExist:
-        raise NotFound(f"Queue '{name}' does not exist.", fields={"queue": "unknown"}) from None
+    queue = known.get(name) if known is not None else Queue.objects.filter(name=name).first()
+    if queue is None:
+        raise NotFound(f"Queue '{name}' does not exist.", fields={"queue": "unknown"})
     if not queue.admits_submissions:
         raise Conflict(
             f"Queue '{name}' is {queue.state} and admits no new work "
@@ -57,6 +56,22 @@ def _queued_depth(name: str, cap: int) -> int:
     return (
         Invocation.objects.filter(queue=name, state=Q_.QUEUED).order_by().values("id")[:cap].count()
     )
+
+
+def _admit(queue: Queue | None, count: int) -> None:
+    """Room for `count` more in a bounded queue, or BacklogFull. Inside the caller's
+    transaction, holding the queue's admission lock until it commits."""
+    if queue is None or not queue.max_depth:
+        return
+    _lock_queue_admission(queue.name)
+    depth = _queued_depth(queue.name, queue.max_depth)
+    if depth + count > queue.max_depth:
+        wanted = "" if count == 1 else f"; this batch adds {count}"
+        raise BacklogFull(
+            f"Queue '{queue.name}' is full: {depth} queued (max_depth {queue.max_depth}, "
+            f"on_full={queue.on_full}){wanted}.",
+            extra={"depth": depth, "max_depth": queue.max_depth},
+        )
 
 
 def _lock_queue_admission(name: str) -> None:
@@ -112,15 +127,7 @@ def invocation_submit(
     while True:
         try:
             with transaction.atomic():
-                if row is not None and row.max_depth:
-                    _lock_queue_admission(queue)
-                    depth = _queued_depth(queue, row.max_depth)
-                    if depth >= row.max_depth:
-                        raise BacklogFull(
-                            f"Queue '{queue}' is full: {depth} queued (max_depth "
-                            f"{row.max_depth}, on_full={row.on_full}).",
-                            extra={"depth": depth, "max_depth": row.max_depth},
-                        )
+                _admit(row, 1)
                 invocation = Invocation.objects.create(
                     queue=queue,
                     function=function,
@@ -143,6 +150,61 @@ def invocation_submit(
                 raise
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
             row = _admitting_queue(queue)  # it may have been drained meanwhile
+
+
+BATCH_SUBMIT_MAX = 10_000
+
+
+def invocation_submit_batch(items: list[dict]) -> list[tuple[Invocation, bool]]:
+    """Queue many invocations at once: all or none, in one INSERT of the whole batch.
+    Each item is what invocation_submit takes. An item whose idempotency key is already
+    used in its queue (or earlier in the batch) answers that invocation, created=False.
+    Every queue must admit work, and a bounded queue must have room for all of its new
+    items: a batch never blocks on a full queue. Answers in the order of `items`."""
+    for item in items:
+        _check_function(item["function"])
+        item["queue"] = item.get("queue") or ""
+    keyed = {(i["queue"], i["key"]) for i in items if i.get("key")}
+    existing = _by_queue_and_key(keyed)
+    fresh, seen = [], set(existing)
+    for item in items:
+        pair = (item["queue"], item.get("key") or "")
+        if pair[1] and pair in seen:
+            continue
+        seen.add(pair)
+        fresh.append(item)
+    names = {item["queue"] for item in fresh}
+    known = {q.name: q for q in Queue.objects.filter(name__in=names - {""})}
+    queues = {name: _admitting_queue(name, known) for name in sorted(names)}
+    with transaction.atomic():
+        for name, queue in queues.items():
+            _admit(queue, sum(1 for item in fresh if item["queue"] == name))
+        inserted = transitions.insert_queued(fresh)
+        created_keys = {(q, k): pk for pk, q, k in inserted if k}
+        unkeyed = iter(sorted(pk for pk, _, k in inserted if not k))
+        # a key taken by a concurrent submit between our look and our insert
+        missing = {(i["queue"], i["key"]) for i in fresh if i.get("key")} - set(created_keys)
+        existing.update(_by_queue_and_key(missing))
+    rows = Invocation.objects.in_bulk([pk for pk, _, _ in inserted] + list(existing.values()))
+    answers, given = [], set()
+    for item in items:
+        pair = (item["queue"], item.get("key") or "")
+        if pair[1]:
+            pk = created_keys.get(pair) or existing[pair]
+            new = pair in created_keys and pair not in given
+            given.add(pair)
+        else:
+            pk, new = next(unkeyed), True
+        answers.append((rows[pk], new))
+    return answers
+
+
+def _by_queue_and_key(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    if not pairs:
+        return {}
+    queues, keys = zip(*pairs, strict=True)
+    rows = Invocation.objects.filter(queue__in=set(queues), key__in=set(keys))
+    return {(q, k): pk for pk, q, k in rows.values_list("id", "queue", "key") if (q, k) in pairs}
 
 
 # ---------------------------------------------------------------------------- claim

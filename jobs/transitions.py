@@ -53,6 +53,45 @@ def _rowcount(sql: str, params: dict) -> int:
         return cursor.rowcount
 
 
+# ---------------------------------------------------------------------------- submit
+
+# A whole batch in one statement: arrays in, rows out. Ids come from the sequence in the
+# batch's order; a key already taken in its queue (by another submit, or earlier in this
+# batch) inserts nothing.
+_INSERT_SQL = """
+INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
+                             max_attempts, timeout_s, key, reason, error, created_at)
+SELECT u.queue, u.function, u.args::jsonb, u.kwargs::jsonb, u.priority, %(queued)s, 0,
+       u.max_attempts, u.timeout_s, u.key, '', '', now()
+  FROM unnest(%(queue)s::text[], %(function)s::text[], %(args)s::text[], %(kwargs)s::text[],
+              %(priority)s::int[], %(max_attempts)s::int[], %(timeout_s)s::int[],
+              %(key)s::text[]) WITH ORDINALITY
+       AS u(queue, function, args, kwargs, priority, max_attempts, timeout_s, key, n)
+ ORDER BY u.n
+    ON CONFLICT (queue, key) WHERE NOT (key = '') DO NOTHING
+RETURNING id, queue, key
+"""
+
+
+def insert_queued(items: list[dict]) -> list[tuple[int, str, str]]:
+    """New queued invocations, one statement for the lot: (id, queue, key) of each row
+    inserted (ids ascending in the order of `items`)."""
+    if not items:
+        return []
+    encode = DjangoJSONEncoder().encode
+    params = {
+        "queue": [i["queue"] for i in items],
+        "function": [i["function"] for i in items],
+        "args": [encode(i.get("args") or []) for i in items],
+        "kwargs": [encode(i.get("kwargs") or {}) for i in items],
+        "priority": [i.get("priority", 0) for i in items],
+        "max_attempts": [i.get("max_attempts", 1) for i in items],
+        "timeout_s": [i.get("timeout_s") for i in items],
+        "key": [i.get("key") or "" for i in items],
+    }
+    return _execute(_INSERT_SQL, params)
+
+
 # ---------------------------------------------------------------------------- claim
 
 # The daemon's liveness is part of the statement: its row is share-locked, and only a

@@ -1,6 +1,5 @@
 """Jobs (invocations) and the daemon protocol. Thin views over jobs/services.py."""
 
-from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -23,7 +22,7 @@ from lakeshore_admin.pagination import (
 )
 from queues.services import daemon_get
 
-BATCH_MAX = 1000
+BATCH_MAX = 1000  # outcomes in one batch completion
 
 
 class JobList(APIView):
@@ -57,7 +56,7 @@ class JobList(APIView):
         return list_response(rows[:limit], link, s.InvocationSerializer)
 
     @extend_schema(
-        summary="Submit one invocation (an object) or a batch (a list of up to 1,000)",
+        summary="Submit one invocation (an object) or a batch (a list of up to 10,000)",
         request=s.SubmitInput,
         responses={
             201: s.InvocationSerializer,
@@ -77,14 +76,12 @@ class JobList(APIView):
         )
 
     def _batch(self, items):
-        if not items or len(items) > BATCH_MAX:
-            raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} invocations."})
+        limit = services.BATCH_SUBMIT_MAX
+        if not items or len(items) > limit:
+            raise ValidationError({"__all__": f"a batch holds 1 to {limit:,} invocations."})
         data = s.SubmitInput(data=items, many=True)
         data.is_valid(raise_exception=True)
-        with transaction.atomic():  # all or nothing; a batch never blocks on a full queue
-            results = [
-                services.invocation_submit(**item, block_timeout=0) for item in data.validated_data
-            ]
+        results = services.invocation_submit_batch(data.validated_data)
         created = any(made for _, made in results)
         return Response(
             s.InvocationSerializer([inv for inv, _ in results], many=True).data,
