@@ -33,6 +33,7 @@ from jobs.models import Invocation  # noqa: E402
 from queues.models import Daemon, Queue  # noqa: E402
 
 BACKLOG = int(os.environ.get("BENCH_BACKLOG", "20000"))
+CLAIM_SECONDS = float(os.environ.get("BENCH_CLAIM_SECONDS", "3"))
 
 
 def reset() -> None:
@@ -83,7 +84,7 @@ def _claimers(kind: str, threads: int, limit: int) -> tuple[int, float]:
     fill("c", BACKLOG)
     daemons = [Daemon.objects.create(name=f"d{i}", queues=["c"]) for i in range(threads)]
     total = [0] * threads
-    deadline = time.perf_counter() + 3.0
+    deadline = time.perf_counter() + CLAIM_SECONDS
 
     def work(i):
         try:

@@ -1,0 +1,138 @@
+"""`make bench`: Lakeshore against raw SQL and procrastinate on one PostgreSQL server
+(var/pg-bench), in one run. Prints a side-by-side table and writes it to
+bench/results/latest.md. Asserts nothing.
+
+    python -m bench.compare            the full run (under 10 minutes on 2 cores)
+    BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
+
+Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
+each row measures), report (medians, ratios, targets, Markdown), lines (the JSON-lines
+link to helper processes), procrastinate_driver and django_probes (those helpers)."""
+
+import os
+import platform
+import sys
+import time
+
+from bench.compare import report
+from bench.compare.infra import BIN, RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
+from bench.compare.lines import LineClient
+from bench.compare.rows import Budget, Rows, Section
+from bench.compare.systems import Lakeshore, Procrastinate, RawSQL
+
+
+def run_section(section: Section, rounds: int) -> report.SectionResult:
+    """Each row's measurements, round by round, the systems in a rotated order."""
+    progress(f"— {section.title}")
+    results = [report.RowResult(row) for row in section.rows]
+    try:
+        if section.prepare:
+            section.prepare()
+    except Exception as exc:  # noqa: BLE001 - the row says so, the bench goes on
+        progress(f"  preparing failed: {exc}")
+        for result in results:
+            result.errors = {system: f"preparing failed: {exc}" for system in result.row.runs}
+        return report.SectionResult(section.title, results)
+    try:
+        for result in results:
+            _measure(result, rounds)
+    finally:
+        if section.finish:
+            try:
+                section.finish()
+            except Exception as exc:  # noqa: BLE001
+                progress(f"  cleaning up failed: {exc}")
+    notes = [note() if callable(note) else note for note in section.notes]
+    return report.SectionResult(section.title, results, notes)
+
+
+def _measure(result: report.RowResult, rounds: int) -> None:
+    row = result.row
+    systems = list(row.runs)
+    for i in range(rounds):
+        turn = i % len(systems)
+        for system in systems[turn:] + systems[:turn]:
+            if system in result.errors:
+                continue
+            try:
+                value = row.runs[system]()
+            except Exception as exc:  # noqa: BLE001 - recorded; the other systems go on
+                result.errors[system] = f"{type(exc).__name__}: {exc}"
+                progress(f"  {row.key} · {system}: FAILED {result.errors[system]}")
+                continue
+            result.values.setdefault(system, []).append(value)
+            progress(
+                f"  {row.key} · round {i + 1}/{rounds} · {system}: "
+                f"{report.number(value)} {row.unit}"
+            )
+
+
+def main() -> None:
+    quick = os.environ.get("BENCH_QUICK") == "1"
+    budget = Budget.quick() if quick else Budget()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
+    pg = Postgres()
+    pg.start()
+    lakeshore, raw = Lakeshore(pg), RawSQL(pg)
+    procrastinate: Procrastinate | None = Procrastinate(pg)
+    probes: LineClient | None = None
+    sections: list[report.SectionResult] = []
+    skipped: list[str] = []
+    extra: dict[str, list[str]] = {}
+    pg_version = pg.version()
+    try:
+        progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
+        lakeshore.setup()
+        raw.setup()
+        progress("procrastinate: its venv (var/bench-venv), database and schema")
+        try:
+            procrastinate.setup()
+        except Exception as exc:  # noqa: BLE001 - the table goes on without it
+            skipped.append(f"procrastinate ({exc}): its columns are empty")
+            procrastinate.close()
+            procrastinate = None
+        rows = Rows(lakeshore, raw, procrastinate, None, budget)
+        for section in rows.sections():
+            sections.append(run_section(section, budget.rounds))
+        lakeshore.stop_server()
+        rows.probes = probes = LineClient(
+            [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+            cwd=ROOT,
+            env=lakeshore.env,
+            log=RUN_DIR / "log" / "django-probes.log",
+        )
+        sections.append(run_section(rows.in_process(), budget.rounds))
+        progress("— claim per queue kind (queue_bench.py, in-process)")
+        try:
+            extra["Claim per queue kind (queue_bench.py: in-process service calls, one run)"] = [
+                f"    {line}" for line in rows.claim_kinds()
+            ]
+        except Exception as exc:  # noqa: BLE001
+            skipped.append(f"claim per queue kind: {exc}")
+    finally:
+        for closable in (probes, procrastinate, raw, lakeshore):
+            if closable is not None:
+                closable.close()
+        pg.stop()
+    facts = [
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        f"{os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"PostgreSQL {pg_version} (embedded, var/pg-bench), one database per system",
+        "Lakeshore: gunicorn with lakeshore_admin.gunicorn_conf (2 processes × 128 threads), "
+        "driven over HTTP keep-alive from this process; raw SQL: one table with a partial "
+        "index, psycopg autocommit; procrastinate "
+        f"{procrastinate.version if procrastinate else '—'} (var/bench-venv): its psycopg "
+        "connector (pool of up to 10), a sync no-op task",
+        f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
+        f"wall time {wall_seconds():.0f} s",
+    ]
+    text = report.render(sections, facts=facts, skipped=skipped, extra=extra)
+    (RESULTS / "latest.md").write_text(text)
+    print("\n" + text)
+    written = (RESULTS / "latest.md").relative_to(ROOT)
+    progress(f"written to {written}; wall time {wall_seconds():.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The measurements made inside Django rather than over HTTP. Runs with the project's
+.venv and the bench server's environment (DATABASE_URL = the bench database), as
+`python -m bench.compare.django_probes`, serving JSON lines (lines.py).
+
+    tick_setup {queues, daemons}  a `simulated` provider, `queues` queues with fixed
+                                  elasticity at their size, `daemons` idle daemons
+                                  spread over them (bulk_create: SQL, no API)
+    tick                          one queues.controller.tick() over all of it
+    tick_cleanup                  remove it all
+    claim_kinds {seconds}         the per-kind claim figures of bench/queue_bench.py"""
+
+import contextlib
+import io
+import os
+import time
+
+PREFIX = "tick-"
+
+
+class Probes:
+    def tick_setup(self, queues: int, daemons: int) -> None:
+        from django.utils import timezone
+
+        from queues.models import Daemon, DaemonState, Provider, Queue
+
+        self.tick_cleanup()
+        provider = Provider.objects.create(name=f"{PREFIX}sim", kind=Provider.Kind.SIMULATED)
+        per_queue = max(1, daemons // queues)
+        names = [f"{PREFIX}{i:05d}" for i in range(queues)]
+        Queue.objects.bulk_create(
+            Queue(name=name, provider=provider, elasticity_kind="fixed", elasticity_min=per_queue)
+            for name in names
+        )
+        now = timezone.now()
+        Daemon.objects.bulk_create(
+            (
+                Daemon(
+                    name=f"{names[i % queues]}-d{i}",
+                    queues=[names[i % queues]],
+                    state=DaemonState.IDLE,
+                    provider=provider,
+                    last_heartbeat_at=now,
+                )
+                for i in range(per_queue * queues)
+            ),
+            batch_size=2000,
+        )
+
+    def tick(self) -> dict:
+        from queues import controller
+
+        started = time.perf_counter()
+        outcome = controller.tick()
+        return {"seconds": time.perf_counter() - started, "outcome": outcome}
+
+    def tick_cleanup(self) -> None:
+        from django.db import connection
+
+        from queues.models import Provider, Queue, QueueEvent
+
+        QueueEvent.objects.filter(queue__name__startswith=PREFIX).delete()
+        with connection.cursor() as cursor:  # 10,000 rows nothing refers to: no ORM collector
+            cursor.execute(
+                "DELETE FROM queues_daemon WHERE provider_id IN "
+                "(SELECT id FROM queues_provider WHERE name = %s)",
+                [f"{PREFIX}sim"],
+            )
+        Queue.objects.filter(name__startswith=PREFIX).delete()
+        Provider.objects.filter(name=f"{PREFIX}sim").delete()
+
+    def claim_kinds(self, seconds: float) -> dict:
+        os.environ["BENCH_CLAIM_SECONDS"] = str(seconds)
+        from bench import queue_bench
+
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            queue_bench.bench_claim()
+            queue_bench.reset()
+        return {"lines": printed.getvalue().splitlines()}
+
+
+def main() -> None:
+    import django
+
+    django.setup()
+    from bench.compare.lines import serve
+
+    serve(Probes())
+
+
+if __name__ == "__main__":
+    main()
