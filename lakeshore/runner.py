@@ -1,19 +1,35 @@
-"""Runs one invocation in its own process: `python -m lakeshore.runner OUTCOME_FILE`
-reads {"function", "args", "kwargs", "allowed_modules"} as JSON on stdin and writes
-{"ok": true, "result": …} or {"ok": false, "error": "<traceback>"} as JSON to
-OUTCOME_FILE; the function's own output goes to the daemon's log. A process of its own
-lets the daemon stop it (timeout, drop) without stopping itself.
+"""Runs invocations in a job process: `python -m lakeshore.runner --in FD --out FD [--once]`.
 
-The daemon decides what may run: `allowed_modules` comes from the daemon host's
-LAKESHORE_ALLOWED_MODULES, read by the daemon and sent in the payload. The runner never
-reads it from its own environment, which the daemon scrubs (see lakeshore.worker)."""
+The daemon (lakeshore.pool) talks to it over a pipe pair of its own, one JSON message a
+line, never over stdin/stdout: the functions' own output goes to the daemon's log.
 
+- in (FD): {"id", "attempt", "function", "args", "kwargs", "allowed_modules"}
+- out (FD): the outcome, as `run` makes it, with the invocation's "id":
+  {"id", "ok": true, "result": …} or {"id", "ok": false, "error": "<traceback>"}, and
+  "leftovers" (a list of reasons) when the invocation left processes or threads running.
+
+With `--once` (isolation "process") it runs one invocation and exits. Without it
+(isolation "pool") it runs invocations one after another until its input closes;
+between them it puts back its environment and working directory, kills the processes
+the invocation left behind (it is their subreaper, so orphaned grandchildren are its
+children too) and says so in "leftovers", for the daemon to replace it.
+
+While an invocation runs, LAKESHORE_INVOCATION_ID and LAKESHORE_ATTEMPT are set in
+os.environ (and removed after). The daemon decides what may run: `allowed_modules`
+comes from the daemon host's LAKESHORE_ALLOWED_MODULES, read by the daemon and sent
+with each invocation. The runner never reads it from its own environment, which the
+daemon scrubs (see lakeshore.worker)."""
+
+import contextlib
 import importlib
 import json
+import os
+import signal
 import sys
 import traceback
 
 ALWAYS_ALLOWED = ("lakeshore.functions",)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def parse_modules(text: str) -> tuple[str, ...]:
@@ -47,19 +63,123 @@ def run(payload: dict) -> dict:
     module_name, _, attr = function.rpartition(".")
     try:
         target = getattr(importlib.import_module(module_name), attr)
-        result = target(*payload.get("args", []), **payload.get("kwargs", {}))
+        result = target(*(payload.get("args") or []), **(payload.get("kwargs") or {}))
         json.dumps(result)  # the result must travel as JSON
     except BaseException:  # noqa: BLE001 - everything the function raises is its outcome
         return {"ok": False, "error": traceback.format_exc()}
     return {"ok": True, "result": result}
 
 
-def main() -> None:
-    payload = json.loads(sys.stdin.read())
-    outcome = run(payload)
-    with open(sys.argv[1], "w") as handle:
-        json.dump(outcome, handle)
+# ---------------------------------------------------------------------------- the loop
+
+
+def serve(source: int, sink: int, *, once: bool) -> None:
+    """Runs the invocations read from fd `source`, writes each outcome to fd `sink`."""
+    os.set_inheritable(source, False)  # what a job starts does not get the protocol
+    os.set_inheritable(sink, False)
+    if not once:
+        _become_subreaper()
+    home = os.getcwd()
+    environ = dict(os.environ)
+    with os.fdopen(source, "rb") as reader, os.fdopen(sink, "wb", buffering=0) as writer:
+        for line in reader:
+            message = json.loads(line)
+            os.environ["LAKESHORE_INVOCATION_ID"] = str(message.get("id", ""))
+            os.environ["LAKESHORE_ATTEMPT"] = str(message.get("attempt", ""))
+            try:
+                outcome = run(message)
+            finally:
+                _flush()  # the job's output reaches the log before its outcome
+            outcome["id"] = message.get("id")
+            if not once:
+                left = _clean_up(home, environ)
+                if left:
+                    outcome["leftovers"] = left
+            writer.write(json.dumps(outcome).encode() + b"\n")
+            if once:
+                return
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a job may close or replace its streams
+            stream.flush()
+
+
+def _clean_up(home: str, environ: dict) -> list[str]:
+    """Puts back the environment and working directory; kills the child processes the
+    invocation left (what left the process group too: orphans are ours as subreaper).
+    Returns why this process should not run another invocation: [] when clean."""
+    os.environ.pop("LAKESHORE_INVOCATION_ID", None)
+    os.environ.pop("LAKESHORE_ATTEMPT", None)
+    if os.environ != environ:  # the job changed it
+        os.environ.clear()
+        os.environ.update(environ)
+    try:
+        if os.getcwd() != home:
+            os.chdir(home)
+    except OSError:
+        return ["its working directory is gone"]
+    reasons = []
+    children = _children()
+    for pid in children:  # our children: their pids cannot be reused before we reap them
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    if children:
+        reasons.append(f"it left {len(children)} process(es) running (killed)")
+    threading = sys.modules.get("threading")  # no threading module: no Python threads
+    if threading is not None:
+        main = threading.main_thread()
+        left = [t for t in threading.enumerate() if t is not main and not t.daemon]
+        if left:
+            reasons.append(f"it left {len(left)} thread(s) running")
+    return reasons
+
+
+def _children() -> list[int]:
+    """This process's child processes (any of its threads'), from /proc."""
+    pids: list[int] = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as handle:
+                pids.extend(int(pid) for pid in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _become_subreaper() -> None:
+    """Processes orphaned below this one become its children (not init's), so it sees
+    and kills what an invocation left behind after their parent exited."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> None:
+    options = {"--in": None, "--out": None}
+    once = False
+    words = iter(argv)
+    for word in words:
+        if word == "--once":
+            once = True
+        elif word in options:
+            options[word] = int(next(words))
+        else:
+            raise SystemExit(f"lakeshore.runner: unknown argument {word!r}")
+    if options["--in"] is None or options["--out"] is None:
+        raise SystemExit("usage: python -m lakeshore.runner --in FD --out FD [--once]")
+    serve(options["--in"], options["--out"], once=once)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -1,7 +1,14 @@
-"""The daemon: registers, heartbeats, claims invocations of its queues, runs each in a
-process of its own (`lakeshore.runner`), and reports outcomes. It rides out server
-restarts (retries with back-off) and, on SIGTERM, stops claiming, finishes what it runs
-and deregisters. HTTP only: no Django here.
+"""The daemon: registers, heartbeats, claims invocations of its queues, runs them in job
+processes (`lakeshore.pool`, `lakeshore.runner`), and reports outcomes in batches. It
+rides out server restarts (retries with back-off) and, on SIGTERM, stops claiming,
+finishes what it runs and deregisters. HTTP only: no Django here.
+
+Threads: the claim loop (the thread running `Worker.run`, the only one that starts job
+processes), the pool's monitor (learns of each outcome, exit and timeout at once), the
+reporter (sends outcomes in batches: at REPORT_BATCH of them or REPORT_LINGER seconds
+after the first, so the claim loop never waits on a report) and the heartbeat, which
+carries the ids the daemon holds (running, or ended and not yet reported) so that the
+server requeues work whose claim answer never arrived.
 
 Dispatch safety: a job process must never outlive the daemon that claimed it, or the
 reaper would hand the work to another daemon while the first copy still runs.
@@ -9,35 +16,39 @@ reaper would hand the work to another daemon while the first copy still runs.
 - Each job process leads a session (and process group) of its own, and asks the
   kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG). Linux sends that signal
   when the *thread* that forked the child exits, so only the thread running
-  `Worker.run` (the claim loop) starts job processes, and it kills them all before it
-  returns. A kill -9 of the daemon kills its job processes too.
+  `Worker.run` (the claim loop) starts job processes, pool processes included, and it
+  kills them all before it returns. A kill -9 of the daemon kills its job processes too.
 - Whenever the daemon stops a job (timeout, the server no longer counts it as ours,
-  drop, hard stop), and when a job's process exits, it kills the job's whole process
-  group, so what the job started (grandchildren in the same group) dies with it. Known
-  limit: a kill -9 of the daemon kills the job process, but not the children it
-  started (PDEATHSIG is not inherited), nor anything that left the group (setsid).
+  drop, hard stop), when it replaces a pool process, and when a job's process exits, it
+  kills the process's whole group, so what the job started (grandchildren in the same
+  group) dies with it; a pool process also kills, between invocations, the processes
+  the one before left (and is then replaced). Known limit: a kill -9 of the daemon
+  kills the job process, but not the children it started (PDEATHSIG is not inherited),
+  nor anything that left the group (setsid).
 - Job processes get a scrubbed environment (JOB_ENV, LAKESHORE_JOB_ENV): no server
   setting and no token reaches them through it. (A job runs as the daemon's user, so
   it could still read /proc/<daemon pid>/environ or the CLI's auth.yml; closing that
   needs jobs run as another user, which this daemon does not do.)
 - The daemon branches on the server's error `code`, never on its message."""
 
-import contextlib
-import ctypes
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lakeshore.client import Client, path
 from lakeshore.errors import ApiError, CliError
+from lakeshore.pool import (  # noqa: F401 - start_job_process, kill_job_group: public here too
+    Pool,
+    Running,
+    kill_job_group,
+    start_job_process,
+)
 from lakeshore.runner import parse_modules
 
 BACKOFF_START = 0.5
@@ -99,9 +110,10 @@ def job_env_names(extra: str) -> tuple[list[str], list[str]]:
     return [n for n in names if not _never_passed(n)], [n for n in names if _never_passed(n)]
 
 
-def job_environment(source: dict, extra_names: list[str], invocation: dict) -> dict:
+def job_environment(source: dict, extra_names: list[str], invocation: dict | None) -> dict:
     """The environment of one job process: JOB_ENV ∪ extra_names from `source`, minus
-    anything never passed, plus this invocation's id and attempt."""
+    anything never passed, plus this invocation's id and attempt (a pool process gets
+    those in its os.environ for each invocation it runs: see lakeshore.runner)."""
     exact = {n for n in JOB_ENV if not n.endswith("*")} | set(extra_names)
     prefixes = tuple(n[:-1] for n in JOB_ENV if n.endswith("*"))
     env = {
@@ -109,69 +121,19 @@ def job_environment(source: dict, extra_names: list[str], invocation: dict) -> d
         for name, value in source.items()
         if (name in exact or name.startswith(prefixes)) and not _never_passed(name)
     }
-    env["LAKESHORE_INVOCATION_ID"] = str(invocation["id"])
-    env["LAKESHORE_ATTEMPT"] = str(invocation.get("attempts", ""))
+    if invocation is not None:
+        env["LAKESHORE_INVOCATION_ID"] = str(invocation["id"])
+        env["LAKESHORE_ATTEMPT"] = str(invocation.get("attempts", ""))
     return env
 
 
-# ---------------------------------------------------------------------------- job processes
+# ---------------------------------------------------------------------------- logging
 
-PR_SET_PDEATHSIG = 1
+REPORT_BATCH = 50  # outcomes per complete request, at most (the server takes 1,000)
+REPORT_LINGER = 0.005  # seconds a batch waits for company after its first outcome
+HELD_MAX = 10_000  # ids a heartbeat carries at most (the server's limit)
 
-
-def _load_prctl():
-    """libc's prctl, bound once here (before any thread starts): the child calls it
-    between fork and exec, where loading a library could deadlock."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-_PRCTL = _load_prctl()
-_SIGKILL = int(signal.SIGKILL)
-
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """The job's preexec function: SIGKILL when the forking thread dies; and if the
-    parent already died before the prctl took effect, exit at once. Runs in the forked
-    child of a threaded process, so it does only async-signal-safe-ish work: a bound
-    ctypes call, getppid, _exit."""
-
-    def preexec() -> None:
-        if _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0) != 0:
-            os._exit(71)  # no parent-death signal: better not to run at all
-        if os.getppid() != parent:
-            os._exit(70)  # the daemon died between fork and prctl
-
-    return preexec
-
-
-def start_job_process(command: list[str], env: dict) -> subprocess.Popen:
-    """A job process that dies with the calling thread (and so with the daemon) and
-    leads a process group of its own (see kill_job_group). stdin is a pipe."""
-    return subprocess.Popen(  # noqa: S603 - our own runner, no shell
-        command,
-        stdin=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_die_with(os.getpid()),  # noqa: PLW1509 - see _die_with
-    )
-
-
-def kill_job_group(process: subprocess.Popen) -> None:
-    """SIGKILL the job's whole process group (its session's: pgid == the job's pid), so
-    the processes the job started die with it. The number stays the group's while any
-    member or the unreaped leader exists; once the group is empty the call finds
-    nothing (ESRCH), short of a full wrap of the pid space in between."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+_log_lock = threading.Lock()
 
 
 def _stamp() -> str:
@@ -179,24 +141,127 @@ def _stamp() -> str:
 
 
 def stderr_log(message: str) -> None:
-    print(f"{_stamp()} {message}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Running:
-    invocation: dict
-    process: subprocess.Popen
-    outcome_path: str
-    started: float = field(default_factory=time.monotonic)
-    abandoned: bool = False  # the server no longer counts it as ours: stop, don't report
-
-    @property
-    def id(self) -> str:
-        return str(self.invocation["id"])
+    with _log_lock:  # one write a line: threads' lines never interleave
+        sys.stderr.write(f"{_stamp()} {message}\n")
+        sys.stderr.flush()
 
 
 class Stopped(Exception):
     """The daemon is shutting down while it waited for the server."""
+
+
+# ---------------------------------------------------------------------------- reporting
+
+
+@dataclass
+class Outcome:
+    item: Running
+    state: str  # succeeded, failed, timeout
+    result: object
+    error: str
+    took: float  # seconds from handing it out to its end
+    at: float = 0.0  # when it ended (monotonic)
+
+    def body(self) -> dict:
+        return {
+            "invocation": int(self.item.id),
+            "attempt": self.item.invocation["attempts"],
+            "state": self.state,
+            "result": self.result,
+            "error": self.error,
+        }
+
+
+class Reporter:
+    """Sends outcomes from a thread of its own, many to a request: a batch leaves when it
+    holds `batch` outcomes or `linger` seconds after its first one came, whichever is
+    first (at once, if the previous request took longer than that)."""
+
+    def __init__(
+        self,
+        send: Callable[[list[Outcome]], None],
+        sent: Callable[[], None],
+        *,
+        batch: int = REPORT_BATCH,
+        linger: float = REPORT_LINGER,
+    ):
+        self.send = send  # sends one batch; retries and logs are its business
+        self.sent = sent  # called after each batch (the daemon's drain waits on it)
+        self.batch = batch
+        self.linger = linger
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: deque[Outcome] = deque()
+        self.busy: list[Outcome] = []  # taken from the queue, not yet answered
+        self.closing = False
+        self.thread = threading.Thread(target=self._loop, name="reporter", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        with self.cond:
+            outcome.at = time.monotonic()
+            self.queue.append(outcome)
+            self.cond.notify()
+
+    def pending(self) -> int:
+        with self.cond:
+            return len(self.queue) + len(self.busy)
+
+    def pending_ids(self) -> list[str]:
+        """The invocations whose outcome is not yet answered (queued or being sent)."""
+        with self.cond:
+            return [o.item.id for o in self.queue] + [o.item.id for o in self.busy]
+
+    def close(self, timeout: float) -> None:
+        """Sends what is queued (once: the daemon is stopping), then ends the thread."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _take(self) -> list[Outcome] | None:
+        with self.cond:
+            while not self.queue:
+                if self.closing:
+                    return None
+                self.cond.wait()
+            first = self.queue[0]
+            while len(self.queue) < self.batch and not self.closing:
+                left = first.at + self.linger - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            # One registration per request: after a re-registration the old claims'
+            # outcomes still go to the daemon id that claimed them.
+            daemon_id = self.queue[0].item.daemon_id
+            batch = []
+            while (
+                self.queue and len(batch) < self.batch and self.queue[0].item.daemon_id == daemon_id
+            ):
+                batch.append(self.queue.popleft())
+            self.busy = batch
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            try:
+                self.send(batch)
+            finally:
+                with self.cond:
+                    self.busy = []
+                self.sent()
+
+
+def _refusal(code: str, message: str, status: int | None = None) -> str:
+    if code == CLAIM_STALE:
+        return f"the claim was taken away: {message}"
+    prefix = f"{status} " if status else ""
+    return f"{prefix}{code or 'error'}: {message}"
+
+
+# ---------------------------------------------------------------------------- the daemon
 
 
 class Worker:
@@ -209,7 +274,13 @@ class Worker:
         name: str | None = None,
         heartbeat_interval: float = 10.0,
         claim_wait: float = 5.0,
+        isolation: str = "pool",
+        max_tasks_per_worker: int = 100,
+        max_worker_memory: float = 1024,
+        report_batch: int = REPORT_BATCH,
+        report_linger: float = REPORT_LINGER,
         log: Callable[[str], None] = stderr_log,
+        debug: Callable[[str], None] | None = None,
     ):
         self.client = client
         self.queues = queues
@@ -217,20 +288,27 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.heartbeat_interval = heartbeat_interval
         self.claim_wait = claim_wait
+        self.isolation = isolation
+        self.max_tasks_per_worker = max_tasks_per_worker
+        self.max_worker_memory = max_worker_memory
         self.log = log
+        self.debug = debug or (lambda message: None)
         self.daemon_id: str | None = None
         self.running: dict[str, Running] = {}
         # Reentrant: request_stop (a signal handler, so on the main thread at any point
-        # between bytecodes) takes it, possibly while the main thread holds it.
+        # between bytecodes) takes it, possibly while the main thread holds it. The
+        # pool's state changes under it too.
         self.lock = threading.RLock()
         self.slot_free = threading.Condition(self.lock)
         self.draining = threading.Event()  # no more claims; leave once idle
         self.dropped = threading.Event()  # the server terminated us: leave now
         self.hard_stop = threading.Event()
         self.counts = {"succeeded": 0, "failed": 0, "timeout": 0}
+        self.requests = 0  # complete requests sent (retries not counted)
+        self.send_held = True  # heartbeats carry the ids we hold (see _held)
         self.register_lock = threading.Lock()
-        # Read once at start: the modules jobs may run (sent to the runner in its
-        # payload) and the operator's extra names for the jobs' environment.
+        # Read once at start: the modules jobs may run (sent to the runner with each
+        # invocation) and the operator's extra names for the jobs' environment.
         self.allowed_modules = parse_modules(os.environ.get("LAKESHORE_ALLOWED_MODULES", ""))
         self.job_env_extra, refused = job_env_names(os.environ.get(JOB_ENV_EXTRA, ""))
         if refused:
@@ -239,6 +317,10 @@ class Worker:
                 "(server settings and secrets stay with the daemon)"
             )
         self.spawner: threading.Thread | None = None  # the one thread that starts jobs
+        self.pool: Pool | None = None
+        self.reporter = Reporter(
+            self._report, self._reported, batch=report_batch, linger=report_linger
+        )
 
     # ------------------------------------------------------------------ HTTP with retries
 
@@ -274,25 +356,40 @@ class Worker:
 
     def run(self) -> int:
         # Job processes die when the thread that forked them exits (PR_SET_PDEATHSIG):
-        # this thread starts them all (the claim loop) and kills them all before it
-        # returns, so it outlives each of them.
+        # this thread starts them all (the claim loop, and the pool's processes) and
+        # kills them all before it returns, so it outlives each of them.
         self.spawner = threading.current_thread()
         try:
             self.register()
         except Stopped:
             self.log("stopped before the server answered; nothing was registered")
             return 0
+        self.pool = Pool(
+            size=self.concurrency,
+            isolation=self.isolation,
+            environment=lambda invocation: job_environment(
+                os.environ, self.job_env_extra, invocation
+            ),
+            done=self._done,
+            lock=self.lock,
+            spawner=self.spawner,
+            allowed_modules=self.allowed_modules,
+            max_tasks=self.max_tasks_per_worker,
+            max_memory_mb=self.max_worker_memory,
+            log=self.log,
+            debug=self.debug,
+        )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
-        reporter = threading.Thread(target=self._reporter_loop, name="reporter", daemon=True)
+        self.reporter.start()
         beat.start()
-        reporter.start()
         try:
             self._claim_loop()
             self._wait_for_running()
         finally:
             self.hard_stop.set()
             self._kill_all("daemon stopping")
-            reporter.join(5)
+            self.pool.close()
+            self.reporter.close(5)
             if not self.dropped.is_set():
                 self._deregister()
         summary = ", ".join(f"{n} {state}" for state, n in self.counts.items())
@@ -326,7 +423,7 @@ class Worker:
     # ------------------------------------------------------------------ claiming
 
     def _claim_loop(self) -> None:
-        while not (self.draining.is_set() or self.dropped.is_set() or self.hard_stop.is_set()):
+        while not self._should_stop():
             with self.lock:
                 while len(self.running) >= self.concurrency and not self._should_stop():
                     self.slot_free.wait(1.0)
@@ -334,7 +431,9 @@ class Worker:
                 busy = bool(self.running)
             if self._should_stop() or free <= 0:
                 continue
+            self.pool.prepare()  # warm processes in free slots before the work comes
             failed_id = self.daemon_id
+            asked = time.monotonic()
             try:
                 claimed = self.call(
                     "POST",
@@ -349,125 +448,168 @@ class Worker:
                     raise
                 self._handle_not_live(exc, failed_id)
                 continue
+            if claimed:
+                took = (time.monotonic() - asked) * 1000
+                self.debug(f"claimed {len(claimed)} (limit {free}) in {took:.0f} ms")
             for invocation in claimed:
-                self._start(invocation)
+                self._start(invocation, failed_id)
 
     def _should_stop(self) -> bool:
         return self.draining.is_set() or self.dropped.is_set() or self.hard_stop.is_set()
 
-    def _start(self, invocation: dict) -> None:
+    def _start(self, invocation: dict, daemon_id: str | None) -> None:
         if threading.current_thread() is not self.spawner:
             raise RuntimeError("job processes are started by the thread running Worker.run")
-        fd, outcome_path = tempfile.mkstemp(prefix="lakeshore-outcome-", suffix=".json")
-        os.close(fd)
-        process = start_job_process(
-            [sys.executable, "-m", "lakeshore.runner", outcome_path],
-            job_environment(os.environ, self.job_env_extra, invocation),
-        )
-        payload = {k: invocation.get(k) for k in ("function", "args", "kwargs")}
-        payload["allowed_modules"] = list(self.allowed_modules)
-        with contextlib.suppress(BrokenPipeError):  # it died at once: its exit code says so
-            process.stdin.write(json.dumps(payload))
-            process.stdin.close()
+        item = Running(invocation, daemon_id=daemon_id)
         with self.lock:
-            self.running[str(invocation["id"])] = Running(invocation, process, outcome_path)
+            self.running[item.id] = item
         self.log(
-            f"invocation {invocation['id']}: running {invocation['function']} "
+            f"invocation {item.id}: running {invocation['function']} "
             f"(attempt {invocation['attempts']})"
         )
+        try:
+            self.pool.start(item)
+        except OSError as exc:  # no process could be started: the invocation fails
+            self._done(item, "failed", None, f"could not start a job process: {exc}")
 
-    # ------------------------------------------------------------------ reporting
+    # ------------------------------------------------------------------ outcomes
 
-    def _reporter_loop(self) -> None:
-        while not self.hard_stop.is_set():
-            with self.lock:
-                items = list(self.running.values())
-            for item in items:
-                self._check(item)
-            time.sleep(0.05)
+    def _done(self, item: Running, state: str, result, error: str) -> None:
+        """An invocation ended (the pool's monitor, with the lock held): free its slot at
+        once, and queue its outcome for the reporter unless it was abandoned."""
+        with self.lock:  # from running to the reporter at once: always held (_held)
+            if self.running.get(item.id) is not item:
+                return  # already ended (killed and dropped by _kill_all)
+            del self.running[item.id]
+            self.slot_free.notify_all()
+            if item.abandoned:
+                return
+            took = time.monotonic() - item.started
+            self.reporter.put(Outcome(item, state, result, error, took))
 
-    def _check(self, item: Running) -> None:
-        timeout_s = item.invocation.get("timeout_s")
-        code = item.process.poll()
-        if code is None:
-            if timeout_s and time.monotonic() - item.started > timeout_s:
-                kill_job_group(item.process)
-                item.process.wait()
-                self._finish(item, "timeout", error=f"stopped after timeout_s={timeout_s} s")
+    def _reported(self) -> None:
+        with self.lock:
+            self.slot_free.notify_all()  # _wait_for_running waits for the reports too
+
+    def _report(self, batch: list[Outcome]) -> None:
+        """Sends one batch (the reporter's thread). Retried whole after a 5xx or an
+        unreachable server: the server answers a repeat of the same complete with 200.
+        Each outcome is fenced alone: a stale one does not refuse the others."""
+        url = path("daemons", batch[0].item.daemon_id, "complete")
+        started = time.monotonic()
+        requests = self.requests
+        try:
+            if len(batch) == 1:
+                answers = [self._report_one(url, batch[0])]
+            else:
+                answers = self._report_many(url, batch)
+        except ApiError as exc:  # for the whole request: daemon_terminated, daemon_lost
+            why = _refusal(exc.code, exc.message, exc.status)
+            answers = [{"ok": False, "why": why}] * len(batch)
+        except Stopped:
+            for outcome in batch:
+                self.log(f"invocation {outcome.item.id}: outcome not reported (stopping)")
             return
-        kill_job_group(item.process)  # what the job left running ends with it
-        outcome = self._read_outcome(item, code)
-        if outcome.get("ok"):
-            self._finish(item, "succeeded", result=outcome.get("result"))
-        else:
-            self._finish(item, "failed", error=outcome.get("error", "no error text"))
+        took = (time.monotonic() - started) * 1000
+        self.debug(
+            f"reported {len(batch)} outcome(s) in {self.requests - requests} request(s) "
+            f"({took:.0f} ms)"
+        )
+        for outcome, answer in zip(batch, answers, strict=True):
+            if answer.get("ok"):
+                self.counts[outcome.state] += 1
+                self.log(f"invocation {outcome.item.id}: {outcome.state} in {outcome.took:.2f} s")
+            else:
+                self.log(f"invocation {outcome.item.id}: outcome not recorded ({answer['why']})")
 
-    def _read_outcome(self, item: Running, code: int) -> dict:
+    def _report_one(self, url: str, outcome: Outcome) -> dict:
+        self.requests += 1
         try:
-            with open(item.outcome_path) as handle:
-                return json.load(handle)
-        except (OSError, ValueError):
-            return {"ok": False, "error": f"the invocation's process exited with code {code}"}
+            self.call("POST", url, outcome.body())
+        except ApiError as exc:
+            if exc.status in (404, 409):  # the server's word on this one outcome
+                return {"ok": False, "why": _refusal(exc.code, exc.message, exc.status)}
+            raise
+        return {"ok": True}
 
-    def _finish(self, item: Running, state: str, *, result=None, error: str = "") -> None:
+    def _report_many(self, url: str, batch: list[Outcome]) -> list[dict]:
+        self.requests += 1
         try:
-            if not item.abandoned:
-                body = {
-                    "invocation": int(item.id),
-                    "attempt": item.invocation["attempts"],
-                    "state": state,
-                    "result": result,
-                    "error": error,
-                }
-                try:
-                    # Retried on 5xx/unreachable: the server answers a repeat of the
-                    # same complete with 200.
-                    self.call("POST", path("daemons", self.daemon_id, "complete"), body)
-                    self.counts[state] += 1
-                    took = time.monotonic() - item.started
-                    self.log(f"invocation {item.id}: {state} in {took:.2f} s")
-                except ApiError as exc:  # the server's word: not retried
-                    if exc.code == CLAIM_STALE:
-                        why = f"the claim was taken away: {exc.message}"
-                    else:
-                        why = f"{exc.status} {exc.code or 'error'}: {exc.message}"
-                    self.log(f"invocation {item.id}: outcome not recorded ({why})")
-                except Stopped:
-                    self.log(f"invocation {item.id}: outcome not reported (stopping)")
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(item.outcome_path)
-            with self.lock:
-                self.running.pop(item.id, None)
-                self.slot_free.notify_all()
+            answers = self.call("POST", url, [outcome.body() for outcome in batch])
+        except ApiError as exc:
+            if exc.status != 400:
+                raise
+            # A server without batched completes (or one refusing the batch as a whole):
+            # one request per outcome, each with its own answer.
+            return [self._report_one(url, outcome) for outcome in batch]
+        if not isinstance(answers, list) or len(answers) != len(batch):
+            why = f"the server's answer to {len(batch)} outcomes was not a list of as many"
+            return [{"ok": False, "why": why}] * len(batch)
+        out = []
+        for answer in answers:
+            if isinstance(answer, dict) and answer.get("ok"):
+                out.append({"ok": True})
+                continue
+            error = answer.get("error") if isinstance(answer, dict) else None
+            error = error if isinstance(error, dict) else {}
+            why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"))
+            out.append({"ok": False, "why": why})
+        return out
 
     def _wait_for_running(self) -> None:
         with self.lock:
-            while self.running and not self.hard_stop.is_set() and not self.dropped.is_set():
+            while (
+                (self.running or self.reporter.pending())
+                and not self.hard_stop.is_set()
+                and not self.dropped.is_set()
+            ):
                 self.slot_free.wait(0.5)
 
     def _kill_all(self, why: str) -> None:
+        """Kills every running invocation's process and forgets the invocation (not
+        reported): on a hard stop, and when the server let go of this daemon."""
         with self.lock:
             items = list(self.running.values())
         for item in items:
             item.abandoned = True
-            if item.process.poll() is None:
+            if self.pool is not None and self.pool.kill(item, wait=True):
                 self.log(f"invocation {item.id}: stopping its process ({why})")
-            kill_job_group(item.process)  # also what an exited job left in its group
-            item.process.wait()
             with self.lock:
-                self.running.pop(item.id, None)
+                if self.running.get(item.id) is item:
+                    del self.running[item.id]
                 self.slot_free.notify_all()
 
     # ------------------------------------------------------------------ heartbeat
+
+    def _held(self) -> list[int] | None:
+        """Every invocation this daemon holds: running, or ended and not yet reported
+        (the server requeues running work of ours missing from it, after a grace: a
+        claim whose answer never arrived). None if too many to send."""
+        with self.lock:
+            ids = {int(key) for key in self.running}
+            ids.update(int(key) for key in self.reporter.pending_ids())
+        return sorted(ids) if len(ids) <= HELD_MAX else None
+
+    def _heartbeat(self) -> dict:
+        url = path("daemons", self.daemon_id, "heartbeat")
+        held = self._held() if self.send_held else None
+        if held is None:
+            return self.call("POST", url, give_up=self.hard_stop)
+        try:
+            return self.call("POST", url, {"held": held}, give_up=self.hard_stop)
+        except ApiError as exc:
+            if exc.status != 400:
+                raise
+            why = exc.message
+        self.send_held = False  # a server that does not know `held`: beat without it
+        self.log(f"the server refused held ids in heartbeats ({why}); sending none")
+        return self.call("POST", url, give_up=self.hard_stop)
 
     def _heartbeat_loop(self) -> None:
         while not self.hard_stop.wait(self.heartbeat_interval):
             failed_id = self.daemon_id
             try:
-                answer = self.call(
-                    "POST", path("daemons", self.daemon_id, "heartbeat"), give_up=self.hard_stop
-                )
+                answer = self._heartbeat()
             except Stopped:
                 return
             except ApiError as exc:
@@ -490,9 +632,8 @@ class Worker:
             if time.monotonic() - item.started < 1.0:
                 continue  # claimed after the server answered
             item.abandoned = True
-            if item.process.poll() is None:
+            if self.pool.kill(item):
                 self.log(f"invocation {item.id}: the server ended it; stopping its process")
-            kill_job_group(item.process)
         if answer.get("state") == "draining" and not self.draining.is_set():
             self.log("the server asked this daemon to drain: finishing, then leaving")
             self.draining.set()

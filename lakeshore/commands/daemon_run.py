@@ -41,21 +41,62 @@ def _queue_list(ctx, param, value: str) -> list[str]:
     show_default=True,
     help="Seconds between heartbeats (the server's timeout is 60 s by default).",
 )
+@click.option(
+    "--isolation",
+    type=click.Choice(["pool", "process"]),
+    default="pool",
+    show_default=True,
+    help="pool: each slot keeps a warm job process that runs many invocations (replaced "
+    "after --max-tasks-per-worker, a failed invocation, a timeout or --max-worker-memory). "
+    "process: a fresh process per invocation, for code that must not share one.",
+)
+@click.option(
+    "--max-tasks-per-worker",
+    type=click.IntRange(0),
+    default=100,
+    show_default=True,
+    help="pool: invocations a job process runs before it is replaced (0: no limit).",
+)
+@click.option(
+    "--max-worker-memory",
+    type=click.IntRange(0),
+    default=1024,
+    show_default=True,
+    metavar="MB",
+    help="pool: a job process whose resident memory (VmRSS) is above this after an "
+    "invocation is replaced (0: no limit).",
+)
+@click.option(
+    "-v", "--verbose", is_flag=True, help="Also log each batch of reports and each replacement."
+)
 @click.pass_context
-def run(ctx: click.Context, queues: list[str], concurrency: int, name, heartbeat) -> None:
+def run(
+    ctx: click.Context,
+    queues: list[str],
+    concurrency: int,
+    name,
+    heartbeat,
+    isolation: str,
+    max_tasks_per_worker: int,
+    max_worker_memory: int,
+    verbose: bool,
+) -> None:
     """Run a daemon here: claim invocations of QUEUES and run them until Ctrl-C/SIGTERM.
 
     It runs functions from lakeshore.functions (echo, sleep, fail) and from the modules
     in LAKESHORE_ALLOWED_MODULES (comma-separated). On the first SIGTERM or Ctrl-C it
     stops claiming, finishes what it runs and deregisters; a second one stops now.
 
-    Each invocation runs in a process of its own that dies with the daemon, with a
-    scrubbed environment: PATH, HOME, USER, LOGNAME, LANG, LC_*, TZ, TMPDIR, PYTHONPATH,
-    VIRTUAL_ENV, plus LAKESHORE_INVOCATION_ID and LAKESHORE_ATTEMPT. LAKESHORE_JOB_ENV
-    (comma-separated names) passes more, but never LAKESHORE_*, DJANGO_*, DATABASE_*,
-    CELERY_* or other server settings and secrets.
+    Invocations run in job processes that die with the daemon, each leading a process
+    group of its own, with a scrubbed environment: PATH, HOME, USER, LOGNAME, LANG,
+    LC_*, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV, plus LAKESHORE_INVOCATION_ID and
+    LAKESHORE_ATTEMPT (set for each invocation). LAKESHORE_JOB_ENV (comma-separated
+    names) passes more, but never LAKESHORE_*, DJANGO_*, DATABASE_*, CELERY_* or other
+    server settings and secrets. With --isolation pool (the default) a job process runs
+    one invocation after another (its imports stay loaded); module-level state survives
+    from one to the next until the process is replaced.
     """
-    from lakeshore.worker import Worker
+    from lakeshore.worker import Worker, stderr_log
 
     state = ctx.find_object(State) or State()
     worker = Worker(
@@ -64,6 +105,10 @@ def run(ctx: click.Context, queues: list[str], concurrency: int, name, heartbeat
         concurrency=concurrency,
         name=name,
         heartbeat_interval=heartbeat,
+        isolation=isolation,
+        max_tasks_per_worker=max_tasks_per_worker,
+        max_worker_memory=max_worker_memory,
+        debug=stderr_log if verbose else None,
     )
     worker.install_signal_handlers()
     ctx.exit(worker.run())

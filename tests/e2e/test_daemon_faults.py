@@ -35,10 +35,17 @@ GONE_WITHIN = 2.0  # seconds: the issue's deadline for a job process to die
 OWN = ("LAKESHORE_ALLOWED_MODULES", "LAKESHORE_JOB_ENV", "LAKESHORE_CLIENT_TOKEN")
 
 
+@pytest.fixture(params=["pool", "process"])
+def isolation(request) -> str:
+    """Every test that starts a daemon runs with each --isolation."""
+    return request.param
+
+
 @pytest.fixture
-def daemons(live_server, tmp_path):
+def daemons(live_server, tmp_path, isolation):
     """start(name, *args, allowed=True, **env) → a `lakeshore daemon run` process (its
-    log: tmp_path/NAME.log). Whatever still runs at the end is killed."""
+    log: tmp_path/NAME.log) with this test's --isolation. Whatever still runs at the end
+    is killed."""
     started: list[subprocess.Popen] = []
 
     def start(name: str, *args: str, allowed: bool = True, **env: str) -> subprocess.Popen:
@@ -54,7 +61,10 @@ def daemons(live_server, tmp_path):
         full |= env
         log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - the process owns it
         proc = subprocess.Popen(
-            [LAKESHORE, "daemon", "run", "--heartbeat", "1", "--queues", "e2e", *args],
+            [
+                *(LAKESHORE, "daemon", "run", "--heartbeat", "1", "--queues", "e2e"),
+                *("--isolation", isolation, *args),
+            ],
             env=full,
             cwd=tmp_path,  # not the repository: tests.e2e comes from PYTHONPATH
             stdout=log,
