@@ -31,10 +31,10 @@ def test_a_body_over_10_mb_gets_a_json_error(operator):
     assert "10 MB" in response.json()["error"]["message"]
 
 
-def test_a_batch_over_1000_is_refused(operator):
-    batch = [{"function": "a.b"}] * 1001
+def test_a_batch_over_10000_is_refused(operator):
+    batch = [{"function": "a.b"}] * 10_001
     response = operator.post("/api/v1/jobs/", batch, format="json")
-    assert_error(response, 400, "invalid", says=["1000"])
+    assert_error(response, 400, "invalid", says=["10,000"])
 
 
 def test_a_database_outage_answers_503_json(operator, monkeypatch):
