@@ -31,6 +31,12 @@ from queues.models import (
 
 BACKOFF_MAX_SECONDS = 600
 
+
+def backoff_seconds(failures: int) -> float:
+    """How long a queue waits after `failures` failed launches (or ticks) in a row."""
+    return min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+
+
 logger = logging.getLogger(__name__)
 
 
@@ -161,7 +167,7 @@ def _launch(queue: Queue, driver, decided: Plan, now):
         launched = driver.launch(provider=queue.provider, queue=queue, count=decided.delta, now=now)
     except ProviderError as exc:
         failures = queue.launch_failures + 1
-        wait = min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+        wait = backoff_seconds(failures)
         Queue.objects.filter(pk=queue.pk).update(
             launch_failures=failures, launch_backoff_until=now + timedelta(seconds=wait)
         )
@@ -282,7 +288,7 @@ def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
             if queue is None:
                 return None
             failures = queue.tick_failures + 1
-            wait = min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+            wait = backoff_seconds(failures)
             Queue.objects.filter(pk=queue_id).update(
                 tick_failures=failures, tick_backoff_until=now + timedelta(seconds=wait)
             )

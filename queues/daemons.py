@@ -241,8 +241,12 @@ def _release(daemon: Daemon) -> None:
     """After commit: the provider stops what runs the daemon (never inside a
     transaction that could still roll back)."""
     from queues.drivers import driver_for
+    from queues.models import EventAction
 
-    driver_for(daemon.provider).release(daemon=daemon)
+    try:
+        driver_for(daemon.provider).release(daemon=daemon)
+    except Exception as exc:  # noqa: BLE001 - the provider's failure goes in the audit trail
+        _audit(daemon, EventAction.TERMINATE_FAILED, f"{daemon.name}: {exc}", delta=0)
 
 
 def revoke_tokens(daemons) -> int:
@@ -264,22 +268,29 @@ def daemons_gone(*, daemon_ids: list[int], reason: str) -> list[dict]:
 def daemon_launch_failed(*, daemon: Daemon, error: str) -> None:
     """After commit, the provider could not start a daemon it recorded: end the row
     (and its token) and say so in its queue's audit trail."""
-    from queues.models import EventAction, QueueEvent
+    from queues.models import EventAction
 
     daemons_gone(daemon_ids=[daemon.pk], reason="launch failed")
+    _audit(daemon, EventAction.LAUNCH_FAILED, f"{daemon.name}: {error}", delta=-1)
+
+
+def _audit(daemon: Daemon, action: str, reason: str, *, delta: int) -> None:
+    """An event, outside any tick, on the daemon's (first) queue."""
+    from queues.models import QueueEvent
+
     queue = Queue.objects.filter(name__in=daemon.queues).first()
     if queue is not None:
         QueueEvent.objects.create(
             queue=queue,
             at=timezone.now(),
-            action=EventAction.LAUNCH_FAILED,
-            reason=f"{daemon.name}: {error}"[:500],
+            action=action,
+            reason=reason[:500],
             daemons=0,
             busy=0,
             pending=0,
             utilization=0,
             desired=0,
-            delta=-1,
+            delta=delta,
         )
 
 

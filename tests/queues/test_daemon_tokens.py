@@ -66,3 +66,18 @@ def test_it_revokes_every_daemon_token_of_a_removed_provider(pool):
     Daemon.objects.filter(pk=second.pk).update(state="lost")  # lost: kept so far
     services.provider_delete(name="sim")
     assert not ApiToken.objects.usable().filter(pk__in=[one.pk, two.pk]).exists()
+
+
+def test_a_provider_that_fails_to_stop_a_daemon_says_so_in_the_audit_trail(pool, monkeypatch):
+    from queues.drivers import DRIVERS
+    from queues.models import QueueEvent
+
+    def refuse(*, daemon):
+        raise RuntimeError("the cloud said no")
+
+    monkeypatch.setattr(DRIVERS["simulated"], "release", refuse)
+    daemon, _ = _minted()
+    daemons._release(Daemon.objects.select_related("provider").get(pk=daemon.pk))
+    event = QueueEvent.objects.get()
+    assert (event.action, event.queue.name) == ("terminate_failed", "w")
+    assert "the cloud said no" in event.reason
