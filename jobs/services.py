@@ -19,7 +19,7 @@ from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
 from queues import daemons
 from queues.models import (
-    DISPATCHING_QUEUE_STATES,
+    ADMITTING_QUEUE_STATES,
     Daemon,
     DaemonState,
     Queue,
@@ -29,6 +29,7 @@ from queues.models import (
 # module.path.name: two or more parts, each starting with a letter (so never private)
 FUNCTION_PATTERN = re.compile(r"^[A-Za-z]\w*(\.[A-Za-z]\w*)+$")
 POSITION_CAP = 10_000
+_ADMITTING = [str(state) for state in ADMITTING_QUEUE_STATES]
 Q_ = InvocationState
 
 
@@ -116,6 +117,19 @@ def invocation_submit(
     already used in that queue, the first invocation comes back with created=False."""
     _check_function(function)
     queue = queue or ""
+    item = {
+        "queue": queue,
+        "function": function,
+        "args": args,
+        "kwargs": kwargs,
+        "priority": priority,
+        "key": key,
+        "timeout_s": timeout_s,
+        "max_attempts": max_attempts,
+    }
+    fresh = transitions.insert_if_admitted(item, admitting=_ADMITTING)
+    if fresh is not None:  # the common case, in one statement
+        return fresh, True
     if key:
         existing = Invocation.objects.filter(queue=queue, key=key).first()
         if existing is not None:
@@ -129,14 +143,7 @@ def invocation_submit(
             with transaction.atomic():
                 _admit(row, 1)
                 invocation = Invocation.objects.create(
-                    queue=queue,
-                    function=function,
-                    args=args or [],
-                    kwargs=kwargs or {},
-                    priority=priority,
-                    key=key,
-                    timeout_s=timeout_s,
-                    max_attempts=max_attempts,
+                    **{**item, "args": args or [], "kwargs": kwargs or {}}
                 )
             return invocation, True
         except IntegrityError:
@@ -285,14 +292,39 @@ def _claim_boltzmann(
     return claimed
 
 
-def _dispatching(names: list[str]) -> list[Queue | str]:
-    """The daemon's queues that dispatch now, in the daemon's order ('' = default)."""
+QUEUE_ROWS_TTL = 2.0  # seconds a process reuses a queue's row (kind, temperature)
+_queue_rows: dict[str, tuple[float, Queue | None]] = {}
+_queue_rows_lock = threading.Lock()
+
+
+def _queues_of(names: list[str]) -> list[Queue | str]:
+    """The daemon's queues in its order ('' = default), skipping names with no queue.
+    Their rows (kind, temperature) are reused for QUEUE_ROWS_TTL s per process: a
+    claim costs no queue query. Whether a queue dispatches now (not paused) is checked
+    by the claim statement itself, never from this cache."""
     if not names:
         return [""]
-    rows = {
-        q.name: q for q in Queue.objects.filter(name__in=names, state__in=DISPATCHING_QUEUE_STATES)
-    }
-    return [rows[n] for n in names if n in rows]
+    now = time.monotonic()
+    with _queue_rows_lock:
+        stale = [
+            n
+            for n in names
+            if now - _queue_rows.get(n, (-QUEUE_ROWS_TTL, None))[0] >= QUEUE_ROWS_TTL
+        ]
+    if stale:
+        found = {q.name: q for q in Queue.objects.filter(name__in=stale)}
+        with _queue_rows_lock:
+            for name in stale:
+                _queue_rows[name] = (now, found.get(name))
+    with _queue_rows_lock:
+        rows = [_queue_rows.get(n, (now, None))[1] for n in names]
+    return [row for row in rows if row is not None]
+
+
+def forget_queue_rows() -> None:
+    """Drop the reused queue rows (a test's database is rolled back under them)."""
+    with _queue_rows_lock:
+        _queue_rows.clear()
 
 
 def invocation_claim(
@@ -327,9 +359,11 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random) -> list[Invocati
     claimed: list[Invocation] = []
     if daemon.state == DaemonState.DRAINING:
         return claimed
+    # One transaction for the claims and the touch: if anything in it fails (the
+    # database restarting, say), nothing was taken, so no answer is lost with work in it.
     with transaction.atomic():
         hooks.point("claim.before_statement")
-        for queue in _dispatching(daemon.queues):
+        for queue in _queues_of(daemon.queues):
             want = limit - len(claimed)
             if want <= 0:
                 break

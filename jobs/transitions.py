@@ -19,7 +19,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
-from queues.models import CLAIMING_DAEMON_STATES, LIVE_DAEMON_STATES, DaemonState
+from queues.models import (
+    CLAIMING_DAEMON_STATES,
+    DISPATCHING_QUEUE_STATES,
+    LIVE_DAEMON_STATES,
+    DaemonState,
+)
 
 QUEUED = InvocationState.QUEUED.value
 RUNNING = InvocationState.RUNNING.value
@@ -38,6 +43,7 @@ _STATES = {
     "timeout": TIMEOUT,
     "claiming": [str(s) for s in CLAIMING_DAEMON_STATES],
     "live": [str(s) for s in LIVE_DAEMON_STATES],
+    "dispatching": [str(s) for s in DISPATCHING_QUEUE_STATES],
 }
 
 
@@ -92,6 +98,43 @@ def insert_queued(items: list[dict]) -> list[tuple[int, str, str]]:
     return _execute(_INSERT_SQL, params)
 
 
+# One invocation in one statement, only into a queue that admits work and has no
+# max_depth (a bounded queue serialises admission under a lock: the caller's slow path),
+# or into the default queue. A key already taken inserts nothing either. Nothing back:
+# the caller takes its careful path, which says why.
+_INSERT_ADMITTED_SQL = """
+INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
+                             max_attempts, timeout_s, key, reason, error, created_at)
+SELECT %(queue)s, %(function)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+       %(queued)s, 0, %(max_attempts)s, %(timeout_s)s, %(key)s, '', '', now()
+ WHERE %(queue)s = ''
+    OR EXISTS (SELECT 1 FROM queues_queue q
+                WHERE q.name = %(queue)s AND q.state = ANY(%(admitting)s)
+                  AND COALESCE(q.max_depth, 0) = 0)
+    ON CONFLICT (queue, key) WHERE NOT (key = '') DO NOTHING
+RETURNING *
+"""
+
+
+def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None:
+    """The fast path of a submit: the new queued invocation, or None when the queue is
+    missing, not admitting, bounded, or the key is taken (the caller then looks why)."""
+    encode = DjangoJSONEncoder().encode
+    params = {
+        "queue": item["queue"],
+        "function": item["function"],
+        "args": encode(item.get("args") or []),
+        "kwargs": encode(item.get("kwargs") or {}),
+        "priority": item.get("priority", 0),
+        "max_attempts": item.get("max_attempts", 1),
+        "timeout_s": item.get("timeout_s"),
+        "key": item.get("key") or "",
+        "admitting": admitting,
+    }
+    rows = list(Invocation.objects.raw(_INSERT_ADMITTED_SQL, {**_STATES, **params}))
+    return rows[0] if rows else None
+
+
 # ---------------------------------------------------------------------------- claim
 
 # The daemon's liveness is part of the statement: its row is share-locked, and only a
@@ -112,6 +155,9 @@ UPDATE jobs_invocation
          WHERE queue = %(queue)s AND state = %(queued)s
            AND (scheduled_at IS NULL OR scheduled_at <= now())
            AND EXISTS (SELECT 1 FROM me) {extra}
+           AND (%(queue)s = ''
+                OR EXISTS (SELECT 1 FROM queues_queue q
+                            WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)))
          ORDER BY {order}
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED))

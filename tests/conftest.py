@@ -38,9 +38,13 @@ def _fresh_cache():
     counts kept there (bad tokens per address, API rates) start from zero each test."""
     from django.core.cache import cache
 
+    from jobs.services import forget_queue_rows
+
     cache.clear()
+    forget_queue_rows()
     yield
     cache.clear()
+    forget_queue_rows()
 
 
 @pytest.fixture

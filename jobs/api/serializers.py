@@ -1,10 +1,13 @@
 from rest_framework import serializers
 
 from jobs.models import Invocation
+from lakeshore_admin.output import BuiltOnceFields
 from queues.api.serializers import INT_MAX, StrictInput, name_field, without_nul
 
 
-class InvocationSerializer(serializers.ModelSerializer):
+class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
+    """An invocation as every answer shows it (fields built once: lakeshore_admin/output.py)."""
+
     id = serializers.CharField(read_only=True)
     worker = serializers.SerializerMethodField()
 

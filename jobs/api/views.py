@@ -134,7 +134,7 @@ class JobBulkCancel(APIView):
 
 def own_daemon(request, daemon_id):
     """A daemon token acts only for the daemons it registered; operators for any."""
-    daemon = daemon_get(daemon_id)
+    daemon = daemon_get(daemon_id, with_provider=False)
     if not can_operate(request.user) and daemon.owner_id != request.user.pk:
         raise PermissionDenied(f"This token may act only for its own daemons, not {daemon.pk}.")
     return daemon

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from lakeshore_admin.output import BuiltOnceFields
 from queues import elasticity
 from queues.models import (
     NAME_MAX_LENGTH,
@@ -133,7 +134,7 @@ class ElasticityOutput(serializers.Serializer):
     threshold = serializers.FloatField(allow_null=True)
 
 
-class DaemonSerializer(serializers.ModelSerializer):
+class DaemonSerializer(BuiltOnceFields, serializers.ModelSerializer):
     id = serializers.CharField(read_only=True)
     provider = serializers.SlugRelatedField(slug_field="name", read_only=True)
     current_invocation = serializers.SerializerMethodField()

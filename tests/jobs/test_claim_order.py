@@ -276,8 +276,8 @@ def test_the_batch_check_sees_the_right_rows_in_the_wrong_order(monkeypatch, kin
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_the_queue_order_check_sees_the_daemons_queues_served_backwards(monkeypatch, limit):
-    dispatching = services._dispatching
-    monkeypatch.setattr(services, "_dispatching", lambda names: dispatching(names)[::-1])
+    queues_of = services._queues_of
+    monkeypatch.setattr(services, "_queues_of", lambda names: queues_of(names)[::-1])
     claimed, expected = _daemon_queue_order(limit)
     assert claimed != expected
 

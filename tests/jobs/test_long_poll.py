@@ -78,6 +78,7 @@ def _until(condition, timeout=15.0):
 def test_an_empty_20_second_wait_costs_what_an_empty_instant_claim_costs():
     builders.queue(name="idle")
     daemon = builders.daemon(queues=["idle"])
+    services.invocation_claim(daemon=daemon)  # this process now knows the queue's kind
     instant = Claimer(daemon, wait=0)
     instant.start()
     assert instant.result() == []

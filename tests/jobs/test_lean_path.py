@@ -1,0 +1,122 @@
+"""The fast path of the daemon protocol and of submit (issue 8): how many statements
+each costs, and that what it skips (a transaction, a queue lookup) changes no rule."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs import services
+from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
+from queues import services as queue_services
+from tests import builders
+
+pytestmark = pytest.mark.django_db
+
+ECHO = "lakeshore.functions.echo"
+
+
+def _statements(call):
+    with CaptureQueriesContext(connection) as ctx:
+        answer = call()
+    return answer, [q["sql"] for q in ctx.captured_queries]
+
+
+def _work(sql: list[str]) -> list[str]:
+    """The statements that are not transaction control (BEGIN, SAVEPOINT, COMMIT…)."""
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK")
+    return [q for q in sql if not q.lstrip().upper().startswith(control)]
+
+
+def test_a_submit_into_an_open_queue_is_one_statement():
+    builders.queue(name="open")
+    (invocation, created), sql = _statements(
+        lambda: services.invocation_submit(function=ECHO, queue="open", args=[1], key="k1")
+    )
+    assert created and invocation.state == "queued" and invocation.args == [1]
+    assert len(sql) == 1 and sql[0].lstrip().startswith("INSERT INTO jobs_invocation")
+
+
+def test_the_slow_path_still_answers_what_the_fast_one_cannot():
+    builders.queue(name="open")
+    first, _ = services.invocation_submit(function=ECHO, queue="open", key="same")
+    again, created = services.invocation_submit(function=ECHO, queue="open", key="same")
+    assert (again.pk, created) == (first.pk, False)
+    with pytest.raises(NotFound):
+        services.invocation_submit(function=ECHO, queue="nowhere")
+    builders.queue(name="closed")
+    queue_services.queue_transition(name="closed", action="archive")
+    with pytest.raises(Conflict) as refused:
+        services.invocation_submit(function=ECHO, queue="closed")
+    assert refused.value.code == "queue_not_admitting"
+    builders.queue(name="bounded", max_depth=1)
+    services.invocation_submit(function=ECHO, queue="bounded")
+    with pytest.raises(BacklogFull):
+        services.invocation_submit(function=ECHO, queue="bounded", block_timeout=0)
+
+
+def test_a_warm_claim_and_its_completion_cost_two_statements_each():
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+    invocation, _ = services.invocation_submit(function=ECHO, queue="w")
+
+    claimed, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    assert [i.pk for i in claimed] == [invocation.pk]
+    # the claim (daemon liveness and queue state inside) and touch, in one transaction
+    assert len(_work(sql)) == 2
+
+    done, sql = _statements(
+        lambda: services.invocation_complete(
+            daemon=daemon, invocation_id=invocation.pk, attempt=1, outcome="succeeded"
+        )
+    )
+    assert done.state == "succeeded"
+    assert len(_work(sql)) == len(sql) == 2  # the fenced update and touch
+
+
+def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
+    builders.queue(name="p")
+    daemon = builders.daemon(queues=["p"])
+    assert services.invocation_claim(daemon=daemon) == []  # the row is now reused
+    queue_services.queue_transition(name="p", action="pause")
+    invocation, _ = services.invocation_submit(function=ECHO, queue="p")  # paused admits
+
+    assert services.invocation_claim(daemon=daemon) == []
+
+    queue_services.queue_transition(name="p", action="resume")
+    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [invocation.pk]
+
+
+def test_negative_control_without_the_state_check_the_paused_queue_dispatches(monkeypatch):
+    from jobs import transitions
+
+    builders.queue(name="p")
+    daemon = builders.daemon(queues=["p"])
+    queue_services.queue_transition(name="p", action="pause")
+    services.invocation_submit(function=ECHO, queue="p")
+    monkeypatch.setitem(transitions._STATES, "dispatching", ["active", "draining", "paused"])
+    assert len(services.invocation_claim(daemon=daemon)) == 1
+
+
+def test_a_claim_that_fails_after_its_statement_takes_nothing():
+    """Claims and touch commit together: an error after the claim statement (the
+    database going away, say) leaves the work queued, not held by a daemon that never
+    got the answer."""
+    from lakeshore_admin import hooks
+
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    invocation, _ = services.invocation_submit(function=ECHO, queue="w")
+
+    def fail():
+        raise ConnectionError("the database went away")
+
+    hooks.register("claim.before_commit", fail)
+    try:
+        with pytest.raises(ConnectionError):
+            services.invocation_claim(daemon=daemon)
+    finally:
+        hooks.clear()
+
+    invocation.refresh_from_db()
+    assert (invocation.state, invocation.daemon_id, invocation.attempts) == ("queued", None, 0)
