@@ -187,12 +187,13 @@ def invocation_submit_batch(items: list[dict]) -> list[tuple[Invocation, bool]]:
         for name, queue in queues.items():
             _admit(queue, sum(1 for item in fresh if item["queue"] == name))
         inserted = transitions.insert_queued(fresh)
-        created_keys = {(q, k): pk for pk, q, k in inserted if k}
-        unkeyed = iter(sorted(pk for pk, _, k in inserted if not k))
+        created_keys = {(row.queue, row.key): row.pk for row in inserted if row.key}
+        unkeyed = iter(sorted(row.pk for row in inserted if not row.key))
         # a key taken by a concurrent submit between our look and our insert
         missing = {(i["queue"], i["key"]) for i in fresh if i.get("key")} - set(created_keys)
         existing.update(_by_queue_and_key(missing))
-    rows = Invocation.objects.in_bulk([pk for pk, _, _ in inserted] + list(existing.values()))
+    rows = Invocation.objects.in_bulk(list(existing.values()))
+    rows.update((row.pk, row) for row in inserted)
     answers, given = [], set()
     for item in items:
         pair = (item["queue"], item.get("key") or "")

@@ -75,13 +75,13 @@ SELECT u.queue, u.function, u.args::jsonb, u.kwargs::jsonb, u.priority, %(queued
        AS u(queue, function, args, kwargs, priority, max_attempts, timeout_s, key, n)
  ORDER BY u.n
     ON CONFLICT (queue, key) WHERE NOT (key = '') DO NOTHING
-RETURNING id, queue, key
+RETURNING *
 """
 
 
-def insert_queued(items: list[dict]) -> list[tuple[int, str, str]]:
-    """New queued invocations, one statement for the lot: (id, queue, key) of each row
-    inserted (ids ascending in the order of `items`)."""
+def insert_queued(items: list[dict]) -> list[Invocation]:
+    """New queued invocations, one statement for the lot: the rows inserted (ids
+    ascending in the order of `items`; an item whose key was taken has none)."""
     if not items:
         return []
     encode = DjangoJSONEncoder().encode
@@ -95,7 +95,7 @@ def insert_queued(items: list[dict]) -> list[tuple[int, str, str]]:
         "timeout_s": [i.get("timeout_s") for i in items],
         "key": [i.get("key") or "" for i in items],
     }
-    return _execute(_INSERT_SQL, params)
+    return list(Invocation.objects.raw(_INSERT_SQL, {**_STATES, **params}))
 
 
 # One invocation in one statement, only into a queue that admits work and has no

@@ -1,3 +1,5 @@
+import functools
+
 from rest_framework import serializers
 
 from jobs.models import Invocation
@@ -70,7 +72,14 @@ class SubmitInput(StrictInput):
     def validate_queue(self, value):
         if not value:
             return ""
-        return name_field().run_validation(value)
+        return _valid_queue_name(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_queue_name(value: str) -> str:
+    """A queue name checked once per process (a batch names the same few queues
+    thousands of times); a bad one raises each time, as exceptions are not cached."""
+    return name_field().run_validation(value)
 
 
 class KillInput(StrictInput):
