@@ -25,6 +25,9 @@ class InvocationAdmin(admin.ModelAdmin):
     show_full_result_count = False  # no COUNT(*) over every invocation
     actions = ["kill"]
 
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("args_blob", "result_blob")
+
     def has_add_permission(self, request):
         return False  # submit through the API or `lakeshore jobs submit`: admission rules apply
 

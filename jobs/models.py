@@ -1,5 +1,6 @@
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Length
 
 
 class InvocationState(models.TextChoices):
@@ -11,12 +12,34 @@ class InvocationState(models.TextChoices):
     TIMEOUT = "timeout"
 
 
+class Wire(models.TextChoices):
+    """How an invocation's arguments travel. JSON: `function` with `args`/`kwargs`
+    (the REST API, the CLI). The others come from the Python SDK (dreamlake-lakeshore)
+    and are opaque bytes the server never decodes beyond the function's name."""
+
+    JSON = "", "json"
+    ENVELOPE = "envelope", "SDK envelope (@dls.udf, thunk)"
+    VALUE = "value", "SDK plain value (SyncQueue.submit)"
+
+
+SDK_WIRES = [Wire.ENVELOPE, Wire.VALUE]
+
+
 TERMINAL_STATES = [
     InvocationState.SUCCEEDED,
     InvocationState.FAILED,
     InvocationState.KILLED,
     InvocationState.TIMEOUT,
 ]
+
+
+class InvocationQuerySet(models.QuerySet):
+    def light(self):
+        """Rows for lists: the SDK's blobs (up to LAKESHORE_SDK_MAX_BLOB_BYTES each)
+        stay in the database; their sizes come along instead."""
+        return self.defer("args_blob", "result_blob").annotate(
+            args_size=Length("args_blob"), result_size=Length("result_blob")
+        )
 
 
 class Invocation(models.Model):
@@ -27,7 +50,7 @@ class Invocation(models.Model):
     function = models.CharField(max_length=300)
     args = models.JSONField(default=list, blank=True)
     kwargs = models.JSONField(default=dict, blank=True)
-    priority = models.IntegerField(default=0)
+    priority = models.FloatField(default=0)
     state = models.CharField(
         max_length=16, choices=InvocationState.choices, default=InvocationState.QUEUED
     )
@@ -45,6 +68,22 @@ class Invocation(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Database defaults too: statements that insert rows by SQL need not name them.
+    wire = models.CharField(
+        max_length=16, choices=Wire.choices, blank=True, default="", db_default=""
+    )
+    args_blob = models.BinaryField(
+        null=True, blank=True, help_text="The SDK's opaque arguments (msgpack), never decoded."
+    )
+    result_blob = models.BinaryField(
+        null=True, blank=True, help_text="The SDK's opaque result (msgpack), as acked."
+    )
+    run_config = models.JSONField(
+        default=dict,
+        db_default=models.Value({}, output_field=models.JSONField()),
+        blank=True,
+        help_text="The SDK's run_config, stored as it was sent.",
+    )
     scheduled_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -53,6 +92,8 @@ class Invocation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = InvocationQuerySet.as_manager()
 
     class Meta:
         ordering = ["-id"]
@@ -87,3 +128,33 @@ class Invocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pk} {self.function} [{self.state}]"
+
+    def blob_size(self, name: str) -> int | None:
+        """Bytes in `args_blob` or `result_blob`: from light() without loading it."""
+        if name in self.get_deferred_fields():
+            return getattr(self, name.replace("_blob", "_size"), None)
+        blob = getattr(self, name)
+        return None if blob is None else len(blob)
+
+
+class ResultFrame(models.Model):
+    """The SDK's result journal: frames a worker posts while it runs (generator
+    yields, the END or ERROR frame), read back by `stream()`. Keyed by the SDK's
+    invocation id as a string, which may also be a topic's name: no foreign key.
+    The first write of a (stream, seq) wins; frames are bytes the server never
+    decodes."""
+
+    stream = models.CharField(max_length=200)
+    seq = models.BigIntegerField()
+    data = models.BinaryField()
+    final = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["stream", "seq"], name="frame_unique_stream_seq")
+        ]
+        indexes = [models.Index(fields=["created_at"], name="frame_created")]
+
+    def __str__(self) -> str:
+        return f"{self.stream}#{self.seq}"

@@ -14,7 +14,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from jobs import transitions, wakeup
-from jobs.models import Invocation, InvocationState
+from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
 from queues import daemons
@@ -112,10 +112,16 @@ def invocation_submit(
     timeout_s: int | None = None,
     max_attempts: int = 1,
     block_timeout: float | None = None,
+    wire: str = Wire.JSON,
+    args_blob: bytes | None = None,
+    run_config: dict | None = None,
 ) -> tuple[Invocation, bool]:
     """Queue one invocation. Returns (invocation, created); with an idempotency `key`
-    already used in that queue, the first invocation comes back with created=False."""
-    _check_function(function)
+    already used in that queue, the first invocation comes back with created=False.
+    An SDK submit (jobs/sdk.py) brings its opaque `args_blob` and `run_config`, and
+    a `function` that only names what the blob holds."""
+    if wire == Wire.JSON:
+        _check_function(function)
     queue = queue or ""
     item = {
         "queue": queue,
@@ -126,6 +132,9 @@ def invocation_submit(
         "key": key,
         "timeout_s": timeout_s,
         "max_attempts": max_attempts,
+        "wire": wire,
+        "args_blob": args_blob,
+        "run_config": run_config or {},
     }
     fresh = transitions.insert_if_admitted(item, admitting=_ADMITTING)
     if fresh is not None:  # the common case, in one statement
@@ -267,7 +276,7 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
 
 
 def _claim_boltzmann(
-    daemon_id: int, queue: Queue, limit: int, rng: random.Random
+    daemon_id: int, queue: Queue, limit: int, rng: random.Random, wires=None
 ) -> list[Invocation]:
     levels = _levels_for(queue)
     claimed: list[Invocation] = []
@@ -280,7 +289,12 @@ def _claim_boltzmann(
             continue
         level = boltzmann_pick(levels, queue.temperature, rng)
         got = transitions.claim(
-            daemon_id=daemon_id, queue=queue.name, order="oldest", limit=1, priority=level
+            daemon_id=daemon_id,
+            queue=queue.name,
+            order="oldest",
+            limit=1,
+            priority=level,
+            wires=wires,
         )
         claimed.extend(got)
         # taken, or found empty (another daemon got there first): count it down
@@ -329,13 +343,19 @@ def forget_queue_rows() -> None:
 
 
 def invocation_claim(
-    *, daemon: Daemon, limit: int = 1, wait: float = 0.0, rng: random.Random | None = None
+    *,
+    daemon: Daemon,
+    limit: int = 1,
+    wait: float = 0.0,
+    rng: random.Random | None = None,
+    wires: list[str] | None = None,
 ) -> list[Invocation]:
     """Hand up to `limit` queued invocations of the daemon's queues to it, each to
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
     gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
     daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
-    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection."""
+    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection. With
+    `wires`, only invocations whose arguments travel that way (an SDK worker)."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     deadline = time.monotonic() + wait
     fresh = True  # the caller just loaded the daemon
@@ -346,7 +366,7 @@ def invocation_claim(
         fresh = False
         listening = daemon.queues or [""]  # paused ones too: a resume wakes them
         seen = wakeup.listener.snapshot(listening) if wait else ()
-        claimed = _claim_once(daemon, limit, rng)
+        claimed = _claim_once(daemon, limit, rng, wires)
         left = deadline - time.monotonic()
         if claimed or left <= 0:
             return claimed
@@ -356,7 +376,7 @@ def invocation_claim(
             return []
 
 
-def _claim_once(daemon: Daemon, limit: int, rng: random.Random) -> list[Invocation]:
+def _claim_once(daemon: Daemon, limit: int, rng: random.Random, wires=None) -> list[Invocation]:
     claimed: list[Invocation] = []
     if daemon.state == DaemonState.DRAINING:
         return claimed
@@ -370,13 +390,17 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random) -> list[Invocati
                 break
             if isinstance(queue, str):
                 claimed += transitions.claim(
-                    daemon_id=daemon.pk, queue=queue, order="oldest", limit=want
+                    daemon_id=daemon.pk, queue=queue, order="oldest", limit=want, wires=wires
                 )
             elif queue.kind == QueueKind.BOLTZMANN:
-                claimed += _claim_boltzmann(daemon.pk, queue, want, rng)
+                claimed += _claim_boltzmann(daemon.pk, queue, want, rng, wires)
             else:
                 claimed += transitions.claim(
-                    daemon_id=daemon.pk, queue=queue.name, order=_ORDER[queue.kind], limit=want
+                    daemon_id=daemon.pk,
+                    queue=queue.name,
+                    order=_ORDER[queue.kind],
+                    limit=want,
+                    wires=wires,
                 )
         daemons.touch(daemon.pk)
         hooks.point("claim.before_commit")
@@ -401,16 +425,21 @@ def invocation_complete(
     succeeded: bool | None = None,
     result=None,
     error: str = "",
+    result_blob: bytes | None = None,
+    retry: bool = True,
 ) -> Invocation:
-    """Record an outcome: succeeded (with a JSON result), failed (with an error) or
-    timeout (the daemon stopped it at timeout_s). Fenced by daemon and attempt: a daemon
-    that lost its claim (reaped, killed, re-dispatched) gets a Conflict (claim_stale)
-    and changes nothing. A retry of a report that was recorded (its response lost) gets
-    the stored row. A failure with attempts left goes back to the queue after a
-    back-off."""
+    """Record an outcome: succeeded (with a JSON result, or the SDK's result bytes),
+    failed (with an error) or timeout (the daemon stopped it at timeout_s). Fenced by
+    daemon and attempt: a daemon that lost its claim (reaped, killed, re-dispatched)
+    gets a Conflict (claim_stale) and changes nothing. A retry of a report that was
+    recorded (its response lost) gets the stored row. A failure with attempts left
+    goes back to the queue after a back-off, unless `retry` is False (the SDK's
+    worker says when a failure is final)."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
-    invocation = _complete_one(daemon, invocation_id, attempt, outcome, result, error)
+    invocation = _complete_one(
+        daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
+    )
     daemons.touch(daemon.pk)
     return invocation
 
@@ -435,6 +464,8 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
                     item["state"],
                     item.get("result"),
                     item.get("error", ""),
+                    item.get("result_blob"),
+                    item.get("retry", True),
                 )
             except (Conflict, NotFound) as exc:
                 answers.append(_refused(item, exc))
@@ -468,7 +499,9 @@ def _refused(item: dict, exc) -> dict:
     return {"invocation": str(item["invocation"]), "ok": False, "error": error}
 
 
-def _complete_one(daemon, invocation_id, attempt, outcome, result, error) -> Invocation:
+def _complete_one(
+    daemon, invocation_id, attempt, outcome, result, error, result_blob=None, retry=True
+) -> Invocation:
     recorded = transitions.complete(
         daemon_id=daemon.pk,
         invocation_id=invocation_id,
@@ -476,6 +509,8 @@ def _complete_one(daemon, invocation_id, attempt, outcome, result, error) -> Inv
         outcome=outcome,
         result=result,
         error=error,
+        result_blob=result_blob,
+        retry=retry,
     )
     if recorded is not None:
         return recorded

@@ -70,7 +70,7 @@ INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, att
 SELECT u.queue, u.function, u.args::jsonb, u.kwargs::jsonb, u.priority, %(queued)s, 0,
        u.max_attempts, u.timeout_s, u.key, '', '', now()
   FROM unnest(%(queue)s::text[], %(function)s::text[], %(args)s::text[], %(kwargs)s::text[],
-              %(priority)s::int[], %(max_attempts)s::int[], %(timeout_s)s::int[],
+              %(priority)s::float8[], %(max_attempts)s::int[], %(timeout_s)s::int[],
               %(key)s::text[]) WITH ORDINALITY
        AS u(queue, function, args, kwargs, priority, max_attempts, timeout_s, key, n)
  ORDER BY u.n
@@ -90,7 +90,7 @@ def insert_queued(items: list[dict]) -> list[Invocation]:
         "function": [i["function"] for i in items],
         "args": [encode(i.get("args") or []) for i in items],
         "kwargs": [encode(i.get("kwargs") or {}) for i in items],
-        "priority": [i.get("priority", 0) for i in items],
+        "priority": [float(i.get("priority", 0)) for i in items],
         "max_attempts": [i.get("max_attempts", 1) for i in items],
         "timeout_s": [i.get("timeout_s") for i in items],
         "key": [i.get("key") or "" for i in items],
@@ -104,9 +104,11 @@ def insert_queued(items: list[dict]) -> list[Invocation]:
 # the caller takes its careful path, which says why.
 _INSERT_ADMITTED_SQL = """
 INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
-                             max_attempts, timeout_s, key, reason, error, created_at)
+                             max_attempts, timeout_s, key, reason, error, created_at,
+                             wire, args_blob, run_config)
 SELECT %(queue)s, %(function)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
-       %(queued)s, 0, %(max_attempts)s, %(timeout_s)s, %(key)s, '', '', now()
+       %(queued)s, 0, %(max_attempts)s, %(timeout_s)s, %(key)s, '', '', now(),
+       %(wire)s, %(args_blob)s::bytea, %(run_config)s::jsonb
  WHERE %(queue)s = ''
     OR EXISTS (SELECT 1 FROM queues_queue q
                 WHERE q.name = %(queue)s AND q.state = ANY(%(admitting)s)
@@ -129,6 +131,9 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         "max_attempts": item.get("max_attempts", 1),
         "timeout_s": item.get("timeout_s"),
         "key": item.get("key") or "",
+        "wire": item.get("wire") or "",
+        "args_blob": item.get("args_blob"),
+        "run_config": encode(item.get("run_config") or {}),
         "admitting": admitting,
     }
     rows = list(Invocation.objects.raw(_INSERT_ADMITTED_SQL, {**_STATES, **params}))
@@ -172,13 +177,29 @@ ORDERS = {
 
 
 def claim(
-    *, daemon_id: int, queue: str, order: str, limit: int, priority: int | None = None
+    *,
+    daemon_id: int,
+    queue: str,
+    order: str,
+    limit: int,
+    priority: float | None = None,
+    wires: list[str] | None = None,
 ) -> list[Invocation]:
     """queued → running for up to `limit` invocations of one queue, in `order`
-    ('oldest', 'newest', 'priority'), optionally of one priority level only."""
+    ('oldest', 'newest', 'priority'), optionally of one priority level only, and
+    optionally only those whose arguments travel in one of `wires` (an SDK worker
+    can run only what the SDK submitted)."""
     sql_order, key = ORDERS[order]
     extra = "" if priority is None else "AND priority = %(level)s"
-    params = {"daemon": daemon_id, "queue": queue, "limit": limit, "level": priority}
+    if wires is not None:
+        extra += " AND wire = ANY(%(wires)s)"
+    params = {
+        "daemon": daemon_id,
+        "queue": queue,
+        "limit": limit,
+        "level": priority,
+        "wires": None if wires is None else [str(w) for w in wires],
+    }
     sql = _CLAIM_SQL.format(order=sql_order, extra=extra)
     rows = Invocation.objects.raw(sql, {**_STATES, **params})
     return sorted(rows, key=key)
@@ -192,17 +213,20 @@ def claim(
 _COMPLETE_SQL = """
 UPDATE jobs_invocation
    SET state = CASE
-           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts THEN %(queued)s
+           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts
+           THEN %(queued)s
            ELSE %(outcome)s END,
        scheduled_at = CASE
-           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts
+           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts
            THEN now() + make_interval(secs => LEAST(%(cap)s, %(base)s * power(2, attempts - 1))
                                              * (0.5 + random() / 2))
            ELSE NULL END,
        finished_at = CASE
-           WHEN %(outcome)s = %(failed)s AND attempts < max_attempts THEN NULL
+           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts THEN NULL
            ELSE now() END,
        result = CASE WHEN %(outcome)s = %(succeeded)s THEN %(result)s::jsonb ELSE NULL END,
+       result_blob = CASE WHEN %(outcome)s = %(succeeded)s THEN %(result_blob)s::bytea
+                          ELSE NULL END,
        error = %(error)s
  WHERE id = %(id)s AND daemon_id = %(daemon)s AND attempts = %(attempt)s
    AND state = %(running)s
@@ -211,19 +235,30 @@ RETURNING *
 
 
 def complete(
-    *, daemon_id: int, invocation_id: int, attempt: int, outcome: str, result, error: str
+    *,
+    daemon_id: int,
+    invocation_id: int,
+    attempt: int,
+    outcome: str,
+    result,
+    error: str,
+    result_blob: bytes | None = None,
+    retry: bool = True,
 ) -> Invocation | None:
     """running → succeeded | failed | timeout (or queued, for a failure with attempts
-    left). Fenced: only the daemon holding that attempt can. The row as recorded (read
-    in the same statement, so a claim that follows at once cannot show through), or
-    None when nothing was recorded."""
+    left, unless the daemon says not to retry). Fenced: only the daemon holding that
+    attempt can. The row as recorded (read in the same statement, so a claim that
+    follows at once cannot show through), or None when nothing was recorded."""
+    succeeded = outcome == "succeeded"
     params = {
         "id": invocation_id,
         "daemon": daemon_id,
         "attempt": attempt,
         "outcome": {"succeeded": SUCCEEDED, "failed": FAILED, "timeout": TIMEOUT}[outcome],
-        "result": json.dumps(result, cls=DjangoJSONEncoder) if outcome == "succeeded" else None,
-        "error": "" if outcome == "succeeded" else error,
+        "result": json.dumps(result, cls=DjangoJSONEncoder) if succeeded else None,
+        "result_blob": result_blob if succeeded else None,
+        "error": "" if succeeded else error,
+        "retry": bool(retry),
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }

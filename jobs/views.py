@@ -14,7 +14,7 @@ PAGE_SIZE = 50
 @require_GET
 @console_view
 def job_list(request):
-    filterset = InvocationFilter(request.GET, queryset=Invocation.objects.order_by("-id"))
+    filterset = InvocationFilter(request.GET, queryset=Invocation.objects.light().order_by("-id"))
     valid = filterset.is_valid()
     rows = list(filterset.qs[: PAGE_SIZE + 1]) if valid else []
     next_url = None

@@ -23,6 +23,10 @@ CODES = {
     "daemon_lost",  # the reaper marked the daemon lost: register again
     "claim_stale",  # a completion for a claim the daemon no longer holds
     "already_completed",  # the same attempt was completed with another outcome
+    # the SDK's wire (jobs/sdk.py)
+    "forbidden",  # 403: another user's worker, or a role that may not
+    "namespace_unknown",  # 404: this server is one namespace
+    "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
 }
 
 
@@ -65,6 +69,16 @@ class Conflict(DomainError):
 
     status = 409
     code = "conflict"
+
+
+class Forbidden(DomainError):
+    status = 403
+    code = "forbidden"
+
+
+class TooLarge(DomainError):
+    status = 413
+    code = "too_large"
 
 
 class BacklogFull(DomainError):

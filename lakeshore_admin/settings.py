@@ -267,6 +267,23 @@ LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
 # Modules (besides lakeshore.functions) whose functions the daemons that this server's
 # providers start may run. Only the server's owner sets it: no API input can widen it.
 LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
+# The Python SDK's wire (dreamlake-lakeshore: /v1/namespaces/<ns>/producer/*, /v1/daemon/*).
+# This server is one namespace; any other answers 404.
+LAKESHORE_SDK_NAMESPACE = env_str("LAKESHORE_SDK_NAMESPACE", "default").strip() or "default"
+# The largest argument blob, result blob or result frame (bytes); above it: 413.
+LAKESHORE_SDK_MAX_BLOB_BYTES = env_number(
+    "LAKESHORE_SDK_MAX_BLOB_BYTES", 10 * 1024 * 1024, minimum=1024
+)
+# An SDK worker sends no heartbeat while it runs a job. Its job is kept for this long
+# after its last poll or result chunk (or the job's run_config.timeout_s when set)
+# before it is presumed dead and the job rerun.
+LAKESHORE_SDK_LEASE_SECONDS = env_number("LAKESHORE_SDK_LEASE_SECONDS", 3600, minimum=1)
+# Attempts an SDK invocation gets (its worker also says when a failure is final).
+LAKESHORE_SDK_MAX_ATTEMPTS = env_number("LAKESHORE_SDK_MAX_ATTEMPTS", 3, minimum=1)
+# A result stream with no new frame for this long ends (the SDK gives up after 30 s).
+LAKESHORE_SDK_STREAM_IDLE_SECONDS = env_number(
+    "LAKESHORE_SDK_STREAM_IDLE_SECONDS", 60, minimum=1, kind=float
+)
 # Where daemons that the `local` provider starts find this server.
 LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"

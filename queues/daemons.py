@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import transitions
-from lakeshore_admin.errors import Conflict, Invalid
+from lakeshore_admin.errors import Conflict, Forbidden, Invalid
 from queues.models import (
     CLAIMING_DAEMON_STATES,
     LIVE_DAEMON_STATES,
@@ -57,13 +57,7 @@ def daemon_register(
         raise Invalid(
             f"A daemon may serve at most {MAX_DAEMON_QUEUES} queues.", fields={"queues": "too many"}
         )
-    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise Invalid(
-            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
-            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
-        )
+    _check_queues_exist(names)
     now = timezone.now()
     # A daemon a provider launched registers into the row the provider made for it.
     adopted = Daemon.objects.filter(
@@ -82,6 +76,51 @@ def daemon_register(
         last_heartbeat_at=now,
         token=token if minted else None,
     )
+
+
+def sdk_worker_seen(*, owner, worker_id: str, queue: str, token=None) -> Daemon:
+    """An SDK worker (dreamlake-lakeshore) polled. It never registers: its first poll
+    does, as a daemon named by its worker id, serving the polled queue, owned by the
+    token's user. Later polls find it (and follow it to another queue). One that was
+    presumed dead (lost) and polls again is live again; its old work was handed back.
+    One that was dropped gets daemon_terminated, which ends the SDK's worker. A worker
+    id belongs to the user who first polled with it."""
+    from accounts.roles import can_operate
+
+    with transaction.atomic():
+        daemon = Daemon.objects.select_for_update().filter(worker_id=worker_id).first()
+        if daemon is None:
+            daemon = daemon_register(owner=owner, name=worker_id[:200], queues=[queue], token=token)
+            Daemon.objects.filter(pk=daemon.pk).update(worker_id=worker_id)
+            daemon.worker_id = worker_id
+            return daemon
+        if daemon.owner_id != owner.pk and not can_operate(owner):
+            raise Forbidden(f"Worker id {worker_id!r} belongs to another user's worker.")
+        if daemon.state == DaemonState.TERMINATED:
+            check_live(daemon)  # daemon_terminated
+        changes = {}
+        if daemon.queues != [queue]:
+            _check_queues_exist([queue])
+            changes["queues"] = [queue]
+        if daemon.state == DaemonState.LOST:
+            changes["state"] = DaemonState.IDLE
+        if changes:
+            changes["last_heartbeat_at"] = changes["updated_at"] = timezone.now()
+            Daemon.objects.filter(pk=daemon.pk).update(**changes)
+            for field, value in changes.items():
+                setattr(daemon, field, value)
+    touch(daemon.pk)  # renews the lease on what it runs
+    return daemon
+
+
+def _check_queues_exist(names: list[str]) -> None:
+    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise Invalid(
+            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
+            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
+        )
 
 
 # ---------------------------------------------------------------------------- liveness
@@ -337,17 +376,38 @@ def daemons_end_drained(queryset) -> list[int]:
 # ---------------------------------------------------------------------------- reaper
 
 
+# Silent past the heartbeat timeout, except an SDK worker within the lease of a job it
+# runs: it sends nothing while it works, so its last poll or result chunk counts, for
+# the job's timeout_s (its run_config's) or LAKESHORE_SDK_LEASE_SECONDS.
+_SILENT_SQL = """
+SELECT d.id FROM queues_daemon d
+ WHERE d.state = ANY(%(live)s) AND d.last_heartbeat_at < %(cutoff)s
+   AND NOT (d.worker_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM jobs_invocation i
+         WHERE i.daemon_id = d.id AND i.state = %(running)s
+           AND d.last_heartbeat_at
+               >= %(now)s - make_interval(secs => COALESCE(i.timeout_s, %(lease)s))))
+   FOR UPDATE OF d SKIP LOCKED
+"""
+
+
 def daemons_mark_lost(*, now=None) -> list[int]:
     """Live daemons silent past LAKESHORE_HEARTBEAT_TIMEOUT become lost (rows another
-    transaction holds — a claim in flight — are looked at next time)."""
+    transaction holds — a claim in flight — are looked at next time). An SDK worker
+    running a job is held by its lease instead (_SILENT_SQL)."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT)
+    params = {
+        "live": [str(s) for s in LIVE_DAEMON_STATES],
+        "cutoff": cutoff,
+        "now": now,
+        "running": transitions.RUNNING,
+        "lease": settings.LAKESHORE_SDK_LEASE_SECONDS,
+    }
     with transaction.atomic():
-        lost = list(
-            Daemon.objects.select_for_update(skip_locked=True)
-            .filter(state__in=LIVE_DAEMON_STATES, last_heartbeat_at__lt=cutoff)
-            .values_list("id", flat=True)
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_SILENT_SQL, params)
+            lost = [row[0] for row in cursor.fetchall()]
         Daemon.objects.filter(pk__in=lost).update(
             state=DaemonState.LOST, current_invocation=None, updated_at=now
         )

@@ -126,6 +126,14 @@ class Daemon(models.Model):
         related_name="+",
         help_text="The token minted for this daemon by its provider; revoked when it ends.",
     )
+    worker_id = models.CharField(
+        max_length=200,
+        null=True,
+        blank=True,
+        unique=True,
+        help_text="An SDK worker's own id (hostname-ULID): it registered by polling "
+        "/v1/daemon/poll, and it sends no heartbeat (a lease keeps its work instead).",
+    )
     current_invocation = models.ForeignKey(
         "jobs.Invocation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

@@ -7,11 +7,26 @@ from lakeshore_admin.output import BuiltOnceFields
 from queues.api.serializers import INT_MAX, StrictInput, name_field, without_nul
 
 
+class PriorityField(serializers.FloatField):
+    """A float (the SDK sends 5.5); a whole number shows as an integer, as it always has."""
+
+    def to_representation(self, value):
+        value = float(value)
+        return int(value) if value.is_integer() else value
+
+
 class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
     """An invocation as every answer shows it (fields built once: lakeshore_admin/output.py)."""
 
     id = serializers.CharField(read_only=True)
     worker = serializers.SerializerMethodField()
+    priority = PriorityField(read_only=True)
+    args_bytes = serializers.SerializerMethodField(
+        help_text="Size of the SDK's opaque arguments (null for JSON args)"
+    )
+    result_bytes = serializers.SerializerMethodField(
+        help_text="Size of the SDK's opaque result (null for JSON results)"
+    )
 
     class Meta:
         model = Invocation
@@ -22,6 +37,7 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "args",
             "kwargs",
             "priority",
+            "wire",
             "state",
             "worker",
             "attempts",
@@ -30,6 +46,8 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "key",
             "reason",
             "result",
+            "args_bytes",
+            "result_bytes",
             "error",
             "created_at",
             "started_at",
@@ -38,6 +56,12 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
 
     def get_worker(self, invocation) -> str | None:
         return None if invocation.daemon_id is None else str(invocation.daemon_id)
+
+    def get_args_bytes(self, invocation) -> int | None:
+        return invocation.blob_size("args_blob")
+
+    def get_result_bytes(self, invocation) -> int | None:
+        return invocation.blob_size("result_blob")
 
 
 class PositionSerializer(serializers.Serializer):
@@ -62,7 +86,7 @@ class SubmitInput(StrictInput):
     kwargs = serializers.DictField(
         child=serializers.JSONField(), default=dict, validators=[without_nul]
     )
-    priority = serializers.IntegerField(min_value=-1_000_000, max_value=1_000_000, default=0)
+    priority = serializers.FloatField(min_value=-1_000_000, max_value=1_000_000, default=0)
     key = serializers.CharField(max_length=200, allow_blank=True, default="")
     timeout_s = serializers.IntegerField(
         min_value=1, max_value=INT_MAX, allow_null=True, default=None

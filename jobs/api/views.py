@@ -48,7 +48,7 @@ class JobList(APIView):
     def get(self, request):
         limit = bounded_int(request, "limit", default=50, low=1, high=200)
         offset = bounded_int(request, "offset", default=0, low=0, high=MAX_OFFSET)
-        queryset = filtered(InvocationFilter, request, Invocation.objects.order_by("-id"))
+        queryset = filtered(InvocationFilter, request, Invocation.objects.light().order_by("-id"))
         rows = list(queryset[offset : offset + limit + 1])
         link = None
         if len(rows) > limit:  # the next page by keyset: fast at any depth

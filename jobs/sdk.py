@@ -1,0 +1,373 @@
+"""The Python SDK's wire: what `dreamlake-lakeshore` 0.5.0 (`@dls.udf`, `SyncQueue`,
+`python -m dreamlake.lakeshore.daemon`) sends, answered through the same services as
+the REST API (../shared/design/SDK-WIRE.md records what the package expects).
+
+    producer   submit · await · result stream     (an operator token)
+    worker     poll · ack · result-chunk          (a daemon token)
+
+An SDK submit is an ordinary invocation: the same queues, admission rules, kinds,
+keys, kills and lists. What differs is how its arguments travel: an opaque msgpack
+blob (an Envelope for `@udf` calls and thunks, a bare value for `SyncQueue.submit`),
+which the server never decodes beyond the function's name, to show it. The id the SDK
+holds is the invocation's id: the submit answers it and the SDK adopts it.
+
+An SDK worker is a daemon: its first poll registers it (daemons.sdk_worker_seen). It
+sends no heartbeat while it runs a job, so a lease keeps the job (daemons._SILENT_SQL).
+Its ack carries no worker id: the invocation names its daemon, and the token must own
+that daemon. A late or repeated ack answers 2xx with `ignored` (a 4xx would end the
+stock worker), and changes nothing."""
+
+import time
+
+import msgpack
+from django.conf import settings
+from django.db import IntegrityError, connection
+
+from jobs import services
+from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
+from lakeshore_admin.errors import Conflict, Invalid, NotFound, TooLarge
+from queues import daemons
+
+AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
+POLL_MAX_SECONDS = 20.0
+FUNCTION_MAX = 300
+VALUE_FUNCTION = "(value)"  # what a bare SyncQueue.submit(value) shows as its function
+
+# The states the SDK knows: it waits on pending/running and raises on the others.
+_SDK_STATE = {
+    InvocationState.QUEUED: "pending",
+    InvocationState.RUNNING: "running",
+    InvocationState.SUCCEEDED: "succeeded",
+    InvocationState.FAILED: "failed",
+    InvocationState.TIMEOUT: "failed",
+    InvocationState.KILLED: "killed",
+}
+
+
+# ---------------------------------------------------------------------------- checks
+
+
+def check_namespace(namespace: str) -> None:
+    if namespace != settings.LAKESHORE_SDK_NAMESPACE:
+        raise NotFound(
+            f"Namespace {namespace!r} does not exist: this server is the one namespace "
+            f"{settings.LAKESHORE_SDK_NAMESPACE!r} (LAKESHORE_SDK_NAMESPACE).",
+            code="namespace_unknown",
+        )
+
+
+def _blob(value, name: str, *, required: bool = True) -> bytes | None:
+    if value is None and not required:
+        return None
+    if not isinstance(value, bytes | bytearray):
+        raise Invalid(f"{name} must be msgpack bin (bytes).", fields={name: "not bytes"})
+    limit = settings.LAKESHORE_SDK_MAX_BLOB_BYTES
+    if len(value) > limit:
+        raise TooLarge(
+            f"{name} is {len(value):,} bytes; the limit is {limit:,} "
+            "(LAKESHORE_SDK_MAX_BLOB_BYTES). Pass large data by reference (a storage key).",
+            extra={"limit": limit, "size": len(value)},
+        )
+    return bytes(value)
+
+
+def _text(body: dict, name: str, *, max_length: int = 200, allow_empty: bool = False) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or (not value and not allow_empty):
+        raise Invalid(f"{name} must be a non-empty string.", fields={name: "missing"})
+    if len(value) > max_length:
+        raise Invalid(f"{name} is longer than {max_length} characters.", fields={name: "too long"})
+    if "\x00" in value:
+        raise Invalid(f"{name} holds a NUL character.", fields={name: "NUL"})
+    return value
+
+
+def _number(value, name: str, *, default: float, low: float, high: float) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise Invalid(f"{name} must be a number.", fields={name: "not a number"})
+    if not low <= value <= high:
+        raise Invalid(f"{name} must be between {low:g} and {high:g}.", fields={name: "range"})
+    return float(value)
+
+
+def _invocation_id(value) -> int:
+    """The SDK holds our id as a string."""
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if not text.isdigit() or len(text) > 18:
+        raise NotFound(f"Invocation {value!r} does not exist.")
+    return int(text)
+
+
+# ---------------------------------------------------------------------------- what a blob is
+
+
+def describe(blob: bytes) -> tuple[str, str]:
+    """(wire, function) of an args_blob: an Envelope names its function (`module.
+    qualname` by reference, the qualname of a pickled one); anything else is a bare
+    value. Only the outer map is read; arguments stay opaque (nested bin)."""
+    try:
+        outer = msgpack.unpackb(blob, raw=False, strict_map_key=False)
+    except Exception:  # noqa: BLE001 - not msgpack we can read: a value all the same
+        return Wire.VALUE, VALUE_FUNCTION
+    if not (isinstance(outer, dict) and isinstance(outer.get("v"), int)):
+        return Wire.VALUE, VALUE_FUNCTION
+    fn = outer.get("fn")
+    if not isinstance(fn, dict):
+        return Wire.VALUE, VALUE_FUNCTION
+    module, qualname = fn.get("module"), fn.get("qualname")
+    qualname = qualname if isinstance(qualname, str) and qualname else "(unnamed)"
+    if fn.get("kind", "ref") == "ref" and isinstance(module, str) and module:
+        name = f"{module}.{qualname}"
+    else:
+        name = qualname
+    return Wire.ENVELOPE, name[:FUNCTION_MAX]
+
+
+# ---------------------------------------------------------------------------- producer
+
+
+def submit(body: dict) -> tuple[Invocation, bool]:
+    """POST …/producer/submit: queue the blob. (invocation, created); an idempotent
+    key already used in the queue answers its invocation, whatever its state."""
+    queue = _text(body, "queue", max_length=63)
+    blob = _blob(body.get("args_blob"), "args_blob")
+    run_config = body.get("run_config") or {}
+    if not isinstance(run_config, dict):
+        raise Invalid("run_config must be a map.", fields={"run_config": "not a map"})
+    priority = _number(
+        run_config.get("priority"), "run_config.priority", default=0.0, low=-1e6, high=1e6
+    )
+    key = run_config.get("key") or ""
+    if not isinstance(key, str) or len(key) > 200 or "\x00" in key:
+        raise Invalid("run_config.key must be a string of at most 200 characters.")
+    timeout = run_config.get("timeout_s")
+    timeout_s = (
+        None
+        if timeout in (None, 0)
+        else int(_number(timeout, "run_config.timeout_s", default=0, low=1, high=2**31 - 1))
+    )
+    wire, function = describe(blob)
+    try:
+        return services.invocation_submit(
+            function=function,
+            queue=queue,
+            priority=priority,
+            key=key,
+            timeout_s=timeout_s,
+            max_attempts=settings.LAKESHORE_SDK_MAX_ATTEMPTS,
+            wire=wire,
+            args_blob=blob,
+            run_config=_plain(run_config),
+        )
+    except IntegrityError as exc:  # a value PostgreSQL refuses (run_config with NUL…)
+        raise Invalid(f"The database refused the submit: {exc}") from None
+
+
+def _plain(value):
+    """run_config as JSON can hold it (bytes become their size; NUL is dropped)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, float) and value != value:
+        return None
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)
+
+
+def await_result(body: dict) -> dict:
+    """POST …/producer/await: the invocation's state once it is terminal, or when
+    `timeout_s` (at most AWAIT_MAX_SECONDS) passes first."""
+    pk = _invocation_id(body.get("invocation_id"))
+    wait = _number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
+    deadline = time.monotonic() + min(wait, AWAIT_MAX_SECONDS)
+    pause = 0.02
+    while True:
+        row = (
+            Invocation.objects.filter(pk=pk)
+            .values("state", "result_blob", "error", "timeout_s", "wire", "result")
+            .first()
+        )
+        if row is None:
+            raise NotFound(f"Invocation {pk} does not exist.")
+        if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
+            break
+        if not connection.in_atomic_block:
+            connection.close()  # hold no connection while waiting
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = min(pause * 1.5, 0.25)
+    return _await_answer(row)
+
+
+def _await_answer(row: dict) -> dict:
+    state = row["state"]
+    answer = {"state": _SDK_STATE[state], "result_blob": None, "result_ref": None, "error": None}
+    if state == InvocationState.SUCCEEDED:
+        blob = row["result_blob"]
+        answer["result_blob"] = bytes(blob) if blob is not None else None
+    elif state == InvocationState.TIMEOUT:
+        answer["error"] = {"message": row["error"] or f"timed out after {row['timeout_s']} s"}
+    elif state in (InvocationState.FAILED, InvocationState.KILLED):
+        answer["error"] = {"message": row["error"] or state}
+    return answer
+
+
+# ---------------------------------------------------------------------------- worker
+
+
+def poll(body: dict, *, user, token=None) -> dict:
+    """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`."""
+    worker_id = _text(body, "worker_id")
+    queue = _text(body, "queue", max_length=63)
+    wait = _number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)
+    daemon = daemons.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
+    claimed = services.invocation_claim(
+        daemon=daemon, limit=1, wait=min(wait, POLL_MAX_SECONDS), wires=SDK_WIRES
+    )
+    return {"commands": [_run_command(inv) for inv in claimed]}
+
+
+def _run_command(invocation: Invocation) -> dict:
+    blob = invocation.args_blob
+    return {
+        "kind": "run",
+        "body": {
+            "invocation_id": str(invocation.pk),
+            "args_blob": bytes(blob) if blob is not None else b"",
+            "attempt": invocation.attempts,
+            "queue": invocation.queue,
+            "run_config": invocation.run_config or {},
+        },
+    }
+
+
+def _held_by(pk: int, user) -> Invocation | None:
+    """The running invocation, if its daemon is one the user may speak for."""
+    from accounts.roles import can_operate
+
+    invocation = Invocation.objects.select_related("daemon").filter(pk=pk).first()
+    if invocation is None:
+        raise NotFound(f"Invocation {pk} does not exist.")
+    if invocation.state != InvocationState.RUNNING or invocation.daemon is None:
+        return None
+    if invocation.daemon.owner_id != user.pk and not can_operate(user):
+        from lakeshore_admin.errors import Forbidden
+
+        raise Forbidden(f"Invocation {pk} runs on another user's worker.")
+    return invocation
+
+
+def ack(body: dict, *, user) -> dict:
+    """POST /v1/daemon/ack: succeeded with result_blob, or failed with an error whose
+    `retry` says whether another attempt may run (when attempts remain)."""
+    pk = _invocation_id(body.get("invocation_id"))
+    state = body.get("state")
+    if state not in ("succeeded", "failed"):
+        raise Invalid("state must be 'succeeded' or 'failed'.", fields={"state": "unknown"})
+    error = body.get("error") or {}
+    if not isinstance(error, dict):
+        error = {"message": str(error)}
+    result_blob = _blob(body.get("result_blob"), "result_blob", required=False)
+    invocation = _held_by(pk, user)
+    if invocation is None:
+        current = Invocation.objects.values_list("state", flat=True).get(pk=pk)
+        return {"ignored": True, "state": _SDK_STATE[current], "reason": "not running"}
+    message = str(error.get("message") or error.get("type") or "failed")[:100_000]
+    try:
+        done = services.invocation_complete(
+            daemon=invocation.daemon,
+            invocation_id=pk,
+            attempt=invocation.attempts,
+            outcome=state,
+            result_blob=result_blob if state == "succeeded" else None,
+            error="" if state == "succeeded" else message.replace("\x00", "\\x00"),
+            retry=bool(error.get("retry", True)),
+        )
+    except Conflict as stale:  # lease expired and re-dispatched meanwhile, or dropped
+        return {"ignored": True, "reason": stale.code}
+    return {"state": _SDK_STATE[done.state], "attempt": done.attempts}
+
+
+def result_chunk(body: dict, *, user) -> dict:
+    """POST /v1/daemon/result-chunk: one frame; the first write of (id, seq) wins. The
+    id may be a topic's name. A chunk from the worker running the job renews its
+    lease."""
+    stream = body.get("invocation_id")
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        stream = str(stream)
+    stream = _text({"invocation_id": stream}, "invocation_id")
+    seq = body.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int) or not -(2**63) <= seq < 2**63:
+        raise Invalid("seq must be an integer.", fields={"seq": "not an integer"})
+    data = _blob(body.get("bytes"), "bytes")
+    final = bool(body.get("final", False))
+    created = _insert_frame(stream, seq, data, final)
+    if stream.isdigit() and len(stream) <= 18:
+        held = Invocation.objects.filter(
+            pk=int(stream), state=InvocationState.RUNNING, daemon__owner=user
+        ).values_list("daemon_id", flat=True)
+        for daemon_id in held:
+            daemons.touch(daemon_id)
+    return {"seq": seq, "duplicate": not created}
+
+
+def _insert_frame(stream: str, seq: int, data: bytes, final: bool) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO jobs_resultframe (stream, seq, data, final, created_at)
+               VALUES (%s, %s, %s, %s, now())
+               ON CONFLICT (stream, seq) DO NOTHING RETURNING id""",
+            [stream, seq, data, final],
+        )
+        return cursor.fetchone() is not None
+
+
+# ---------------------------------------------------------------------------- stream
+
+
+def frames(stream: str, since: int):
+    """GET …/invocations/<id>/result/stream: the stored frames after `since`, then
+    live ones, as bytes. Ends after a final frame, once the invocation is terminal
+    with nothing newer, or after LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame
+    (a topic that nobody posts to). Holds no database connection between looks."""
+    cursor = since
+    idle_limit = float(settings.LAKESHORE_SDK_STREAM_IDLE_SECONDS)
+    quiet_since = time.monotonic()
+    pause = 0.02
+    pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
+    try:
+        while True:
+            rows = list(
+                ResultFrame.objects.filter(stream=stream, seq__gt=cursor)
+                .order_by("seq")
+                .values_list("seq", "data", "final")[:500]
+            )
+            for seq, data, final in rows:
+                yield bytes(data)
+                cursor = seq
+                if final:
+                    return
+            if rows:
+                quiet_since, pause = time.monotonic(), 0.02
+                continue
+            if pk is not None:
+                state = Invocation.objects.filter(pk=pk).values_list("state", flat=True).first()
+                if state in TERMINAL_STATES:
+                    # one last look: a frame written just before the row ended
+                    if not ResultFrame.objects.filter(stream=stream, seq__gt=cursor).exists():
+                        return
+                    continue
+            if time.monotonic() - quiet_since >= idle_limit:
+                return
+            connection.close()
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.2)
+    finally:
+        connection.close()
