@@ -30,3 +30,13 @@ class DaemonProtocol(permissions.BasePermission):
 
     def has_permission(self, request, view):
         return bool(roles_of(request.user) & {Role.DAEMON, Role.OPERATOR})
+
+
+class Operate(permissions.BasePermission):
+    """Only operators, whatever the method (the SDK's producer calls: submit, await and
+    the result stream all act for a user who submits)."""
+
+    message = "This needs the operator role."
+
+    def has_permission(self, request, view):
+        return can_operate(request.user)

@@ -354,9 +354,11 @@ def invocation_claim(
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
     gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
     daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
-    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection. With
-    `wires`, only invocations whose arguments travel that way (an SDK worker)."""
+    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection.
+    `wires` says what the daemon can run: JSON invocations by default (this project's
+    daemon), the SDK's blobs for an SDK worker."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
+    wires = [Wire.JSON] if wires is None else wires
     deadline = time.monotonic() + wait
     fresh = True  # the caller just loaded the daemon
     while True:
@@ -473,6 +475,27 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
                 answers.append(_recorded(invocation))
         daemons.touch(daemon.pk)
     return answers
+
+
+def invocation_exchange(*, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0):
+    """Report outcomes and claim more in one call: invocation_complete_batch, then
+    invocation_claim, each with its own rules and transaction. Answers
+    {"recorded": [the batch's answers], "claimed": [Invocation, ...]}.
+
+    No outcomes: only a claim. `limit` 0: nothing is claimed. A daemon that is no longer
+    live claims nothing: its batch raises its Conflict, or, when it is a retry of reports
+    already recorded, answers them and the claim does not run. Outcomes commit before the
+    claim starts: a claim that then fails (a Conflict, the database going away) leaves
+    them recorded, and a retry of the same outcomes answers them as recorded."""
+    recorded = invocation_complete_batch(daemon=daemon, outcomes=outcomes) if outcomes else []
+    try:
+        daemons.check_live(daemon)
+    except Conflict:
+        if not recorded:
+            raise
+        return {"recorded": recorded, "claimed": []}
+    claimed = invocation_claim(daemon=daemon, limit=limit, wait=wait) if limit > 0 else []
+    return {"recorded": recorded, "claimed": claimed}
 
 
 def _answers_of_a_gone_daemon(daemon, outcomes, gone: Conflict) -> list[dict]:

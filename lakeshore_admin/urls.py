@@ -24,6 +24,17 @@ def api_not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", message), status=404)
 
 
+def sdk_not_found(request, *args, **kwargs):
+    """Unknown addresses under /v1/ (the Python SDK's) answer msgpack, as the SDK reads."""
+    import msgpack
+    from django.http import HttpResponse
+
+    from lakeshore_admin.api_errors import error_body
+
+    body = error_body("not_found", f"No SDK endpoint at {request.path}.")
+    return HttpResponse(msgpack.packb(body), status=404, content_type="application/x-msgpack")
+
+
 def _json_for_api(status: int, code: str, message: str, html_view):
     def view(request, *args, **kwargs):
         if request.path.startswith("/api/"):
@@ -116,4 +127,6 @@ urlpatterns = [
         name="redoc",
     ),
     re_path(r"^api/", api_not_found),
+    path("v1/", include("jobs.api.sdk_urls")),
+    re_path(r"^v1/", sdk_not_found),
 ]

@@ -1,0 +1,104 @@
+"""The Python SDK's routes (dreamlake-lakeshore 0.5.0): thin msgpack views over
+jobs/sdk.py, which answers through the same services as the REST API.
+
+    POST /v1/namespaces/<ns>/producer/submit                          operator
+    POST /v1/namespaces/<ns>/producer/await                           operator
+    GET  /v1/namespaces/<ns>/producer/invocations/<id>/result/stream  operator
+    POST /v1/daemon/poll · /v1/daemon/ack · /v1/daemon/result-chunk   daemon (or operator)
+
+No token: 401; a viewer: 403; another namespace: 404 (namespace_unknown). Bodies are
+msgpack both ways (lakeshore_admin/msgpack_api.py)."""
+
+import logging
+import time
+
+from django.db import OperationalError, connection
+from django.db.utils import InterfaceError
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import DaemonProtocol, Operate
+from jobs import sdk
+from lakeshore_admin.errors import Invalid
+from lakeshore_admin.msgpack_api import AlwaysMsgPack, MsgPackParser, MsgPackRenderer
+
+log = logging.getLogger(__name__)
+STREAM_MEDIA_TYPE = "application/x-msgpack-stream"
+
+
+@extend_schema(exclude=True)  # msgpack, not JSON: documented in the README ("From Python")
+class SdkView(APIView):
+    parser_classes = [MsgPackParser]
+    renderer_classes = [MsgPackRenderer]
+    content_negotiation_class = AlwaysMsgPack
+
+
+class ProducerSubmit(SdkView):
+    permission_classes = [Operate]
+
+    def post(self, request, namespace):
+        sdk.check_namespace(namespace)
+        invocation, created = sdk.submit(request.data)
+        return Response(
+            {"invocation_id": str(invocation.pk), "created": created},
+            status=201 if created else 200,
+        )
+
+
+class ProducerAwait(SdkView):
+    permission_classes = [Operate]
+
+    def post(self, request, namespace):
+        sdk.check_namespace(namespace)
+        return Response(sdk.await_result(request.data))
+
+
+class ProducerResultStream(SdkView):
+    permission_classes = [Operate]
+
+    def get(self, request, namespace, invocation_id):
+        sdk.check_namespace(namespace)
+        raw = request.query_params.get("since", "-1")
+        try:
+            since = int(raw)
+        except ValueError:
+            raise Invalid(f"since must be an integer, got {raw!r}.") from None
+        if len(invocation_id) > 200:
+            raise Invalid("The invocation id is longer than 200 characters.")
+        response = StreamingHttpResponse(
+            sdk.frames(invocation_id, since), content_type=STREAM_MEDIA_TYPE
+        )
+        response["Cache-Control"] = "no-store"
+        response["X-Accel-Buffering"] = "no"  # a proxy in front must not hold frames back
+        return response
+
+
+class DaemonPoll(SdkView):
+    permission_classes = [DaemonProtocol]
+
+    def post(self, request):
+        try:
+            return Response(sdk.poll(request.data, user=request.user, token=request.auth))
+        except (OperationalError, InterfaceError) as exc:
+            # Any error answer ends the SDK's worker: a database that is away for a
+            # moment answers "no work" after a pause instead, and the worker polls again.
+            log.warning("SDK poll: database unavailable (%s); answering no work", exc)
+            connection.close()
+            time.sleep(1.0)
+            return Response({"commands": []})
+
+
+class DaemonAck(SdkView):
+    permission_classes = [DaemonProtocol]
+
+    def post(self, request):
+        return Response(sdk.ack(request.data, user=request.user))
+
+
+class DaemonResultChunk(SdkView):
+    permission_classes = [DaemonProtocol]
+
+    def post(self, request):
+        return Response(sdk.result_chunk(request.data, user=request.user))
