@@ -1,5 +1,5 @@
-"""Retention: finished invocations and controller events older than
-LAKESHORE_RETENTION_DAYS are deleted, a batch at a time, by the beat task
+"""Retention: finished invocations, controller events and the SDK's result frames
+older than LAKESHORE_RETENTION_DAYS are deleted, a batch at a time, by the beat task
 `jobs.retention` (and `manage.py prune`).
 
 Each batch is one statement in a short transaction of its own. It takes at most
@@ -57,6 +57,18 @@ DELETE FROM queues_queueevent
  ))
 """
 
+# The SDK's result journal (jobs.ResultFrame), by the frame's own age.
+_FRAMES_SQL = """
+DELETE FROM jobs_resultframe
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM jobs_resultframe
+     WHERE created_at < %(cutoff)s
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+ ))
+"""
+
 
 def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:
     deleted = 0
@@ -80,8 +92,9 @@ def retention_sweep(
     *, now: datetime | None = None, batch_size: int = BATCH_SIZE, max_batches: int = MAX_BATCHES
 ) -> dict:
     """Delete finished invocations (terminal state, finished_at before the cutoff) and
-    queue events (`at` before the cutoff), at most batch_size * max_batches of each.
-    Returns {"invocations": n, "events": m}. Safe to run twice at once."""
+    queue events (`at` before the cutoff) and result frames (created before it), at
+    most batch_size * max_batches of each. Returns {"invocations": n, "events": m,
+    "frames": f}. Safe to run twice at once."""
     if batch_size < 1 or max_batches < 1:
         raise ValueError("batch_size and max_batches must be at least 1")
     cutoff = retention_cutoff(now)
@@ -93,7 +106,8 @@ def retention_sweep(
             **limits,
         ),
         "events": _delete_in_batches(_EVENTS_SQL, {"cutoff": cutoff}, **limits),
+        "frames": _delete_in_batches(_FRAMES_SQL, {"cutoff": cutoff}, **limits),
     }
-    if counts["invocations"] or counts["events"]:
+    if any(counts.values()):
         log.info("retention: deleted %s (finished before %s)", counts, cutoff.isoformat())
     return counts

@@ -49,7 +49,13 @@ def print_job(j: dict) -> None:
         count = position["ahead"]
         ahead = f"{count:g}{'+' if position.get('capped') else ''} ahead"
         ahead += "" if position.get("exact") else " (expected)"
-    result = j.get("result")
+    result = None if j.get("result") is None else json.dumps(j.get("result"))
+    args, kwargs = json.dumps(j.get("args")), json.dumps(j.get("kwargs"))
+    if j.get("wire"):  # from the Python SDK: opaque msgpack, shown by its size
+        what = "SDK envelope" if j["wire"] == "envelope" else "SDK value"
+        args, kwargs = f"{j.get('args_bytes') or 0:,} bytes ({what}, msgpack)", None
+        if j.get("result_bytes") is not None:
+            result = f"{j['result_bytes']:,} bytes (msgpack)"
     fields(
         [
             ("ID", j["id"]),
@@ -62,9 +68,9 @@ def print_job(j: dict) -> None:
             ("Attempts", f"{j.get('attempts')}/{j.get('max_attempts')}"),
             ("Timeout", f"{j['timeout_s']} s" if j.get("timeout_s") else None),
             ("Key", j.get("key")),
-            ("Args", json.dumps(j.get("args"))),
-            ("Kwargs", json.dumps(j.get("kwargs"))),
-            ("Result", None if result is None else json.dumps(result)),
+            ("Args", args),
+            ("Kwargs", kwargs),
+            ("Result", result),
             ("Reason", j.get("reason")),
             ("Created", when(j.get("created_at"))),
             ("Started", when(j.get("started_at"))),

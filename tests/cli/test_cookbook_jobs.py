@@ -159,3 +159,19 @@ def test_jobs_submit_into_a_draining_queue_is_refused(sh):
     queue_transition(name="eval", action="drain")
     result = sh("lakeshore jobs submit lakeshore.functions.echo --queue eval", exit=1)
     assert "draining" in result.stderr
+
+
+def test_jobs_show_of_an_sdk_invocation_gives_its_blobs_sizes(sh):
+    builders.queue(name="py")
+    inv, _ = services.invocation_submit(
+        function="hello_udfs.add",
+        queue="py",
+        wire="envelope",
+        args_blob=b"\x01" * 1234,
+        priority=5.5,
+    )
+    sh.env["J"] = str(inv.pk)
+    out = sh('lakeshore jobs show "$J"').stdout
+    assert "Function: hello_udfs.add" in out
+    assert "Args:     1,234 bytes (SDK envelope, msgpack)" in out
+    assert "Priority: 5.5" in out

@@ -78,17 +78,28 @@ def test_it_deletes_old_finished_invocations_and_keeps_the_rest():
     unfinished = _invocations(1, state=InvocationState.FAILED, finished_at=None)
     Invocation.objects.filter(pk__in=_ids(waiting + unfinished)).update(created_at=OLD)
 
-    assert retention_sweep(now=NOW) == {"invocations": len(old), "events": 0}
+    assert retention_sweep(now=NOW) == {"invocations": len(old), "events": 0, "frames": 0}
     assert len(old) == 4
     left = set(Invocation.objects.values_list("pk", flat=True))
     assert left == _ids(young + waiting + unfinished)
+
+
+def test_it_deletes_old_result_frames_and_keeps_young_ones():
+    from jobs.models import ResultFrame
+
+    ResultFrame.objects.create(stream="1", seq=0, data=b"old")
+    ResultFrame.objects.create(stream="1", seq=1, data=b"young")
+    ResultFrame.objects.filter(seq=0).update(created_at=OLD)
+    ResultFrame.objects.filter(seq=1).update(created_at=YOUNG)
+    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0, "frames": 1}
+    assert list(ResultFrame.objects.values_list("data", flat=True)) == [b"young"]
 
 
 def test_it_deletes_old_events_and_keeps_young_ones():
     queue = builders.queue()
     old = _events(3, queue=queue)
     young = _events(2, at=YOUNG, queue=queue)
-    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 3}
+    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 3, "frames": 0}
     assert set(QueueEvent.objects.values_list("pk", flat=True)) == _ids(young)
     assert not _ids(old) & set(QueueEvent.objects.values_list("pk", flat=True))
 
@@ -97,25 +108,30 @@ def test_it_keeps_everything_at_the_default_cutoff_of_now():
     """Without `now`, the cutoff is LAKESHORE_RETENTION_DAYS before the present."""
     _invocations(1, finished_at=timezone.now() - timedelta(days=1))
     _events(1, at=timezone.now() - timedelta(days=1))
-    assert retention_sweep() == {"invocations": 0, "events": 0}
+    assert retention_sweep() == {"invocations": 0, "events": 0, "frames": 0}
 
 
 def test_it_reads_the_retention_days_setting(settings):
     _invocations(1, finished_at=NOW - timedelta(days=3))
     _events(1, at=NOW - timedelta(days=3))
     settings.LAKESHORE_RETENTION_DAYS = 5
-    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0}
+    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0, "frames": 0}
     settings.LAKESHORE_RETENTION_DAYS = 2
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 1}
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 1, "frames": 0}
 
 
 def test_it_deletes_in_batches_until_nothing_is_due():
     _invocations(5)
     _events(5)
     with CaptureQueriesContext(connection) as ctx:
-        assert retention_sweep(now=NOW, batch_size=2) == {"invocations": 5, "events": 5}
-    # 2 + 2 + 1 for each kind: the short third batch says nothing more is due
-    assert len(_deletes(ctx)) == 6
+        assert retention_sweep(now=NOW, batch_size=2) == {
+            "invocations": 5,
+            "events": 5,
+            "frames": 0,
+        }
+    # 2 + 2 + 1 for each kind: the short third batch says nothing more is due (and one
+    # empty batch of frames)
+    assert len(_deletes(ctx)) == 7
     assert all("LIMIT 2" in sql and "SKIP LOCKED" in sql for sql in _deletes(ctx))
     assert not Invocation.objects.exists() and not QueueEvent.objects.exists()
 
@@ -124,7 +140,7 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
     invocations = _invocations(5)
     events = _events(5)
     first = retention_sweep(now=NOW, batch_size=2, max_batches=1)
-    assert first == {"invocations": 2, "events": 2}
+    assert first == {"invocations": 2, "events": 2, "frames": 0}
     lowest = sorted(_ids(invocations))[:2]  # lowest ids first
     assert not Invocation.objects.filter(pk__in=lowest).exists()
     assert Invocation.objects.count() == 3 and QueueEvent.objects.count() == 3
@@ -134,10 +150,12 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
     assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
         "invocations": 1,
         "events": 1,
+        "frames": 0,
     }
     assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
         "invocations": 0,
         "events": 0,
+        "frames": 0,
     }
 
 
@@ -153,7 +171,7 @@ def test_it_clears_a_daemons_current_invocation_that_it_deletes():
     (young,) = _invocations(1, finished_at=YOUNG)
     pointing = builders.daemon(state="terminated", current_invocation=done)
     elsewhere = builders.daemon(current_invocation=young)
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0}
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0, "frames": 0}
     # the deferred foreign key is checked now, as at a real commit
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
@@ -201,7 +219,7 @@ def test_the_beat_task_runs_the_sweep_hourly():
     assert 0 < entry["options"]["expires"] <= 3600
     _invocations(1)
     _events(1)
-    assert tasks.retention_sweep() == {"invocations": 1, "events": 1}
+    assert tasks.retention_sweep() == {"invocations": 1, "events": 1, "frames": 0}
 
 
 def test_the_prune_command_prints_what_it_deleted():
@@ -210,7 +228,7 @@ def test_the_prune_command_prints_what_it_deleted():
     _events(3)
     out = StringIO()
     call_command("prune", stdout=out)
-    assert json.loads(out.getvalue()) == {"invocations": 2, "events": 3}
+    assert json.loads(out.getvalue()) == {"invocations": 2, "events": 3, "frames": 0}
     assert Invocation.objects.count() == 1
 
 
@@ -250,7 +268,7 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
         assert locked.wait(30)
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")  # a wait would fail, not hang
-        assert retention_sweep(now=NOW) == {"invocations": 2, "events": 0}
+        assert retention_sweep(now=NOW) == {"invocations": 2, "events": 0, "frames": 0}
     finally:
         release.set()
         thread.join(30)
@@ -258,7 +276,7 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
             cursor.execute("RESET lock_timeout")
     assert not errors, errors
     assert list(Invocation.objects.values_list("pk", flat=True)) == [held]
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0}
+    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0, "frames": 0}
 
 
 @pytest.mark.django_db(transaction=True)
