@@ -199,8 +199,7 @@ def await_result(body: dict) -> dict:
             raise NotFound(f"Invocation {pk} does not exist.")
         if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
             break
-        if not connection.in_atomic_block:
-            connection.close()  # hold no connection while waiting
+        _release_connection()
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         pause = min(pause * 1.5, 0.25)
     return _await_answer(row)
@@ -366,8 +365,14 @@ def frames(stream: str, since: int):
                     continue
             if time.monotonic() - quiet_since >= idle_limit:
                 return
-            connection.close()
+            _release_connection()
             time.sleep(pause)
             pause = min(pause * 1.5, 0.2)
     finally:
+        _release_connection()
+
+
+def _release_connection() -> None:
+    """Hold no database connection while waiting (not inside a transaction: a test's)."""
+    if not connection.in_atomic_block:
         connection.close()

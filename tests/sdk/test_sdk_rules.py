@@ -184,3 +184,39 @@ def test_a_body_that_is_not_msgpack_is_400_in_msgpack(api, operator):
                       HTTP_AUTHORIZATION=f"Bearer {operator}")  # fmt: skip
     assert answer.status_code == 400
     assert msgpack.unpackb(answer.content)["error"]["code"] == "invalid"
+
+
+def test_the_controller_counts_sdk_backlog_and_sdk_workers(api, operator, daemon_token):
+    queue = builders.queue(name="gpu")
+    _submit(api, operator)
+    _submit(api, operator)
+    _call(api, "/v1/daemon/poll", {"worker_id": "h-1", "queue": "gpu", "timeout_s": 0},
+          daemon_token)  # fmt: skip
+    signals = queue_services.queue_signals(queue)["signals"]
+    assert (signals.pending, signals.daemons, signals.busy) == (1, 1, 1)
+
+
+def test_a_stream_of_a_topic_nobody_posts_to_ends_after_the_idle_limit(api, operator, settings):
+    settings.LAKESHORE_SDK_STREAM_IDLE_SECONDS = 0.3
+    answer = api.get(
+        "/v1/namespaces/default/producer/invocations/quiet-topic/result/stream",
+        {"since": "-1"},
+        HTTP_AUTHORIZATION=f"Bearer {operator}",
+    )
+    assert answer.status_code == 200
+    assert b"".join(answer.streaming_content) == b""
+
+
+def test_a_stream_sends_the_stored_frames_after_since_then_ends_at_the_final_one(
+    api, operator, daemon_token
+):
+    frames = [msgpack.packb([0, i, {"i": i}, None]) for i in range(3)]
+    for seq, frame in enumerate(frames):
+        chunk = {"invocation_id": "t", "seq": seq, "bytes": frame, "final": seq == 2}
+        _call(api, "/v1/daemon/result-chunk", chunk, daemon_token)
+    answer = api.get(
+        "/v1/namespaces/default/producer/invocations/t/result/stream",
+        {"since": "0"},
+        HTTP_AUTHORIZATION=f"Bearer {operator}",
+    )
+    assert b"".join(answer.streaming_content) == frames[1] + frames[2]
