@@ -404,7 +404,8 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random, wires=None) -> l
                     limit=want,
                     wires=wires,
                 )
-        daemons.touch(daemon.pk)
+        if claimed or daemons.heartbeat_due(daemon):
+            daemons.touch(daemon.pk)
         hooks.point("claim.before_commit")
     return claimed
 

@@ -120,3 +120,26 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
 
     invocation.refresh_from_db()
     assert (invocation.state, invocation.daemon_id, invocation.attempts) == ("queued", None, 0)
+
+
+def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queues.models import Daemon
+
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
+    services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+
+    _, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    assert len(_work(sql)) == 1  # the claim alone: nothing a touch would write
+
+    old = timezone.now() - timedelta(minutes=5)
+    Daemon.objects.filter(pk=daemon.pk).update(last_heartbeat_at=old)
+    daemon.refresh_from_db()
+    _, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    assert len(_work(sql)) == 2  # and the touch, which keeps it from being reaped
+    daemon.refresh_from_db()
+    assert daemon.last_heartbeat_at > old
