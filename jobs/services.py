@@ -478,7 +478,9 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
     return answers
 
 
-def invocation_exchange(*, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0):
+def invocation_exchange(
+    *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
+):
     """Report outcomes and claim more in one call: invocation_complete_batch, then
     invocation_claim, each with its own rules and transaction. Answers
     {"recorded": [the batch's answers], "claimed": [Invocation, ...]}.
@@ -495,7 +497,9 @@ def invocation_exchange(*, daemon: Daemon, outcomes: list[dict], limit: int, wai
         if not recorded:
             raise
         return {"recorded": recorded, "claimed": []}
-    claimed = invocation_claim(daemon=daemon, limit=limit, wait=wait) if limit > 0 else []
+    claimed = (
+        invocation_claim(daemon=daemon, limit=limit, wait=wait, wires=wires) if limit > 0 else []
+    )
     return {"recorded": recorded, "claimed": claimed}
 
 

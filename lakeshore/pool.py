@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lakeshore.sdk_job import FinalError, ResultBlob
+
 ISOLATIONS = ("pool", "process")
 RUNNER = "lakeshore.runner"
 READ_CHUNK = 1 << 16
@@ -280,6 +282,7 @@ class Pool:
         lock: threading.RLock,
         spawner: threading.Thread,
         allowed_modules: tuple[str, ...] = (),
+        allow_pickled: bool = False,
         max_tasks: int = 100,
         max_memory_mb: float = 1024,
         log: Callable[[str], None] = print,
@@ -294,6 +297,7 @@ class Pool:
         self.lock = lock
         self.spawner = spawner
         self.allowed_modules = tuple(allowed_modules)
+        self.allow_pickled = allow_pickled
         self.max_tasks = max_tasks
         self.max_memory_mb = max_memory_mb
         self.log = log
@@ -341,6 +345,10 @@ class Pool:
         message = {k: item.invocation.get(k) for k in ("id", "function", "args", "kwargs")}
         message["attempt"] = item.invocation.get("attempts")
         message["allowed_modules"] = list(self.allowed_modules)
+        if item.invocation.get("wire") == "envelope":  # the Python SDK's (lakeshore.sdk_job)
+            message["wire"] = "envelope"
+            message["args_blob"] = item.invocation.get("args_blob")
+            message["allow_pickled"] = self.allow_pickled
         process = None
         if self.isolation == "pool":
             with self.lock:
@@ -544,10 +552,13 @@ class Pool:
         return ""
 
     def _deliver(self, item: Running, outcome: dict) -> None:
-        if outcome.get("ok"):
+        if outcome.get("ok") and "result_blob" in outcome:
+            self.done(item, "succeeded", ResultBlob(outcome["result_blob"]), "")
+        elif outcome.get("ok"):
             self.done(item, "succeeded", outcome.get("result"), "")
         else:
-            self.done(item, "failed", None, str(outcome.get("error") or "no error text"))
+            error = str(outcome.get("error") or "no error text")
+            self.done(item, "failed", None, FinalError(error) if outcome.get("final") else error)
 
     def _on_exit(self, process: JobProcess) -> None:
         stopped = process.killed  # we killed it (or were replacing it): no news

@@ -3,9 +3,12 @@
 The daemon (lakeshore.pool) talks to it over a pipe pair of its own, one JSON message a
 line, never over stdin/stdout: the functions' own output goes to the daemon's log.
 
-- in (FD): {"id", "attempt", "function", "args", "kwargs", "allowed_modules"}
+- in (FD): {"id", "attempt", "function", "args", "kwargs", "allowed_modules"}, and for
+  the Python SDK's invocations "wire": "envelope", "args_blob" (base64) and
+  "allow_pickled" (lakeshore.sdk_job runs them)
 - out (FD): the outcome, as `run` makes it, with the invocation's "id":
-  {"id", "ok": true, "result": …} or {"id", "ok": false, "error": "<traceback>"}, and
+  {"id", "ok": true, "result": …} or {"id", "ok": false, "error": "<traceback>"} (an SDK
+  invocation: "result_blob" instead of "result", and "final" on a refusal), and
   "leftovers" (a list of reasons) when the invocation left processes or threads running.
 
 With `--once` (isolation "process") it runs one invocation and exits. Without it
@@ -58,6 +61,10 @@ def refusal(function: str, allowed: tuple[str, ...]) -> str:
 def run(payload: dict) -> dict:
     function = payload["function"]
     allowed = allowed_modules(payload)
+    if payload.get("wire") == "envelope":  # the Python SDK's: its own exec contract
+        from lakeshore import sdk_job
+
+        return sdk_job.run_envelope(payload, allowed=allowed, timeout=None)
     if not is_allowed(function, allowed):
         return {"ok": False, "error": refusal(function, allowed)}
     module_name, _, attr = function.rpartition(".")

@@ -10,6 +10,18 @@ after the first, so the claim loop never waits on a report) and the heartbeat, w
 carries the ids the daemon holds (running, or ended and not yet reported) so that the
 server requeues work whose claim answer never arrived.
 
+One request per job: a finished job frees a slot, so the claim loop is about to claim
+again; it takes the outcomes waiting and sends them with its claim (POST …/exchange/:
+recorded first, then the claim, which then does not long-poll). While the claim loop
+is on its way to a request or in an exchange, outcomes wait for it rather than leave
+after the linger (a full batch still leaves); while it long-polls (nothing to claim),
+is stopping or registering, the reporter sends them on their own (POST …/complete/).
+A server without exchange (404) gets complete and claim apart, as before. (Measured
+with daemons in this process against gunicorn: 8 daemons × 1 slot, 177 vs 134 jobs/s
+and half the requests; 1 daemon × 8 slots, 0.21 vs 0.35 requests a job and a third less
+server CPU a job. Letting outcomes leave in parallel while an exchange is in flight
+split the batches: more requests, fewer jobs/s.)
+
 Dispatch safety: a job process must never outlive the daemon that claimed it, or the
 reaper would hand the work to another daemon while the first copy still runs.
 
@@ -50,6 +62,7 @@ from lakeshore.pool import (  # noqa: F401 - start_job_process, kill_job_group: 
     start_job_process,
 )
 from lakeshore.runner import parse_modules
+from lakeshore.sdk_job import FinalError, ResultBlob
 
 BACKOFF_START = 0.5
 BACKOFF_MAX = 10.0
@@ -129,6 +142,9 @@ def job_environment(source: dict, extra_names: list[str], invocation: dict | Non
 
 # ---------------------------------------------------------------------------- logging
 
+# What this daemon runs: JSON invocations, and the Python SDK's @dls.udf calls
+# (lakeshore.sdk_job), not the SDK's bare values, which only SyncQueue.claim handles.
+WIRES = ["json", "envelope"]
 REPORT_BATCH = 50  # outcomes per complete request, at most (the server takes 1,000)
 REPORT_LINGER = 0.005  # seconds a batch waits for company after its first outcome
 HELD_MAX = 10_000  # ids a heartbeat carries at most (the server's limit)
@@ -163,19 +179,28 @@ class Outcome:
     at: float = 0.0  # when it ended (monotonic)
 
     def body(self) -> dict:
-        return {
+        body = {
             "invocation": int(self.item.id),
             "attempt": self.item.invocation["attempts"],
             "state": self.state,
             "result": self.result,
             "error": self.error,
         }
+        if isinstance(self.result, ResultBlob):  # the Python SDK's result bytes (base64)
+            body["result"], body["result_blob"] = None, str(self.result)
+        if isinstance(self.error, FinalError):  # another attempt cannot help
+            body["retry"] = False
+        return body
 
 
 class Reporter:
     """Sends outcomes from a thread of its own, many to a request: a batch leaves when it
     holds `batch` outcomes or `linger` seconds after its first one came, whichever is
-    first (at once, if the previous request took longer than that)."""
+    first (at once, if the previous request took longer than that).
+
+    The claim loop may `take` outcomes to send with its claim. While it says it will
+    (`carry`: the registration whose outcomes its next request carries), outcomes of
+    that registration past their linger wait for it; a full batch still leaves."""
 
     def __init__(
         self,
@@ -191,7 +216,8 @@ class Reporter:
         self.linger = linger
         self.cond = threading.Condition(threading.Lock())
         self.queue: deque[Outcome] = deque()
-        self.busy: list[Outcome] = []  # taken from the queue, not yet answered
+        self.busy: list[Outcome] = []  # taken from the queue (by either), not yet answered
+        self.carrier: str | None = None  # the claim loop will take this registration's
         self.closing = False
         self.thread = threading.Thread(target=self._loop, name="reporter", daemon=True)
 
@@ -213,6 +239,36 @@ class Reporter:
         with self.cond:
             return [o.item.id for o in self.queue] + [o.item.id for o in self.busy]
 
+    def carry(self, daemon_id: str | None) -> None:
+        """The claim loop's next request carries this registration's outcomes (None: it
+        carries nothing soon; the reporter sends them after the linger)."""
+        with self.cond:
+            if self.carrier != daemon_id:
+                self.carrier = daemon_id
+                self.cond.notify()
+
+    def take(self, daemon_id: str | None) -> list[Outcome]:
+        """For the claim loop: the outcomes of `daemon_id` at the head of the queue (up to
+        a batch), at once. Hand them back with `finished` or `give_back`."""
+        with self.cond:
+            batch = self._pop(daemon_id)
+            self.busy.extend(batch)
+            return batch
+
+    def finished(self, batch: list[Outcome]) -> None:
+        """The server answered for `batch`."""
+        with self.cond:
+            self._unbusy(batch)
+        self.sent()
+
+    def give_back(self, batch: list[Outcome]) -> None:
+        """Not recorded for sure (the request was refused or given up): the reporter sends
+        them, before anything else."""
+        with self.cond:
+            self._unbusy(batch)
+            self.queue.extendleft(reversed(batch))
+            self.cond.notify()
+
     def close(self, timeout: float) -> None:
         """Sends what is queued (once: the daemon is stopping), then ends the thread."""
         with self.cond:
@@ -223,35 +279,61 @@ class Reporter:
 
     def _take(self) -> list[Outcome] | None:
         with self.cond:
-            while not self.queue:
-                if self.closing:
-                    return None
-                self.cond.wait()
-            first = self.queue[0]
-            while len(self.queue) < self.batch and not self.closing:
-                left = first.at + self.linger - time.monotonic()
-                if left <= 0:
+            while True:  # the claim loop may take what we wait for: look again each time
+                if not self.queue:
+                    if self.closing:
+                        return None
+                    self.cond.wait()
+                    continue
+                if self.closing or len(self.queue) >= self.batch:
                     break
-                self.cond.wait(left)
-            # One registration per request: after a re-registration the old claims'
-            # outcomes still go to the daemon id that claimed them.
-            daemon_id = self.queue[0].item.daemon_id
-            batch = []
-            while (
-                self.queue and len(batch) < self.batch and self.queue[0].item.daemon_id == daemon_id
-            ):
-                batch.append(self.queue.popleft())
-            self.busy = batch
+                first = self.queue[0]
+                left = first.at + self.linger - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                elif first.item.daemon_id == self.carrier:
+                    self.cond.wait()  # the claim loop's next request carries it
+                else:
+                    break
+            batch = self._pop(self.queue[0].item.daemon_id)
+            self.busy.extend(batch)
             return batch
+
+    def _pop(self, daemon_id: str | None) -> list[Outcome]:
+        """Up to a batch from the head, of one registration: after a re-registration the
+        old claims' outcomes still go to the daemon id that claimed them."""
+        batch = []
+        while self.queue and len(batch) < self.batch and self.queue[0].item.daemon_id == daemon_id:
+            batch.append(self.queue.popleft())
+        return batch
+
+    def _unbusy(self, batch: list[Outcome]) -> None:
+        self.busy = [o for o in self.busy if not any(o is b for b in batch)]
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
             try:
                 self.send(batch)
             finally:
-                with self.cond:
-                    self.busy = []
-                self.sent()
+                self.finished(batch)
+
+
+def _answers(batch: list[Outcome], answers) -> list[dict]:
+    """The server's answers to a list of outcomes (complete's, exchange's `recorded`),
+    one {"ok": bool, "why": str} per outcome."""
+    if not isinstance(answers, list) or len(answers) != len(batch):
+        why = f"the server's answer to {len(batch)} outcomes was not a list of as many"
+        return [{"ok": False, "why": why}] * len(batch)
+    out = []
+    for answer in answers:
+        if isinstance(answer, dict) and answer.get("ok"):
+            out.append({"ok": True})
+            continue
+        error = answer.get("error") if isinstance(answer, dict) else None
+        error = error if isinstance(error, dict) else {}
+        why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"))
+        out.append({"ok": False, "why": why})
+    return out
 
 
 def _refusal(code: str, message: str, status: int | None = None) -> str:
@@ -277,6 +359,7 @@ class Worker:
         isolation: str = "pool",
         max_tasks_per_worker: int = 100,
         max_worker_memory: float = 1024,
+        allow_pickled: bool = False,
         report_batch: int = REPORT_BATCH,
         report_linger: float = REPORT_LINGER,
         log: Callable[[str], None] = stderr_log,
@@ -291,6 +374,7 @@ class Worker:
         self.isolation = isolation
         self.max_tasks_per_worker = max_tasks_per_worker
         self.max_worker_memory = max_worker_memory
+        self.allow_pickled = allow_pickled
         self.log = log
         self.debug = debug or (lambda message: None)
         self.daemon_id: str | None = None
@@ -304,7 +388,9 @@ class Worker:
         self.dropped = threading.Event()  # the server terminated us: leave now
         self.hard_stop = threading.Event()
         self.counts = {"succeeded": 0, "failed": 0, "timeout": 0}
-        self.requests = 0  # complete requests sent (retries not counted)
+        self.counts_lock = threading.Lock()  # the reporter and the claim loop count
+        self.requests = 0  # complete requests the reporter sent (retries not counted)
+        self.exchange = True  # the server has …/exchange/ (False after a 404: apart)
         self.send_held = True  # heartbeats carry the ids we hold (see _held)
         self.register_lock = threading.Lock()
         # Read once at start: the modules jobs may run (sent to the runner with each
@@ -374,6 +460,7 @@ class Worker:
             lock=self.lock,
             spawner=self.spawner,
             allowed_modules=self.allowed_modules,
+            allow_pickled=self.allow_pickled,
             max_tasks=self.max_tasks_per_worker,
             max_memory_mb=self.max_worker_memory,
             log=self.log,
@@ -423,36 +510,93 @@ class Worker:
     # ------------------------------------------------------------------ claiming
 
     def _claim_loop(self) -> None:
-        while not self._should_stop():
-            with self.lock:
-                while len(self.running) >= self.concurrency and not self._should_stop():
-                    self.slot_free.wait(1.0)
-                free = self.concurrency - len(self.running)
-                busy = bool(self.running)
-            if self._should_stop() or free <= 0:
-                continue
-            self.pool.prepare()  # warm processes in free slots before the work comes
-            failed_id = self.daemon_id
-            asked = time.monotonic()
-            try:
-                claimed = self.call(
-                    "POST",
-                    path("daemons", self.daemon_id, "claim"),
-                    {"limit": free, "wait": 2.0 if busy else self.claim_wait},
-                    give_up=self.draining,
+        try:
+            while not self._should_stop():
+                # A job that ends frees a slot, and the request this loop then sends
+                # carries its outcome: the reporter leaves it to us.
+                self.reporter.carry(self.daemon_id if self.exchange else None)
+                with self.lock:
+                    while len(self.running) >= self.concurrency and not self._should_stop():
+                        self.slot_free.wait(1.0)
+                    free = self.concurrency - len(self.running)
+                    busy = bool(self.running)
+                if self._should_stop() or free <= 0:
+                    continue
+                self.pool.prepare()  # warm processes in free slots before the work comes
+                failed_id = self.daemon_id
+                asked = time.monotonic()
+                try:
+                    claimed = self._claim(failed_id, free, busy)
+                except Stopped:
+                    return
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+                    self.reporter.carry(None)  # registering again, or stopping
+                    self._handle_not_live(exc, failed_id)
+                    continue
+                if claimed:
+                    took = (time.monotonic() - asked) * 1000
+                    self.debug(f"claimed {len(claimed)} (limit {free}) in {took:.0f} ms")
+                for invocation in claimed:
+                    self._start(invocation, failed_id)
+        finally:
+            self.reporter.carry(None)  # what ends from now on is the reporter's to send
+
+    def _claim(self, daemon_id: str | None, limit: int, busy: bool) -> list[dict]:
+        """Claims up to `limit`. Outcomes waiting go with it in one exchange, which does
+        not long-poll (their answers come at once; if it finds no work, the next claim
+        waits for some): outcomes that end meanwhile wait for the next one. Without
+        outcomes, a claim that long-polls: 2 s while jobs run, `claim_wait` when idle;
+        outcomes that end meanwhile go on their own, after the linger."""
+        batch = self.reporter.take(daemon_id) if self.exchange else []
+        if batch:
+            claimed = self._exchange(daemon_id, batch, limit)
+            if claimed is not None:
+                return claimed
+        self.reporter.carry(None)
+        url = path("daemons", daemon_id, "claim")
+        body = {"limit": limit, "wait": 2.0 if busy else self.claim_wait, "wires": WIRES}
+        return self.call("POST", url, body, give_up=self.draining)
+
+    def _exchange(self, daemon_id: str | None, batch: list[Outcome], limit: int):
+        """Reports `batch` and claims up to `limit` in one request: the invocations
+        claimed, or None when the server would not take the exchange (400, or 404: a
+        server without it, asked no more), the outcomes then given back to the reporter.
+        Retried whole like any request (a repeat of recorded outcomes answers them as
+        recorded). A 409 (daemon_terminated, daemon_lost) is raised for the claim loop,
+        the outcomes given back: complete then says which were recorded."""
+        url = path("daemons", daemon_id, "exchange")
+        body = {
+            "outcomes": [outcome.body() for outcome in batch],
+            "limit": limit,
+            "wait": 0,
+            "wires": WIRES,
+        }
+        started = time.monotonic()
+        try:
+            answer = self.call("POST", url, body, give_up=self.draining)
+        except Stopped:
+            self.reporter.give_back(batch)
+            raise
+        except ApiError as exc:
+            self.reporter.give_back(batch)
+            if exc.status == 404:
+                self.exchange = False
+                self.log(
+                    f"the server has no exchange ({exc.message}): reporting and claiming apart"
                 )
-            except Stopped:
-                return
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                self._handle_not_live(exc, failed_id)
-                continue
-            if claimed:
-                took = (time.monotonic() - asked) * 1000
-                self.debug(f"claimed {len(claimed)} (limit {free}) in {took:.0f} ms")
-            for invocation in claimed:
-                self._start(invocation, failed_id)
+                return None
+            if exc.status == 400:
+                return None
+            raise
+        answer = answer if isinstance(answer, dict) else {}
+        took = (time.monotonic() - started) * 1000
+        self.debug(f"reported {len(batch)} outcome(s) in 1 request(s), an exchange ({took:.0f} ms)")
+        self._log_answers(batch, _answers(batch, answer.get("recorded")))
+        self.reporter.finished(batch)
+        claimed = answer.get("claimed")
+        return claimed if isinstance(claimed, list) else []
 
     def _should_stop(self) -> bool:
         return self.draining.is_set() or self.dropped.is_set() or self.hard_stop.is_set()
@@ -515,9 +659,13 @@ class Worker:
             f"reported {len(batch)} outcome(s) in {self.requests - requests} request(s) "
             f"({took:.0f} ms)"
         )
+        self._log_answers(batch, answers)
+
+    def _log_answers(self, batch: list[Outcome], answers: list[dict]) -> None:
         for outcome, answer in zip(batch, answers, strict=True):
             if answer.get("ok"):
-                self.counts[outcome.state] += 1
+                with self.counts_lock:
+                    self.counts[outcome.state] += 1
                 self.log(f"invocation {outcome.item.id}: {outcome.state} in {outcome.took:.2f} s")
             else:
                 self.log(f"invocation {outcome.item.id}: outcome not recorded ({answer['why']})")
@@ -542,19 +690,7 @@ class Worker:
             # A server without batched completes (or one refusing the batch as a whole):
             # one request per outcome, each with its own answer.
             return [self._report_one(url, outcome) for outcome in batch]
-        if not isinstance(answers, list) or len(answers) != len(batch):
-            why = f"the server's answer to {len(batch)} outcomes was not a list of as many"
-            return [{"ok": False, "why": why}] * len(batch)
-        out = []
-        for answer in answers:
-            if isinstance(answer, dict) and answer.get("ok"):
-                out.append({"ok": True})
-                continue
-            error = answer.get("error") if isinstance(answer, dict) else None
-            error = error if isinstance(error, dict) else {}
-            why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"))
-            out.append({"ok": False, "why": why})
-        return out
+        return _answers(batch, answers)
 
     def _wait_for_running(self) -> None:
         with self.lock:

@@ -430,10 +430,30 @@ class Rows:
             for daemons in (1, 8)
             for limit in (1, 10)
         ]
+        rows += [
+            Row(
+                f"cc-{daemons}x1-exchange",
+                f"claim + complete in one exchange, {daemons} daemon{'s' if daemons > 1 else ''}, "
+                "limit 1 (HTTP · UPDATE … SKIP LOCKED + finish)",
+                JOBS_PER_S,
+                True,
+                self._runs(
+                    lakeshore=lambda d=daemons: self.lakeshore_exchange(d, 1),
+                    raw=lambda d=daemons: self.raw_claim_complete(d, 1),
+                ),
+                variant="in one exchange",
+            )
+            for daemons in (1, 8)
+        ]
         section = Section("Claim + complete (no job run)", rows, finish=self.reset_all)
         section.notes.append(
             "Lakeshore: each daemon a thread with its own keep-alive connection; "
             "limit 1 reports one outcome, limit 10 reports its claim as one list"
+        )
+        section.notes.append(
+            "in one exchange: each request (POST …/exchange/) reports the outcomes of the "
+            "previous claim and claims the next, as `lakeshore daemon run` does; the first "
+            "claim is made before the clock starts"
         )
         return section
 
@@ -459,6 +479,37 @@ class Rows:
 
             steps = [
                 step_for(client, self.ls.register(client, f"cc-{i}", "cc"))
+                for i, client in enumerate(clients)
+            ]
+            return throughput(steps, self.budget.claim_seconds)
+        finally:
+            for client in clients:
+                client.close()
+
+    def lakeshore_exchange(self, daemons: int, limit: int) -> float:
+        self.ls.reset()
+        self.ls.fill("cc", self.budget.claim_backlog[LAKESHORE])
+        clients = [self.ls.client("daemon") for _ in range(daemons)]
+        try:
+
+            def step_for(client: httpx.Client, daemon_id: str) -> Callable[[], int]:
+                url = f"/api/v1/daemons/{daemon_id}/exchange/"
+                first = client.post(url, json={"limit": limit}).raise_for_status()
+                held = outcomes(first.json()["claimed"])
+
+                def step() -> int:
+                    body = {"outcomes": held, "limit": limit}
+                    answer = client.post(url, json=body).raise_for_status().json()
+                    done = sum(1 for item in answer["recorded"] if item["ok"])
+                    if done != len(held):
+                        raise RuntimeError(f"{len(held) - done} outcomes refused: {answer}")
+                    held[:] = outcomes(answer["claimed"])
+                    return done
+
+                return step
+
+            steps = [
+                step_for(client, self.ls.register(client, f"ex-{i}", "cc"))
                 for i, client in enumerate(clients)
             ]
             return throughput(steps, self.budget.claim_seconds)

@@ -19,6 +19,11 @@ urlpatterns = [
         name="daemon-complete",
     ),
     path(
+        "daemons/<str:daemon_id>/exchange/",
+        views.DaemonExchange.as_view(),
+        name="daemon-exchange",
+    ),
+    path(
         "daemons/<str:daemon_id>/deregister/",
         views.DaemonDeregister.as_view(),
         name="daemon-deregister",

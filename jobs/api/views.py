@@ -161,14 +161,14 @@ class DaemonClaim(APIView):
     @extend_schema(
         summary="Claim up to `limit` invocations of the daemon's queues (long-poll `wait` s)",
         request=s.ClaimInput,
-        responses={200: s.InvocationSerializer(many=True), **errors(400, 404, 409)},
+        responses={200: s.ClaimedSerializer(many=True), **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
         data = s.ClaimInput(data=request.data or {})
         data.is_valid(raise_exception=True)
         claimed = services.invocation_claim(daemon=daemon, **data.validated_data)
-        return Response(s.InvocationSerializer(claimed, many=True).data)
+        return Response(s.ClaimedSerializer(claimed, many=True).data)
 
 
 class DaemonComplete(APIView):
@@ -203,8 +203,33 @@ class DaemonComplete(APIView):
             outcome=fields["state"],
             result=fields["result"],
             error=fields["error"],
+            result_blob=fields["result_blob"],
+            retry=fields["retry"],
         )
         return Response(s.InvocationSerializer(invocation).data)
+
+
+class DaemonExchange(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Report outcomes (a list of up to 1,000, each fenced as in complete) and "
+        "claim up to `limit` more in one request",
+        description="The outcomes are recorded first, then the claim runs (long-poll `wait` "
+        "s when it finds nothing). A daemon no longer live gets 409 (daemon_terminated, "
+        "daemon_lost) and claims nothing; a retry of outcomes already recorded answers them "
+        "in `recorded`. Outcomes recorded before a claim that failed stay recorded: retry "
+        "the same request.",
+        request=s.ExchangeInput,
+        responses={200: s.ExchangeOutput, **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.ExchangeInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        answer = services.invocation_exchange(daemon=daemon, **data.validated_data)
+        claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
+        return Response({"recorded": answer["recorded"], "claimed": claimed})
 
 
 class DaemonDeregister(APIView):

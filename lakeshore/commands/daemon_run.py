@@ -67,6 +67,12 @@ def _queue_list(ctx, param, value: str) -> list[str]:
     "invocation is replaced (0: no limit).",
 )
 @click.option(
+    "--allow-pickled",
+    is_flag=True,
+    help="Also run the Python SDK's pickled functions (thunks, lambdas, functions defined "
+    "in __main__): code to execute, so only where you trust who submits to these queues.",
+)
+@click.option(
     "-v", "--verbose", is_flag=True, help="Also log each batch of reports and each replacement."
 )
 @click.pass_context
@@ -79,12 +85,15 @@ def run(
     isolation: str,
     max_tasks_per_worker: int,
     max_worker_memory: int,
+    allow_pickled: bool,
     verbose: bool,
 ) -> None:
     """Run a daemon here: claim invocations of QUEUES and run them until Ctrl-C/SIGTERM.
 
     It runs functions from lakeshore.functions (echo, sleep, fail) and from the modules
-    in LAKESHORE_ALLOWED_MODULES (comma-separated). On the first SIGTERM or Ctrl-C it
+    in LAKESHORE_ALLOWED_MODULES (comma-separated), and the Python SDK's @dls.udf calls
+    of those modules (with dreamlake-lakeshore installed here; modules are imported
+    from this directory too). On the first SIGTERM or Ctrl-C it
     stops claiming, finishes what it runs and deregisters; a second one stops now.
 
     Invocations run in job processes that die with the daemon, each leading a process
@@ -108,6 +117,7 @@ def run(
         isolation=isolation,
         max_tasks_per_worker=max_tasks_per_worker,
         max_worker_memory=max_worker_memory,
+        allow_pickled=allow_pickled,
         debug=stderr_log if verbose else None,
     )
     worker.install_signal_handlers()

@@ -72,6 +72,7 @@ def daemons(live_server, tmp_path, isolation):
             start_new_session=True,
         )
         log.close()
+        proc.tmp_path = tmp_path  # where _stop finds its log
         started.append(proc)
         return proc
 
@@ -99,9 +100,17 @@ def _gone_within(pid: int, since: float, what: str) -> float:
     return time.time()
 
 
-def _stop(proc: subprocess.Popen) -> int:
+def _stop(proc: subprocess.Popen, log: str = "") -> int:
+    """SIGTERM, then its exit status; a daemon still running 20 s later fails the test
+    with its log (`log`: the name it was started under)."""
     proc.send_signal(signal.SIGTERM)
-    return proc.wait(20)
+    try:
+        return proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+        text = _log(proc.tmp_path, log) if log and hasattr(proc, "tmp_path") else ""
+        raise AssertionError(f"the daemon did not stop within 20 s of SIGTERM:\n{text}") from None
 
 
 def _state(inv) -> str:
@@ -148,7 +157,7 @@ def test_kill_9_of_the_daemon_kills_its_job_so_the_requeued_run_never_overlaps(d
 
     second = daemons("second")
     _wait_for(lambda: _state(inv) == "succeeded", what="the second run")
-    assert _stop(second) == 0, _log(tmp_path, "second")
+    assert _stop(second, "second") == 0, _log(tmp_path, "second")
     inv.refresh_from_db()
     runs = starts(ledger)
     assert len(runs) == 2, ledger.read_text()
@@ -175,7 +184,7 @@ def test_a_daemon_marked_lost_kills_its_copy_before_it_runs_the_work_again(daemo
     )
     assert report["lost"] == 1
     _wait_for(lambda: _state(inv) == "succeeded", what="the run after registering again")
-    assert _stop(proc) == 0, _log(tmp_path, "daemon")
+    assert _stop(proc, "daemon") == 0, _log(tmp_path, "daemon")
     log = _log(tmp_path, "daemon")
     assert "was marked lost" in log and "registering again" in log, log
     runs = starts(ledger)
@@ -206,7 +215,7 @@ def test_the_jobs_environment_holds_no_server_secret(daemons, tmp_path):
     extra = "JOB_VISIBLE, DATABASE_URL, DJANGO_SECRET_KEY, LAKESHORE_TOKEN, CELERY_BROKER_URL"
     proc = daemons("daemon", **secrets, JOB_VISIBLE="yes", LAKESHORE_JOB_ENV=extra)
     _wait_for(lambda: _state(inv) not in ("queued", "running"), what="the job")
-    assert _stop(proc) == 0, _log(tmp_path, "daemon")
+    assert _stop(proc, "daemon") == 0, _log(tmp_path, "daemon")
     inv.refresh_from_db()
     assert inv.state == "succeeded", inv.error
     env = inv.result
@@ -231,7 +240,7 @@ def test_jobs_see_the_daemons_allowed_modules_although_the_variable_is_not_passe
     refused, _ = services.invocation_submit(function=f"{FUNCS}.environment", queue="e2e")
     proc = daemons("without", allowed=False)
     _wait_for(lambda: _state(refused) == "failed", what="the refusal")
-    assert _stop(proc) == 0, _log(tmp_path, "without")
+    assert _stop(proc, "without") == 0, _log(tmp_path, "without")
     refused.refresh_from_db()
     assert "not in an allowed module" in refused.error
     assert "this daemon runs lakeshore.functions (" in refused.error
@@ -239,7 +248,7 @@ def test_jobs_see_the_daemons_allowed_modules_although_the_variable_is_not_passe
     ran, _ = services.invocation_submit(function=f"{FUNCS}.environment", queue="e2e")
     proc = daemons("with", allowed=True)
     _wait_for(lambda: _state(ran) == "succeeded", what="the run")
-    assert _stop(proc) == 0, _log(tmp_path, "with")
+    assert _stop(proc, "with") == 0, _log(tmp_path, "with")
     ran.refresh_from_db()
     assert "LAKESHORE_ALLOWED_MODULES" not in ran.result  # it came in the payload
 
@@ -259,7 +268,7 @@ def test_a_timeout_kills_the_jobs_grandchildren_too(daemons, tmp_path):
         _wait_for(lambda: _state(inv) == "timeout", what="the timeout")
         _gone_within(grandchild, time.monotonic(), f"grandchild {grandchild} to die")
         assert proc.poll() is None  # the daemon itself carries on
-        assert _stop(proc) == 0, _log(tmp_path, "daemon")
+        assert _stop(proc, "daemon") == 0, _log(tmp_path, "daemon")
     finally:
         if grandchild is not None:
             _kill_quietly(grandchild)

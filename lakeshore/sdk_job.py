@@ -1,0 +1,145 @@
+"""Runs an invocation that the Python SDK (dreamlake-lakeshore) submitted, inside a job
+process of `lakeshore daemon run` (lakeshore.runner calls `run_envelope`).
+
+The SDK's arguments are an opaque msgpack Envelope. It is run through the SDK's own
+documented exec contract, `python -m dreamlake.lakeshore.daemon.entry`:
+
+1. the envelope's bytes, unchanged, go to `<workdir>/args.msgpack`;
+2. the entry runs with the workdir as its working directory and DREAMLAKE_WORKDIR,
+   DREAMLAKE_INVOCATION_ID and LAKESHORE_ROOT set;
+3. exit 0: `result.msgpack` holds the result (wire-packed), reported as it is;
+4. otherwise: `error.json` holds {type, message, traceback}, reported as the error.
+
+What may run is this daemon's decision, as for JSON invocations: a function shipped by
+reference must be in an allowed module (lakeshore.functions and
+LAKESHORE_ALLOWED_MODULES of the daemon host); a pickled one (a thunk, a lambda, a
+function defined in `__main__`) runs only on a daemon started with `--allow-pickled`.
+Without the SDK installed where the daemon runs, the invocation fails and says what
+to install. The entry runs in this job process's group: a timeout or a kill of the
+daemon takes it too."""
+
+import base64
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENTRY = "dreamlake.lakeshore.daemon.entry"
+
+
+class ResultBlob(str):
+    """A result that is the SDK's bytes (base64), reported as result_blob."""
+
+
+class FinalError(str):
+    """An error after which another attempt cannot help (this daemon refuses the
+    function): reported with retry false."""
+
+
+INSTALL_HINT = (
+    "this daemon's Python ({python}) cannot import dreamlake.lakeshore, which runs the "
+    "Python SDK's invocations: pip install dreamlake-lakeshore==0.5.0 into that "
+    "environment, then restart the daemon"
+)
+
+
+def describe(envelope: bytes) -> dict:
+    """The envelope's function: {"kind": "ref"|"pickle", "module", "qualname"}."""
+    import msgpack
+
+    outer = msgpack.unpackb(envelope, raw=False, strict_map_key=False)
+    fn = outer.get("fn") if isinstance(outer, dict) else None
+    if not isinstance(fn, dict):
+        raise ValueError("the invocation's arguments are not an SDK Envelope")
+    return {
+        "kind": fn.get("kind", "ref"),
+        "module": fn.get("module") or "",
+        "qualname": fn.get("qualname") or "",
+    }
+
+
+def refusal(fn: dict, *, allowed: tuple[str, ...], allow_pickled: bool) -> str | None:
+    """Why this daemon will not run the function, or None."""
+    if fn["kind"] in ("pickle", "pickle-ref"):
+        if allow_pickled:
+            return None
+        return (
+            f"this daemon refuses pickled functions ({fn['qualname'] or 'unnamed'}): a "
+            "thunk, a lambda or a function defined in __main__ travels as code to "
+            "execute; start the daemon with --allow-pickled if you trust who submits "
+            "to its queues, or define the function in a module the daemon can import"
+        )
+    module = fn["module"]
+    if fn["kind"] != "ref" or not module:
+        return f"unknown SDK function transport {fn['kind']!r}"
+    if any(module == m or module.startswith(m + ".") for m in allowed):
+        return None
+    return (
+        f"function {module}.{fn['qualname']} is not in an allowed module: this daemon runs "
+        f"{', '.join(allowed)} (set LAKESHORE_ALLOWED_MODULES where the daemon runs to "
+        "add modules)"
+    )
+
+
+def sdk_installed() -> bool:
+    try:
+        return importlib.util.find_spec(ENTRY) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def run_envelope(payload: dict, *, allowed: tuple[str, ...], timeout: float | None) -> dict:
+    """The outcome of one SDK invocation: {"ok": True, "result_blob": base64} or
+    {"ok": False, "error": text}."""
+    if not sdk_installed():
+        return {"ok": False, "error": INSTALL_HINT.format(python=sys.executable)}
+    envelope = base64.b64decode(payload.get("args_blob") or "")
+    try:
+        fn = describe(envelope)
+    except Exception as exc:  # noqa: BLE001 - a blob that is not an envelope
+        return {"ok": False, "error": f"cannot read the SDK envelope: {exc}"}
+    why = refusal(fn, allowed=allowed, allow_pickled=bool(payload.get("allow_pickled")))
+    if why:
+        return {"ok": False, "error": why, "final": True}
+    with tempfile.TemporaryDirectory(prefix="lakeshore-sdk-") as workdir:
+        work = Path(workdir)
+        (work / "args.msgpack").write_bytes(envelope)
+        env = {
+            **os.environ,
+            "DREAMLAKE_WORKDIR": workdir,
+            "DREAMLAKE_INVOCATION_ID": str(payload.get("id", "")),
+            "LAKESHORE_ROOT": os.environ.get("LAKESHORE_ROOT") or os.getcwd(),
+        }
+        # the function's module is found where the daemon runs (its working directory)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p
+        )
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", ENTRY],
+                cwd=workdir,
+                env=env,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"timed out after {timeout:g} s", "timeout": True}
+        if done.returncode == 0:
+            result = work / "result.msgpack"
+            if not result.exists():
+                return {"ok": False, "error": "the SDK's entry exited 0 without result.msgpack"}
+            return {"ok": True, "result_blob": base64.b64encode(result.read_bytes()).decode()}
+        return {"ok": False, "error": _error_text(work / "error.json", done.returncode)}
+
+
+def _error_text(path: Path, status: int) -> str:
+    try:
+        error = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"the SDK's entry exited with status {status} (no error.json)"
+    text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
+    trace = error.get("traceback")
+    return f"{text}\n{trace}" if trace else text

@@ -1,0 +1,128 @@
+"""This project's daemon (`lakeshore daemon run`) runs the Python SDK's invocations
+through the SDK's exec contract (lakeshore/sdk_job.py), next to JSON ones."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs import services
+from jobs.models import Invocation
+from queues.models import Daemon
+from tests import builders
+
+dls = pytest.importorskip("dreamlake.lakeshore")
+from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
+
+from tests.sdk import sdk_udfs  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
+
+
+@pytest.fixture
+def gpu():
+    return builders.queue(name="gpu", kind="priority")
+
+
+@pytest.fixture
+def dp(live_server):
+    dispatch = dls.HttpDispatch(live_server.url, token=builders.token("operator"))
+    yield dispatch
+    dispatch.close()
+
+
+@pytest.fixture
+def daemon(live_server, tmp_path):
+    """Start `lakeshore daemon run` in the project directory (where tests.sdk imports
+    from); each one started is stopped at the end."""
+    started = []
+
+    def start(*flags, allowed="tests.sdk", pythonpath=None):
+        env = {
+            **os.environ,
+            "LAKESHORE_URL": live_server.url,
+            "LAKESHORE_TOKEN": builders.token("daemon"),
+            "LAKESHORE_ALLOWED_MODULES": allowed,
+            "XDG_CONFIG_HOME": str(tmp_path),
+        }
+        for name in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
+            env.pop(name, None)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        log = open(tmp_path / f"daemon-{len(started)}.log", "w")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [LAKESHORE, "daemon", "run", "--queues", "gpu", "--heartbeat", "1", *flags],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        started.append((proc, log))
+        return proc
+
+    yield start
+    for proc, log in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+def test_lakeshore_daemon_run_runs_an_sdk_call_and_a_json_job_side_by_side(gpu, dp, daemon):
+    inv = sdk_udfs.add.submit(40, 2, _dispatch=dp)
+    echo, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="gpu")
+    daemon()
+    assert dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60) == {
+        "sum": 42,
+        "pair": (40, 2),
+    }
+    row = Invocation.objects.get(pk=int(inv))
+    ours = Daemon.objects.get(pk=row.daemon_id)
+    assert ours.worker_id is None  # this project's daemon, not the SDK's worker
+    echo.refresh_from_db()
+    assert echo.state in ("running", "succeeded")
+
+
+def test_its_failure_reaches_result_and_is_retried_like_any_other(gpu, dp, daemon):
+    inv = sdk_udfs.boom.submit(0, _dispatch=dp)
+    daemon()
+    with pytest.raises(DispatchError, match="ZeroDivisionError: division by zero"):
+        dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60)
+    assert Invocation.objects.get(pk=int(inv)).attempts == 3  # LAKESHORE_SDK_MAX_ATTEMPTS
+
+
+def test_a_pickled_thunk_is_refused_for_good_without_allow_pickled_then_runs_with_it(
+    gpu, dp, daemon
+):
+    q = dls.SyncQueue("gpu", dispatch=dp)
+    refused = q.submit(dls.thunk(lambda x: x * 2 + 2, 20))
+    strict = daemon()
+    with pytest.raises(DispatchError, match="refuses pickled functions"):
+        q.result(refused, timeout=60)
+    assert Invocation.objects.get(pk=int(refused)).attempts == 1  # final: no retry
+    strict.send_signal(signal.SIGTERM)
+    assert strict.wait(30) == 0
+
+    accepted = q.submit(dls.thunk(lambda x: x * 2 + 2, 20))
+    daemon("--allow-pickled")
+    assert q.result(accepted, timeout=60) == 42
+
+
+def test_a_module_outside_the_allowed_ones_is_refused(gpu, dp, daemon):
+    inv = sdk_udfs.add.submit(1, 2, _dispatch=dp)
+    daemon(allowed="")
+    with pytest.raises(DispatchError, match="not in an allowed module"):
+        dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60)
+
+
+def test_without_the_sdk_where_the_daemon_runs_it_says_what_to_install(gpu, dp, daemon, tmp_path):
+    shadow = tmp_path / "shadow"
+    (shadow / "dreamlake").mkdir(parents=True)
+    (shadow / "dreamlake" / "__init__.py").write_text("")  # a dreamlake without lakeshore
+    inv = sdk_udfs.add.submit(1, 2, _dispatch=dp)
+    daemon(pythonpath=str(shadow))
+    with pytest.raises(DispatchError, match="pip install dreamlake-lakeshore"):
+        dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60)
