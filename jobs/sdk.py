@@ -29,6 +29,7 @@ from lakeshore_admin.errors import Conflict, Invalid, NotFound, TooLarge
 from queues import daemons
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
+SUBMIT_BLOCK_MAX = 20.0  # the longest a submit waits for room in a full queue
 POLL_MAX_SECONDS = 20.0
 FUNCTION_MAX = 300
 VALUE_FUNCTION = "(value)"  # what a bare SyncQueue.submit(value) shows as its function
@@ -157,6 +158,9 @@ def submit(body: dict) -> tuple[Invocation, bool]:
             key=key,
             timeout_s=timeout_s,
             max_attempts=settings.LAKESHORE_SDK_MAX_ATTEMPTS,
+            # a queue with on_full=block holds the submit, but answers before the SDK's
+            # own 30 s timeout would give up on it
+            block_timeout=min(float(settings.LAKESHORE_BLOCK_TIMEOUT), SUBMIT_BLOCK_MAX),
             wire=wire,
             args_blob=blob,
             run_config=_plain(run_config),

@@ -457,8 +457,20 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
     except Conflict as gone:
         return _answers_of_a_gone_daemon(daemon, outcomes, gone)
     answers = []
+    ids = [int(item["invocation"]) for item in outcomes]
     with transaction.atomic():
+        # The common case in one statement; what it did not record (stale, repeated,
+        # unknown, or an id twice in the batch) goes the careful way, one by one.
+        recorded = (
+            transitions.complete_many(daemon_id=daemon.pk, outcomes=outcomes)
+            if len(set(ids)) == len(ids)
+            else {}
+        )
         for item in outcomes:
+            row = recorded.get(int(item["invocation"]))
+            if row is not None:
+                answers.append(_recorded(row))
+                continue
             try:
                 invocation = _complete_one(
                     daemon,

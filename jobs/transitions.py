@@ -12,8 +12,6 @@ conditional statement (the state it starts from is in its WHERE clause), so two
 processes racing on a row can never both win; state names travel as parameters, not
 as strings inside SQL. Terminal states never change."""
 
-import json
-
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
@@ -210,28 +208,64 @@ def claim(
 # A failed attempt with attempts left goes back to the queue after a back-off (with
 # jitter), keeping its daemon and attempt, so that a retried report of that same
 # failure is recognised as already recorded.
+# Many outcomes of one daemon in one statement, each fenced alone (its daemon, its
+# attempt, still running): an outcome that does not match changes nothing, and the
+# caller looks at why. A single report is a list of one.
 _COMPLETE_SQL = """
-UPDATE jobs_invocation
+UPDATE jobs_invocation i
    SET state = CASE
-           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts
+           WHEN u.outcome = %(failed)s AND u.retry AND i.attempts < i.max_attempts
            THEN %(queued)s
-           ELSE %(outcome)s END,
+           ELSE u.outcome END,
        scheduled_at = CASE
-           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts
-           THEN now() + make_interval(secs => LEAST(%(cap)s, %(base)s * power(2, attempts - 1))
+           WHEN u.outcome = %(failed)s AND u.retry AND i.attempts < i.max_attempts
+           THEN now() + make_interval(secs => LEAST(%(cap)s, %(base)s * power(2, i.attempts - 1))
                                              * (0.5 + random() / 2))
            ELSE NULL END,
        finished_at = CASE
-           WHEN %(outcome)s = %(failed)s AND %(retry)s AND attempts < max_attempts THEN NULL
+           WHEN u.outcome = %(failed)s AND u.retry AND i.attempts < i.max_attempts THEN NULL
            ELSE now() END,
-       result = CASE WHEN %(outcome)s = %(succeeded)s THEN %(result)s::jsonb ELSE NULL END,
-       result_blob = CASE WHEN %(outcome)s = %(succeeded)s THEN %(result_blob)s::bytea
-                          ELSE NULL END,
-       error = %(error)s
- WHERE id = %(id)s AND daemon_id = %(daemon)s AND attempts = %(attempt)s
-   AND state = %(running)s
-RETURNING *
+       result = CASE WHEN u.outcome = %(succeeded)s THEN u.result::jsonb ELSE NULL END,
+       result_blob = CASE WHEN u.outcome = %(succeeded)s THEN u.result_blob ELSE NULL END,
+       error = u.error
+  FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(outcomes)s::text[],
+              %(results)s::text[], %(blobs)s::bytea[], %(errors)s::text[],
+              %(retries)s::boolean[])
+       AS u(id, attempt, outcome, result, result_blob, error, retry)
+ WHERE i.id = u.id AND i.daemon_id = %(daemon)s AND i.attempts = u.attempt
+   AND i.state = %(running)s
+RETURNING i.*
 """
+
+_OUTCOMES = {"succeeded": SUCCEEDED, "failed": FAILED, "timeout": TIMEOUT}
+
+
+def complete_many(*, daemon_id: int, outcomes: list[dict]) -> dict[int, Invocation]:
+    """running → succeeded | failed | timeout (or queued, for a failure with attempts
+    left, unless its `retry` is False) for each outcome {invocation, attempt, state,
+    result, result_blob, error, retry} that the daemon still holds, in one statement.
+    The rows as recorded, by id (read in the same statement, so a claim that follows
+    at once cannot show through). The ids must be distinct."""
+    if not outcomes:
+        return {}
+    encode = DjangoJSONEncoder().encode
+    ok = [o["state"] == "succeeded" for o in outcomes]
+    params = {
+        "daemon": daemon_id,
+        "ids": [int(o["invocation"]) for o in outcomes],
+        "attempts": [int(o["attempt"]) for o in outcomes],
+        "outcomes": [_OUTCOMES[o["state"]] for o in outcomes],
+        "results": [
+            encode(o.get("result")) if s else None for o, s in zip(outcomes, ok, strict=True)
+        ],
+        "blobs": [o.get("result_blob") if s else None for o, s in zip(outcomes, ok, strict=True)],
+        "errors": ["" if s else (o.get("error") or "") for o, s in zip(outcomes, ok, strict=True)],
+        "retries": [o.get("retry", True) is not False for o in outcomes],
+        "base": float(settings.LAKESHORE_RETRY_BACKOFF),
+        "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
+    }
+    rows = Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params})
+    return {row.pk: row for row in rows}
 
 
 def complete(
@@ -245,25 +279,18 @@ def complete(
     result_blob: bytes | None = None,
     retry: bool = True,
 ) -> Invocation | None:
-    """running → succeeded | failed | timeout (or queued, for a failure with attempts
-    left, unless the daemon says not to retry). Fenced: only the daemon holding that
-    attempt can. The row as recorded (read in the same statement, so a claim that
-    follows at once cannot show through), or None when nothing was recorded."""
-    succeeded = outcome == "succeeded"
-    params = {
-        "id": invocation_id,
-        "daemon": daemon_id,
+    """One outcome (complete_many of one): the row as recorded, or None when nothing
+    was recorded."""
+    item = {
+        "invocation": invocation_id,
         "attempt": attempt,
-        "outcome": {"succeeded": SUCCEEDED, "failed": FAILED, "timeout": TIMEOUT}[outcome],
-        "result": json.dumps(result, cls=DjangoJSONEncoder) if succeeded else None,
-        "result_blob": result_blob if succeeded else None,
-        "error": "" if succeeded else error,
-        "retry": bool(retry),
-        "base": float(settings.LAKESHORE_RETRY_BACKOFF),
-        "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
+        "state": outcome,
+        "result": result,
+        "result_blob": result_blob,
+        "error": error,
+        "retry": retry,
     }
-    rows = list(Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params}))
-    return rows[0] if rows else None
+    return complete_many(daemon_id=daemon_id, outcomes=[item]).get(int(invocation_id))
 
 
 def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, outcome: str):

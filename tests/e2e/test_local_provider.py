@@ -61,3 +61,24 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     token = ApiToken.objects.get(name=f"daemon {daemon.name}")
     assert token.revoked_at is not None
     assert "registered daemon" in log and "succeeded" in log
+
+
+def test_a_daemon_it_starts_runs_the_python_sdks_calls_too(local_provider, settings):
+    """The controller's fleet serves both kinds of job: an @dls.udf call submitted with
+    the real SDK runs on a daemon the local provider started."""
+    dls = pytest.importorskip("dreamlake.lakeshore")
+    from tests.sdk import sdk_udfs
+
+    settings.LAKESHORE_ALLOWED_MODULES = ["tests.sdk"]  # the server owner's word
+    queue = builders.queue(name="gpu", provider="here", elasticity_spec={"kind": "fixed", "min": 1})
+    controller.tick_queue(queue.pk)
+    dp = dls.HttpDispatch(settings.LAKESHORE_PUBLIC_URL, token=builders.token("operator"))
+    try:
+        inv = sdk_udfs.add.submit(40, 2, _dispatch=dp)
+        assert dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60) == {
+            "sum": 42,
+            "pair": (40, 2),
+        }
+    finally:
+        dp.close()
+    assert Invocation.objects.get(pk=int(inv)).daemon_id == Daemon.objects.get().pk

@@ -143,3 +143,25 @@ def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
     assert len(_work(sql)) == 2  # and the touch, which keeps it from being reaped
     daemon.refresh_from_db()
     assert daemon.last_heartbeat_at > old
+
+
+def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    for n in range(10):
+        services.invocation_submit(function=ECHO, queue="w", args=[n], max_attempts=2)
+    claimed = services.invocation_claim(daemon=daemon, limit=10)
+    outcomes = [
+        {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [inv.pk]}
+        for inv in claimed[:8]
+    ] + [
+        {"invocation": inv.pk, "attempt": 1, "state": "failed", "error": "e", "retry": r}
+        for inv, r in zip(claimed[8:], [True, False], strict=True)
+    ]
+    answers, sql = _statements(
+        lambda: services.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
+    )
+    assert [a["ok"] for a in answers] == [True] * 10
+    assert [a["state"] for a in answers] == ["succeeded"] * 8 + ["queued", "failed"]
+    assert len([q for q in _work(sql) if "UPDATE jobs_invocation" in q]) == 1
+    assert len(_work(sql)) == 2  # and touch
