@@ -14,7 +14,7 @@ class InvocationAdmin(admin.ModelAdmin):
         "function",
         "queue",
         "state",
-        "priority",
+        "priority_shown",
         "daemon",
         "attempts",
         "created_at",
@@ -24,6 +24,10 @@ class InvocationAdmin(admin.ModelAdmin):
     list_select_related = ["daemon"]
     show_full_result_count = False  # no COUNT(*) over every invocation
     actions = ["kill"]
+
+    @admin.display(description="priority", ordering="priority")
+    def priority_shown(self, invocation):
+        return invocation.priority_shown
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("args_blob", "result_blob")

@@ -25,6 +25,13 @@ class Wire(models.TextChoices):
 SDK_WIRES = [Wire.ENVELOPE, Wire.VALUE]
 
 
+def shown_priority(value) -> int | float:
+    """A priority as people read it (the API, the CLI, the console): 5, not 5.0; the
+    SDK's 5.5 stays 5.5."""
+    value = float(value)
+    return int(value) if value.is_integer() else value
+
+
 TERMINAL_STATES = [
     InvocationState.SUCCEEDED,
     InvocationState.FAILED,
@@ -128,6 +135,10 @@ class Invocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pk} {self.function} [{self.state}]"
+
+    @property
+    def priority_shown(self) -> int | float:
+        return shown_priority(self.priority)
 
     def blob_size(self, name: str) -> int | None:
         """Bytes in `args_blob` or `result_blob`: from light() without loading it."""

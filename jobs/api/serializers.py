@@ -4,7 +4,7 @@ import functools
 from django.conf import settings
 from rest_framework import serializers
 
-from jobs.models import Invocation, Wire
+from jobs.models import Invocation, Wire, shown_priority
 from lakeshore_admin.output import BuiltOnceFields
 from queues.api.serializers import INT_MAX, StrictInput, name_field, without_nul
 
@@ -13,8 +13,7 @@ class PriorityField(serializers.FloatField):
     """A float (the SDK sends 5.5); a whole number shows as an integer, as it always has."""
 
     def to_representation(self, value):
-        value = float(value)
-        return int(value) if value.is_integer() else value
+        return shown_priority(value)
 
 
 class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):

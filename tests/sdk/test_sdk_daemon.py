@@ -1,9 +1,7 @@
 """This project's daemon (`lakeshore daemon run`) runs the Python SDK's invocations
 through the SDK's exec contract (lakeshore/sdk_job.py), next to JSON ones."""
 
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +19,6 @@ from tests.sdk import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]
 LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
 
 
@@ -38,37 +35,22 @@ def dp(live_server):
 
 
 @pytest.fixture
-def daemon(live_server, tmp_path):
+def daemon(live_server, tmp_path, processes):
     """Start `lakeshore daemon run` in the project directory (where tests.sdk imports
-    from); each one started is stopped at the end."""
-    started = []
+    from); killed at the end if still running."""
 
     def start(*flags, allowed="tests.sdk", pythonpath=None):
         env = {
-            **os.environ,
             "LAKESHORE_URL": live_server.url,
             "LAKESHORE_TOKEN": builders.token("daemon"),
             "LAKESHORE_ALLOWED_MODULES": allowed,
             "XDG_CONFIG_HOME": str(tmp_path),
+            **({"PYTHONPATH": pythonpath} if pythonpath else {}),
         }
-        for name in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
-            env.pop(name, None)
-        if pythonpath:
-            env["PYTHONPATH"] = pythonpath
-        log = open(tmp_path / f"daemon-{len(started)}.log", "w")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(
-            [LAKESHORE, "daemon", "run", "--queues", "gpu", "--heartbeat", "1", *flags],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        started.append((proc, log))
-        return proc
+        command = [LAKESHORE, "daemon", "run", "--queues", "gpu", "--heartbeat", "1", *flags]
+        return processes(command, name="daemon", env=env)
 
-    yield start
-    for proc, log in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
+    return start
 
 
 def test_lakeshore_daemon_run_runs_an_sdk_call_and_a_json_job_side_by_side(gpu, dp, daemon):

@@ -4,10 +4,8 @@ subprocess. What the SDK user sees is what is asserted."""
 
 import os
 import signal
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import msgpack
@@ -19,6 +17,8 @@ from jobs.models import Invocation
 from queues import services as queue_services
 from queues.models import Daemon
 from tests import builders
+from tests.e2e.test_daemon import _wait_for
+from tests.sdk.conftest import ROOT
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
@@ -26,8 +26,6 @@ from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
 from tests.sdk import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-ROOT = Path(__file__).resolve().parents[2]  # the worker imports tests.sdk.sdk_udfs from here
 
 
 @pytest.fixture
@@ -48,40 +46,17 @@ def dp(live_server, operator_token):
 
 
 @pytest.fixture
-def worker(live_server, tmp_path):
-    """Start the SDK's own worker on a queue; every one started is killed at the end."""
-    started = []
+def worker(live_server, tmp_path, processes):
+    """Start the SDK's own worker on a queue (killed at the end if still running)."""
     token = builders.token("daemon")
 
     def start(*flags, queue="gpu"):
-        log = open(tmp_path / f"worker-{len(started)}.log", "w")  # noqa: SIM115 - closed below
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "LAKESHORE_HOME": str(tmp_path / "home")}
-        for name in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
-            env.pop(name, None)
         command = [sys.executable, "-m", "dreamlake.lakeshore.daemon", "--url", live_server.url]
         command += ["--token", token, "--queue", queue, *flags]
-        proc = subprocess.Popen(
-            command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-        started.append((proc, log))
-        return proc
+        env = {"PYTHONPATH": str(ROOT), "LAKESHORE_HOME": str(tmp_path / "home")}
+        return processes(command, name="worker", env=env, cwd=tmp_path)
 
-    yield start
-    for proc, log in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-        log.close()
-
-
-def _wait_for(condition, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return start
 
 
 def test_a_udf_call_by_reference_runs_and_its_result_comes_back(gpu, dp, worker):

@@ -70,3 +70,13 @@ def test_an_out_of_range_id_is_an_error_not_a_crash(alice, query):
     response = alice.get(f"/jobs/?{query}")
     assert response.status_code == 200
     assert 'role="alert"' in response.content.decode()
+
+
+def test_an_sdk_invocation_shows_its_function_and_priority_as_people_read_them(alice):
+    Invocation.objects.create(
+        function="hello_udfs.add", wire="envelope", args_blob=b"\x00" * 99, priority=5.5
+    )
+    Invocation.objects.create(function="a.whole", priority=5)
+    body = alice.get("/jobs/").content.decode()
+    assert "hello_udfs.add" in body
+    assert "<td>5.5</td>" in body and "<td>5</td>" in body and "5.0" not in body
