@@ -14,10 +14,11 @@ Slurm job) happens only after that transaction commits."""
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from jobs import transitions
+from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, Forbidden, Invalid
 from queues.models import (
     CLAIMING_DAEMON_STATES,
@@ -85,11 +86,19 @@ def sdk_worker_seen(*, owner, worker_id: str, queue: str, token=None) -> Daemon:
     presumed dead (lost) and polls again is live again; its old work was handed back.
     One that was dropped gets daemon_terminated, which ends the SDK's worker. A worker
     id belongs to the user who first polled with it."""
+    try:
+        return _sdk_worker_seen(owner, worker_id, queue, token)
+    except IntegrityError:  # two first polls of one worker id at once: the other made it
+        return _sdk_worker_seen(owner, worker_id, queue, token)
+
+
+def _sdk_worker_seen(owner, worker_id: str, queue: str, token) -> Daemon:
     from accounts.roles import can_operate
 
     with transaction.atomic():
         daemon = Daemon.objects.select_for_update().filter(worker_id=worker_id).first()
         if daemon is None:
+            hooks.point("sdk_worker.before_create")
             daemon = daemon_register(owner=owner, name=worker_id[:200], queues=[queue], token=token)
             Daemon.objects.filter(pk=daemon.pk).update(worker_id=worker_id)
             daemon.worker_id = worker_id
