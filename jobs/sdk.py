@@ -19,12 +19,12 @@ stock worker), and changes nothing."""
 
 import time
 
-import msgpack
 from django.conf import settings
 from django.db import IntegrityError, connection
 
 from jobs import services
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
+from lakeshore import sdk_job
 from lakeshore_admin.errors import Conflict, Invalid, NotFound, TooLarge
 from queues import daemons
 
@@ -106,23 +106,14 @@ def _invocation_id(value) -> int:
 
 def describe(blob: bytes) -> tuple[str, str]:
     """(wire, function) of an args_blob: an Envelope names its function (`module.
-    qualname` by reference, the qualname of a pickled one); anything else is a bare
-    value. Only the outer map is read; arguments stay opaque (nested bin)."""
+    qualname` by reference, the qualname of a pickled one), read as the daemon reads it
+    (lakeshore.sdk_job.describe); anything else is a bare value."""
     try:
-        outer = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-    except Exception:  # noqa: BLE001 - not msgpack we can read: a value all the same
+        fn = sdk_job.describe(blob)
+    except ValueError:
         return Wire.VALUE, VALUE_FUNCTION
-    if not (isinstance(outer, dict) and isinstance(outer.get("v"), int)):
-        return Wire.VALUE, VALUE_FUNCTION
-    fn = outer.get("fn")
-    if not isinstance(fn, dict):
-        return Wire.VALUE, VALUE_FUNCTION
-    module, qualname = fn.get("module"), fn.get("qualname")
-    qualname = qualname if isinstance(qualname, str) and qualname else "(unnamed)"
-    if fn.get("kind", "ref") == "ref" and isinstance(module, str) and module:
-        name = f"{module}.{qualname}"
-    else:
-        name = qualname
+    qualname = fn["qualname"] or "(unnamed)"
+    name = f"{fn['module']}.{qualname}" if fn["kind"] == "ref" and fn["module"] else qualname
     return Wire.ENVELOPE, name[:FUNCTION_MAX]
 
 

@@ -47,17 +47,27 @@ INSTALL_HINT = (
 
 
 def describe(envelope: bytes) -> dict:
-    """The envelope's function: {"kind": "ref"|"pickle", "module", "qualname"}."""
+    """The envelope's function: {"kind": "ref"|"pickle", "module", "qualname"}. Only
+    the outer map is read (the arguments are nested bin). ValueError when the bytes are
+    not an Envelope (a bare value). The server reads submits with it too (jobs/sdk.py)."""
     import msgpack
 
-    outer = msgpack.unpackb(envelope, raw=False, strict_map_key=False)
+    try:
+        outer = msgpack.unpackb(envelope, raw=False, strict_map_key=False)
+    except Exception as exc:  # noqa: BLE001 - whatever msgpack refuses is not an Envelope
+        raise ValueError(f"not msgpack: {exc}") from None
     fn = outer.get("fn") if isinstance(outer, dict) else None
-    if not isinstance(fn, dict):
+    if (
+        not isinstance(outer, dict)
+        or not isinstance(outer.get("v"), int)
+        or not isinstance(fn, dict)
+    ):
         raise ValueError("the invocation's arguments are not an SDK Envelope")
+    module, qualname = fn.get("module"), fn.get("qualname")
     return {
-        "kind": fn.get("kind", "ref"),
-        "module": fn.get("module") or "",
-        "qualname": fn.get("qualname") or "",
+        "kind": str(fn.get("kind", "ref")),
+        "module": module if isinstance(module, str) else "",
+        "qualname": qualname if isinstance(qualname, str) else "",
     }
 
 
