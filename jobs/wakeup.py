@@ -38,6 +38,7 @@ class Listener:
         self._params: dict | None = None
         self._stop = threading.Event()
         self._tried = threading.Event()  # the first connection attempt is over
+        self._released = 0  # bumped by release_waiters: every wait then ends empty
 
     # ------------------------------------------------------------------ waiters
 
@@ -51,7 +52,10 @@ class Listener:
         (or when the listener is down and it is time to look again)."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            released = self._released
             while True:
+                if self._released != released:
+                    return False
                 if tuple(self._versions.get(q, 0) for q in queues) != seen:
                     return True
                 left = deadline - time.monotonic()
@@ -59,8 +63,16 @@ class Listener:
                     return False
                 if not self._healthy:
                     self._cond.wait(min(left, FALLBACK_POLL))
-                    return True
+                    return self._released == released
                 self._cond.wait(left)
+
+    def release_waiters(self) -> None:
+        """End every wait in progress as if its time were up (its claim answers empty,
+        touching nothing more); later waits are not affected. For a server shutting
+        down, and for tests whose daemons are gone."""
+        with self._cond:
+            self._released += 1
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ the thread
 

@@ -1,4 +1,5 @@
 import os
+import threading
 
 import pytest
 
@@ -30,6 +31,51 @@ def _work_listener_closed_before_teardown(django_db_setup):
     from jobs.wakeup import listener
 
     listener.stop()
+
+
+class _InFlight:
+    """Counts the live server's requests in progress (a WSGI wrapper)."""
+
+    def __init__(self, app):
+        self.app = app
+        self.count = 0
+        self.cond = threading.Condition()
+
+    def __call__(self, environ, start_response):
+        with self.cond:
+            self.count += 1
+        try:
+            return self.app(environ, start_response)
+        finally:
+            with self.cond:
+                self.count -= 1
+                self.cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.count == 0, timeout)
+
+
+@pytest.fixture(autouse=True)
+def _live_server_settled_before_flush(request):
+    """A test's daemons may be killed while the live server still serves them: a claim
+    long-polling for a dead daemon would wake in a later test (its rows flushed) or hold
+    locks while this test's database is flushed. At the end of a test that uses the live
+    server (after its processes are gone, before the flush), end every waiting claim and
+    let the requests in progress finish."""
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    request.getfixturevalue("transactional_db")  # torn down (flushed) after this one
+    httpd = request.getfixturevalue("live_server").thread.httpd
+    if not isinstance(httpd.get_app(), _InFlight):
+        httpd.set_app(_InFlight(httpd.get_app()))
+    yield
+    from jobs.wakeup import listener
+
+    listener.release_waiters()
+    if not httpd.get_app().wait_idle(15):
+        pytest.fail("the live server was still serving requests 15 s after the test ended")
 
 
 @pytest.fixture(autouse=True)

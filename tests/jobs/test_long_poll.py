@@ -182,3 +182,29 @@ def test_a_state_change_is_written_at_once_whatever_the_heartbeat_interval(setti
     services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1, result=1)
     daemon.refresh_from_db()
     assert (daemon.state, daemon.current_invocation_id) == ("idle", None)
+
+
+def test_released_waiters_answer_empty_at_once_without_another_query_and_later_waits_still_wait():
+    builders.queue(name="idle")
+    daemon = builders.daemon(queues=["idle"])
+    services.invocation_claim(daemon=daemon)
+    instant = Claimer(daemon, wait=0)
+    instant.start()
+    instant.result()
+    waiting = Claimer(daemon, wait=60)
+    waiting.start()
+    time.sleep(1)  # in its wait
+    from jobs.wakeup import listener
+
+    listener.release_waiters()
+    waiting.join(10)
+    assert not waiting.is_alive(), "a released wait kept waiting"
+    assert waiting.result() == []
+    assert waiting.queries == instant.queries  # it looked nowhere after its release
+
+    later = Claimer(daemon, wait=30)
+    later.start()
+    time.sleep(1)
+    assert later.is_alive()  # a wait begun after the release is not cut short
+    services.invocation_submit(function=ECHO, queue="idle")
+    assert [inv.function for inv in later.result()] == [ECHO]
