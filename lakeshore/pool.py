@@ -16,8 +16,8 @@ Isolation:
   out, which ends when its process exits (as before pools).
 
 Either way a job process leads a process group of its own, dies with the thread that
-started it (PR_SET_PDEATHSIG: only the claim loop's thread, which outlives them all,
-starts them), has the scrubbed environment the daemon gives it, and whenever the daemon
+started it (PR_SET_PDEATHSIG: only the thread running Worker.run, which outlives them
+all, starts them), has the scrubbed environment the daemon gives it, and whenever the daemon
 stops one (timeout, drop, stop, replacement) or one exits, its whole group is killed.
 
 One monitor thread learns of every outcome and every exit at once: a selector over the

@@ -191,6 +191,7 @@ class Lakeshore:
     def start_daemon(self, *, queue: str, concurrency: int, isolation: str | None, name: str):
         command = [str(BIN / "lakeshore"), "daemon", "run", "--queues", queue]
         command += ["--concurrency", str(concurrency), "--name", name]
+        command += os.environ.get("BENCH_DAEMON_FLAGS", "").split()
         if isolation:
             command += ["--isolation", isolation]
         env = {**self.env, "LAKESHORE_URL": self.base_url, "LAKESHORE_TOKEN": self.tokens["daemon"]}

@@ -93,3 +93,16 @@ def exit_now(code: int = 3) -> None:
 def say(text: str) -> int:
     print(text)  # block-buffered when stdout is not a terminal: flushed by the runner
     return os.getpid()
+
+
+def span(ledger: str, n: int, seconds: float) -> int:
+    """Sleeps `seconds`, then appends `n start end` (wall-clock seconds) to the ledger in
+    one write: which runs overlapped can be read back."""
+    start = time.time()
+    time.sleep(seconds)
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{n} {start!r} {time.time()!r}\n".encode())
+    finally:
+        os.close(fd)
+    return os.getpid()

@@ -178,3 +178,62 @@ def test_many_quick_jobs_each_run_once_and_are_reported_in_batches(daemon, tmp_p
     assert requests < jobs, f"{requests} complete requests for {jobs} jobs: no batching"
     assert max(n for n, _ in batches) > 1
     assert "refused held ids" not in log  # its heartbeats said what it held
+
+
+def _spans(ledger: Path) -> tuple[list[int], int]:
+    """The runs in the ledger, and the most that ran at once."""
+    runs, edges = [], []
+    for line in ledger.read_text().splitlines():
+        n, start, end = line.split()
+        runs.append(int(n))
+        edges += [(float(start), 1), (float(end), -1)]
+    at_once = most = 0
+    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):  # ends first on ties
+        at_once += step
+        most = max(most, at_once)
+    return runs, most
+
+
+def _claim_limits(log: str) -> list[int]:
+    return [int(n) for n in re.findall(r"claimed \d+ \(limit (\d+)\)", log)]
+
+
+def _span_jobs(ledger: Path, jobs: int, seconds: float) -> list[int]:
+    items = [
+        {"function": f"{FUNCS}.span", "queue": "e2e", "args": [str(ledger), n, seconds]}
+        for n in range(jobs)
+    ]
+    return [inv.pk for inv, _ in services.invocation_submit_batch(items)]
+
+
+def test_short_jobs_are_claimed_ahead_yet_never_more_run_at_once_than_the_slots(daemon, tmp_path):
+    ledger = tmp_path / "ledger"
+    ids = _span_jobs(ledger, 150, 0.002)
+    proc = daemon("--concurrency", "2")
+    _wait_for(
+        lambda: not Invocation.objects.filter(pk__in=ids).exclude(state="succeeded").exists(),
+        timeout=120,
+        what="every job to succeed",
+    )
+    log = _stop(proc, tmp_path)
+    runs, most = _spans(ledger)
+    assert sorted(runs) == list(range(150))  # each exactly once
+    assert most <= 2  # the jobs claimed ahead waited for a slot
+    assert max(_claim_limits(log)) > 2  # it asked for more than its free slots
+    assert "stopped (150 succeeded, 0 failed, 0 timeout)" in log
+
+
+def test_long_jobs_are_not_claimed_ahead(daemon, tmp_path):
+    ledger = tmp_path / "ledger"
+    ids = _span_jobs(ledger, 6, 0.3)
+    proc = daemon("--concurrency", "2")
+    _wait_for(
+        lambda: not Invocation.objects.filter(pk__in=ids).exclude(state="succeeded").exists(),
+        timeout=60,
+        what="every job to succeed",
+    )
+    log = _stop(proc, tmp_path)
+    runs, most = _spans(ledger)
+    assert sorted(runs) == list(range(6)) and most <= 2
+    limits = _claim_limits(log)
+    assert limits and max(limits) <= 2  # never more than its free slots
