@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run dev test lint format check clean token admin-password help bench bench-server
+.PHONY: install run dev test lint format check clean token admin-password help bench bench-server screenshots
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -68,6 +68,12 @@ admin-password: install
 
 clean:
 	rm -rf $(VENV) var/pg var/pg-test
+
+# The console tour (README): every page in light and dark, at 1280 and 390 px.
+screenshots: install
+	rm -rf docs/tour && mkdir -p docs/tour
+	LAKESHORE_SCREENSHOTS=$(CURDIR)/docs/tour $(BIN)/pytest tests/browser/test_console_tour.py -k shot
+	@echo "written to docs/tour/"
 
 bench: install
 	$(BIN)/python -m bench.compare

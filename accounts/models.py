@@ -69,3 +69,27 @@ class ApiToken(models.Model):
             revoked_at=timezone.now()
         )
         self.refresh_from_db(fields=["revoked_at"])
+
+
+class AuditEvent(models.Model):
+    """One operator action (accounts/audit.py records it from the services): who, by
+    which door, what, on which queue or object. Kept for LAKESHORE_RETENTION_DAYS."""
+
+    at = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=150, help_text="User name; 'system' for no request.")
+    via = models.CharField(max_length=10, help_text="api, cli, console, admin or system")
+    action = models.CharField(max_length=40, help_text="e.g. queue.pause, job.retry")
+    queue = models.CharField(max_length=63, blank=True, help_text="The queue it concerns.")
+    target = models.CharField(max_length=100, blank=True, help_text="e.g. 'job 12'")
+    summary = models.CharField(max_length=500, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["-at", "-id"], name="audit_at"),
+            models.Index(fields=["queue", "-at", "-id"], name="audit_queue_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target}"

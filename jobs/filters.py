@@ -24,10 +24,20 @@ class InvocationFilter(django_filters.FilterSet):
     cursor = IdFilter(
         field_name="id", lookup_expr="lt", label="only invocations older than this id"
     )
+    id = IdFilter(field_name="id", label="invocation id")
+    function = django_filters.CharFilter(
+        field_name="function", lookup_expr="startswith", label="function (a prefix)"
+    )
+    since = django_filters.IsoDateTimeFilter(
+        field_name="created_at", lookup_expr="gte", label="submitted at or after (ISO 8601)"
+    )
+    until = django_filters.IsoDateTimeFilter(
+        field_name="created_at", lookup_expr="lt", label="submitted before (ISO 8601)"
+    )
 
     class Meta:
         model = Invocation
-        fields = ["state", "worker", "queue", "cursor"]
+        fields = ["state", "worker", "queue", "cursor", "id", "function", "since", "until"]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -91,6 +91,18 @@ class Invocation(models.Model):
         blank=True,
         help_text="The SDK's run_config, stored as it was sent.",
     )
+    retry_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="retries",
+        db_index=False,  # a partial index below: most rows are no retry
+        # No constraint in the database: retention deletes old rows by SQL, and a retry
+        # keeps naming the invocation it retried after that one is pruned.
+        db_constraint=False,
+        help_text="The ended invocation this one retries (jobs retry: a new invocation).",
+    )
     scheduled_at = models.DateTimeField(
         null=True,
         blank=True,
@@ -124,6 +136,15 @@ class Invocation(models.Model):
             models.Index(
                 fields=["daemon"], name="inv_running_daemon", condition=Q(state="running")
             ),
+            models.Index(
+                fields=["retry_of"], name="inv_retry_of", condition=Q(retry_of__isnull=False)
+            ),
+            # what each queue finished lately (ETA, failures in the last 24 h)
+            models.Index(
+                fields=["queue", "finished_at"],
+                name="inv_finished",
+                condition=Q(finished_at__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -135,6 +156,12 @@ class Invocation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pk} {self.function} [{self.state}]"
+
+    def get_absolute_url(self) -> str:
+        """Its console page (Django admin links to it as "View on site")."""
+        from django.urls import reverse
+
+        return reverse("console-job", args=[self.pk])
 
     @property
     def priority_shown(self) -> int | float:

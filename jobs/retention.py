@@ -1,6 +1,6 @@
-"""Retention: finished invocations, controller events and the SDK's result frames
-older than LAKESHORE_RETENTION_DAYS are deleted, a batch at a time, by the beat task
-`jobs.retention` (and `manage.py prune`).
+"""Retention: finished invocations, controller events, the SDK's result frames and the
+queues' samples (the charts' time series) older than LAKESHORE_RETENTION_DAYS are
+deleted, a batch at a time, by the beat task `jobs.retention` (and `manage.py prune`).
 
 Each batch is one statement in a short transaction of its own. It takes at most
 `batch_size` ids, lowest first, with FOR UPDATE SKIP LOCKED, so it never holds locks
@@ -70,6 +70,33 @@ DELETE FROM jobs_resultframe
 """
 
 
+# The queues' samples (queues.QueueSample, one per queue a minute), by their minute,
+# oldest first along their index on `at`; nothing references them.
+_SAMPLES_SQL = """
+DELETE FROM queues_queuesample
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM queues_queuesample
+     WHERE at < %(cutoff)s
+     ORDER BY at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+ ))
+"""
+
+
+# The audit trail (accounts.AuditEvent), by its own retention.
+_AUDIT_SQL = """
+DELETE FROM accounts_auditevent
+ WHERE id = ANY(ARRAY(
+    SELECT id FROM accounts_auditevent
+     WHERE at < %(cutoff)s
+     ORDER BY at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+ ))
+"""
+
+
 def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:
     deleted = 0
     for _ in range(max_batches):
@@ -84,17 +111,20 @@ def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: 
     return deleted
 
 
-def retention_cutoff(now: datetime | None = None) -> datetime:
-    return (now or timezone.now()) - timedelta(days=settings.LAKESHORE_RETENTION_DAYS)
+def retention_cutoff(now: datetime | None = None, days: float | None = None) -> datetime:
+    days = settings.LAKESHORE_RETENTION_DAYS if days is None else days
+    return (now or timezone.now()) - timedelta(days=days)
 
 
 def retention_sweep(
     *, now: datetime | None = None, batch_size: int = BATCH_SIZE, max_batches: int = MAX_BATCHES
 ) -> dict:
-    """Delete finished invocations (terminal state, finished_at before the cutoff) and
-    queue events (`at` before the cutoff) and result frames (created before it), at
-    most batch_size * max_batches of each. Returns {"invocations": n, "events": m,
-    "frames": f}. Safe to run twice at once."""
+    """Delete finished invocations (terminal state, finished_at before the cutoff),
+    queue events (`at` before the cutoff) and result frames (created before it), queue
+    samples older than LAKESHORE_SAMPLE_RETENTION_DAYS and audit rows older than
+    LAKESHORE_AUDIT_RETENTION_DAYS, at most batch_size * max_batches of each. Returns
+    {"invocations": n, "events": m, "frames": f, "samples": s, "audit": a}. Safe to run
+    twice at once."""
     if batch_size < 1 or max_batches < 1:
         raise ValueError("batch_size and max_batches must be at least 1")
     cutoff = retention_cutoff(now)
@@ -107,6 +137,16 @@ def retention_sweep(
         ),
         "events": _delete_in_batches(_EVENTS_SQL, {"cutoff": cutoff}, **limits),
         "frames": _delete_in_batches(_FRAMES_SQL, {"cutoff": cutoff}, **limits),
+        "samples": _delete_in_batches(
+            _SAMPLES_SQL,
+            {"cutoff": retention_cutoff(now, settings.LAKESHORE_SAMPLE_RETENTION_DAYS)},
+            **limits,
+        ),
+        "audit": _delete_in_batches(
+            _AUDIT_SQL,
+            {"cutoff": retention_cutoff(now, settings.LAKESHORE_AUDIT_RETENTION_DAYS)},
+            **limits,
+        ),
     }
     if any(counts.values()):
         log.info("retention: deleted %s (finished before %s)", counts, cutoff.isoformat())

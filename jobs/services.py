@@ -7,12 +7,14 @@ import random
 import re
 import threading
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from accounts import audit
 from jobs import transitions, wakeup
 from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
@@ -593,6 +595,12 @@ def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     killed = transitions.kill_queued(invocation_id=invocation.pk, reason=reason or "killed")
     invocation.refresh_from_db()
     if killed:
+        audit.record(
+            "job.kill",
+            queue=invocation.queue,
+            target=f"job {invocation.pk}",
+            summary=f"killed {invocation.function}" + (f": {reason}" if reason else ""),
+        )
         return invocation
     if invocation.state == Q_.RUNNING:
         raise Conflict(
@@ -609,6 +617,65 @@ def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     )
 
 
+RETRYABLE = (Q_.FAILED, Q_.TIMEOUT, Q_.KILLED)
+
+
+def invocation_retry(*, invocation_id) -> Invocation:
+    """Queue an ended invocation (failed, timeout or killed) again, as a NEW invocation
+    linked to it (`retry_of`): the old one keeps its record (error, attempts, result),
+    the new one starts from attempt 0 with the same function, arguments, priority, time
+    limit and attempts, in the same queue, admitted like any submit (a full queue
+    refuses at once). Once per invocation: retrying it again is a Conflict naming the
+    retry (retry that one if it ends badly too), so a double click queues one."""
+    invocation = invocation_get(invocation_id)
+    with transaction.atomic():
+        old = Invocation.objects.select_for_update().get(pk=invocation.pk)
+        if old.state not in RETRYABLE:
+            raise Conflict(
+                f"Invocation {old.pk} is {old.state}: only a failed, timed-out or killed "
+                "invocation can be retried.",
+                extra={"state": old.state},
+                code="invocation_not_retryable",
+            )
+        earlier = retried_as(old)
+        if earlier is not None:
+            raise Conflict(
+                f"Invocation {old.pk} was already retried as {earlier}: retry that one "
+                "if it ends badly too.",
+                extra={"retry": str(earlier)},
+                code="already_retried",
+            )
+        hooks.point("retry.before_insert")
+        new, _ = invocation_submit(
+            function=old.function,
+            queue=old.queue,
+            args=old.args,
+            kwargs=old.kwargs,
+            priority=old.priority,
+            timeout_s=old.timeout_s,
+            max_attempts=old.max_attempts,
+            block_timeout=0,
+            wire=old.wire,
+            args_blob=old.args_blob,
+            run_config=old.run_config,
+        )
+        Invocation.objects.filter(pk=new.pk).update(retry_of=old)
+        new.retry_of = old
+        audit.record(
+            "job.retry",
+            queue=old.queue,
+            target=f"job {old.pk}",
+            summary=f"retried {old.function} ({old.state}) as job {new.pk}",
+            detail={"retry": new.pk},
+        )
+    return new
+
+
+def retried_as(invocation: Invocation) -> int | None:
+    """The id of the invocation that retries this one, if any (one indexed lookup)."""
+    return invocation.retries.order_by("id").values_list("id", flat=True).first()
+
+
 def invocation_bulk_cancel(*, queue: str | None = None, reason: str = "", dry_run: bool = False):
     """Cancel every queued invocation (of one queue, if given), in batches."""
     rows = Invocation.objects.filter(state=Q_.QUEUED)
@@ -618,7 +685,15 @@ def invocation_bulk_cancel(*, queue: str | None = None, reason: str = "", dry_ru
         rows = rows.filter(queue=queue)
     if dry_run:
         return rows.count()
-    return transitions.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
+    cancelled = transitions.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
+    where = "every queue" if queue is None else f"queue {queue or '(default)'}"
+    audit.record(
+        "jobs.bulk_cancel",
+        queue=queue or "",
+        target=where,
+        summary=f"cancelled {cancelled} queued" + (f": {reason}" if reason else ""),
+    )
+    return cancelled
 
 
 # ---------------------------------------------------------------------------- reaper
@@ -638,6 +713,26 @@ def reap(*, now=None) -> dict:
 
 
 # ---------------------------------------------------------------------------- position
+
+
+ETA_WINDOW_SECONDS = 600
+
+
+def queue_eta(invocation: Invocation, position: dict | None) -> dict | None:
+    """When a queued invocation may start, from how many are ahead of it and how fast
+    its queue finished work over the last ETA_WINDOW_SECONDS (an index range scan):
+    {"seconds", "rate_per_minute"}, or None when nothing finished lately (no rate to go
+    by) or it is not queued."""
+    if position is None:
+        return None
+    since = timezone.now() - timedelta(seconds=ETA_WINDOW_SECONDS)
+    done = (
+        Invocation.objects.filter(queue=invocation.queue, finished_at__gte=since).order_by().count()
+    )
+    if not done:
+        return None
+    rate = done / ETA_WINDOW_SECONDS  # per second
+    return {"seconds": round((position["ahead"] + 1) / rate), "rate_per_minute": rate * 60}
 
 
 def queue_position(invocation: Invocation) -> dict | None:

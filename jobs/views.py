@@ -2,26 +2,59 @@
 
 from django.shortcuts import render
 from django.utils.http import urlencode
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
+from accounts.roles import can_operate
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin.console import back_url
 from queues.views import console_view
 
 PAGE_SIZE = 50
+FILTERS = ("queue", "function", "id", "worker", "since", "until")
 
 
 @require_GET
 @console_view
 def job_list(request):
-    filterset = InvocationFilter(request.GET, queryset=Invocation.objects.light().order_by("-id"))
+    """Newest first, keyset-paged both ways: `cursor` (older than an id, the API's) and
+    `after` (newer than an id, this page's way back)."""
+    from jobs import services
+    from queues.models import Queue
+
+    params = request.GET.copy()
+    after = _id_param(params.pop("after", [""])[-1])
+    filterset = InvocationFilter(params, queryset=Invocation.objects.light())
     valid = filterset.is_valid()
-    rows = list(filterset.qs[: PAGE_SIZE + 1]) if valid else []
-    next_url = None
-    if len(rows) > PAGE_SIZE:  # keyset: fast at any depth
-        params = request.GET.copy()
-        params["cursor"] = rows[PAGE_SIZE - 1].pk
-        next_url = f"?{urlencode(params, doseq=True)}"
+    rows, newer, older = [], False, False
+    if valid:
+        qs = filterset.qs
+        if after:
+            rows = list(qs.filter(id__gt=after).order_by("id")[: PAGE_SIZE + 1])
+            newer = len(rows) > PAGE_SIZE
+            rows = rows[:PAGE_SIZE][::-1]
+            older = bool(rows)
+        else:
+            rows = list(qs.order_by("-id")[: PAGE_SIZE + 1])
+            older = len(rows) > PAGE_SIZE
+            rows = rows[:PAGE_SIZE]
+            newer = "cursor" in params and bool(rows)
+
+    def link(**change) -> str:
+        query = params.copy()
+        for key in ("cursor", "after"):
+            query.pop(key, None)
+        query.update(change)
+        return f"?{urlencode(query, doseq=True)}"
+
+    queue = request.GET.get("queue")
+    can_act = can_operate(request.user)
+    cancel_count = None
+    if valid and can_act and queue is not None and "queue" in request.GET:
+        try:
+            cancel_count = services.invocation_bulk_cancel(queue=queue, dry_run=True)
+        except services.NotFound:
+            cancel_count = None
     template = "jobs/invocation_list.html"
     if request.htmx and request.htmx.target == "job-table":
         template += "#job-table"
@@ -29,11 +62,181 @@ def job_list(request):
         request,
         template,
         {
-            "jobs": rows[:PAGE_SIZE],
-            "next_url": next_url,
+            "jobs": rows,
+            "next_url": link(cursor=rows[-1].pk) if older and rows else None,
+            "previous_url": link(after=rows[0].pk) if newer and rows else None,
             "errors": None if valid else filterset.errors,
             "states": InvocationState.choices,
             "chosen": request.GET.getlist("state"),
-            "queue": request.GET.get("queue", ""),
+            "filters": {
+                k: request.GET.get(k, "")
+                for k in ("queue", "function", "id", "worker", "since", "until")
+            },
+            "queues": list(Queue.objects.order_by("name").values_list("name", flat=True)[:500]),
+            "can_act": can_act,
+            "cancel_count": cancel_count,
+            "cancel_queue": queue,
+            "query": request.GET.urlencode(),
         },
     )
+
+
+def _id_param(value: str) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        return None
+    return number if 0 < number < 2**63 else None
+
+
+@require_POST
+@console_view
+def job_bulk_cancel(request):
+    """Cancel what is queued in one queue, from the jobs list's queue filter: the same
+    service as the API and the CLI."""
+    from django.contrib import messages
+    from django.urls import reverse
+
+    from jobs import services
+    from lakeshore_admin.errors import DomainError
+
+    queue = request.POST.get("queue")
+    back = back_url(request, f"{reverse('console-jobs')}?{urlencode({'queue': queue or ''})}")
+    if queue is None:
+        messages.error(request, "Nothing was cancelled: choose a queue first.")
+        return _after_action(request, back)
+    try:
+        count = services.invocation_bulk_cancel(queue=queue, reason="bulk-cancel from the console")
+    except DomainError as exc:
+        messages.error(request, f"Nothing was cancelled: {exc.message}")
+    else:
+        messages.success(
+            request, f"Cancelled {count} queued invocation(s) of queue {queue or '(default)'}."
+        )
+    return _after_action(request, back)
+
+
+def _job_or_404(invocation_id) -> Invocation:
+    from django.http import Http404
+
+    from jobs import services
+
+    try:
+        return services.invocation_get(invocation_id)
+    except services.NotFound as exc:
+        raise Http404(exc.message) from None
+
+
+def _pretty(value) -> str:
+    import json
+
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def _timeline(job: Invocation, retried_as: int | None) -> list[dict]:
+    """What happened to the job, from its own record (oldest first)."""
+    steps = [{"at": job.created_at, "text": f"queued in {job.queue or '(default)'}"}]
+    if job.retry_of_id:
+        steps[0]["text"] += f", retrying job {job.retry_of_id}"
+    if job.started_at:
+        where = f" on daemon {job.daemon_id}" if job.daemon_id else ""
+        steps.append(
+            {
+                "at": job.started_at,
+                "text": f"attempt {job.attempts} of {job.max_attempts} started{where}",
+            }
+        )
+    if job.finished_at:
+        why = f": {job.reason}" if job.reason else ""
+        steps.append({"at": job.finished_at, "text": f"ended {job.state}{why}"})
+    if job.scheduled_at and job.state == InvocationState.QUEUED:
+        steps.append({"at": job.scheduled_at, "text": "next attempt may start (retry back-off)"})
+    if retried_as:
+        steps.append({"at": None, "text": f"retried as job {retried_as}"})
+    return steps
+
+
+@require_GET
+@console_view
+def job_detail(request, invocation_id: int):
+    from jobs import services
+
+    job = _job_or_404(invocation_id)
+    position = services.queue_position(job)
+    retried_as = services.retried_as(job)
+    ran = waited = None
+    if job.started_at:
+        waited = (job.started_at - job.created_at).total_seconds()
+        if job.finished_at:
+            ran = (job.finished_at - job.started_at).total_seconds()
+    context = {
+        "job": job,
+        "position": position,
+        "eta": services.queue_eta(job, position),
+        "retried_as": retried_as,
+        "retryable": job.state in services.RETRYABLE,
+        "can_act": can_operate(request.user),
+        "waited": waited,
+        "ran": ran,
+        "args_text": _pretty(job.args),
+        "kwargs_text": _pretty(job.kwargs),
+        "result_text": _pretty(job.result),
+        "args_bytes": job.blob_size("args_blob"),
+        "result_bytes": job.blob_size("result_blob"),
+        "timeline": _timeline(job, retried_as),
+    }
+    template = "jobs/invocation_detail.html"
+    if request.htmx and request.htmx.target == "job-summary":
+        template += "#job-summary"
+    return render(request, template, context)
+
+
+def _after_action(request, url: str):
+    """Back to a page after a console action: a full load (htmx follows HX-Redirect), so
+    the message shows in the page's live region."""
+    from django.http import HttpResponse
+    from django.shortcuts import redirect
+
+    if request.htmx:
+        return HttpResponse(status=204, headers={"HX-Redirect": url})
+    return redirect(url)
+
+
+@require_POST
+@console_view
+def job_kill(request, invocation_id: int):
+    """Kill a queued job from the console: the same service as the API and the CLI."""
+    from django.contrib import messages
+    from django.urls import reverse
+
+    from jobs import services
+    from lakeshore_admin.errors import DomainError
+
+    job = _job_or_404(invocation_id)
+    try:
+        services.invocation_kill(invocation_id=job.pk, reason="killed from the console")
+        messages.success(request, f"Job {job.pk} killed.")
+    except DomainError as exc:
+        messages.error(request, f"Job {job.pk} was not killed: {exc.message}")
+    return _after_action(request, reverse("console-job", args=[job.pk]))
+
+
+@require_POST
+@console_view
+def job_retry(request, invocation_id: int):
+    """Retry an ended job from the console (a new job linked to it): the same service as
+    the API and the CLI. Success goes to the new job's page."""
+    from django.contrib import messages
+    from django.urls import reverse
+
+    from jobs import services
+    from lakeshore_admin.errors import DomainError
+
+    job = _job_or_404(invocation_id)
+    try:
+        new = services.invocation_retry(invocation_id=job.pk)
+    except DomainError as exc:
+        messages.error(request, f"Job {job.pk} was not retried: {exc.message}")
+        return _after_action(request, reverse("console-job", args=[job.pk]))
+    messages.success(request, f"Job {job.pk} retried as job {new.pk}.")
+    return _after_action(request, reverse("console-job", args=[new.pk]))

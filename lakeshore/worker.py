@@ -24,9 +24,10 @@ server CPU a job. Letting outcomes leave in parallel while an exchange is in fli
 split the batches: more requests, fewer jobs/s.)
 
 Claiming ahead: while the last jobs ran shorter than AHEAD_BELOW (0.1 s) on average, the
-claim loop may hold up to twice its slots, so the slot a job frees while a claim is in
-flight gets its next job at once, from the spawner, without waiting for that answer;
-the claim then carries every outcome that ended during its round trip. No more than
+claim loop may hold more than its slots (as many more as the slots run in AHEAD_WAIT,
+50 ms, and at least one a slot), so the slot a job frees while a claim is in flight
+gets its next job at once, from the spawner, without waiting for that answer; the
+claim then carries every outcome that ended during its round trip. No more than
 `concurrency` jobs ever run at once; a job's time-out counts from its start; what is
 claimed ahead is held (heartbeats name it) and is started even while draining. Long jobs
 are never claimed ahead: one would wait behind another's whole run while another daemon
@@ -83,6 +84,8 @@ BACKOFF_MAX = 10.0
 DAEMON_TERMINATED = "daemon_terminated"  # dropped or ended on the server: stop
 DAEMON_LOST = "daemon_lost"  # the reaper gave our work away: kill it, register again
 AHEAD_BELOW = 0.1  # claim ahead of free slots while jobs run shorter than this (s)
+AHEAD_WAIT = 0.05  # ... as many as the slots run in about this long (s), at least one each
+CLAIM_LIMIT_MAX = 100  # the most one claim may ask for (the server's limit)
 CLAIM_STALE = "claim_stale"  # a complete for a claim we no longer hold: log, no retry
 
 # ---------------------------------------------------------------------------- job environment
@@ -569,12 +572,15 @@ class Worker:
         return taken
 
     def _ahead(self) -> int:
-        """How many to claim beyond the slots (lock held): as many again as there are
-        slots while the last jobs ran shorter than AHEAD_BELOW seconds on average (a job
-        claimed ahead then waits at most about that long for its slot), none otherwise."""
-        if self.run_average is None or self.run_average >= AHEAD_BELOW:
+        """How many to claim beyond the slots (lock held). While the last jobs ran
+        shorter than AHEAD_BELOW seconds on average: as many as the slots get through in
+        AHEAD_WAIT seconds, and at least one a slot (so a job claimed ahead waits for
+        its slot about AHEAD_WAIT, or one short job's run, at most). None otherwise."""
+        average = self.run_average
+        if average is None or average >= AHEAD_BELOW:
             return 0
-        return self.concurrency
+        through = int(self.concurrency * AHEAD_WAIT / max(average, 0.0005))
+        return min(max(self.concurrency, through), CLAIM_LIMIT_MAX)
 
     def _free(self) -> int:
         """How many a claim may ask for now (lock held): free slots plus what may be
@@ -602,7 +608,7 @@ class Worker:
                 with self.lock:
                     while self._free() <= 0 and not self._should_stop():
                         self.slot_free.wait(1.0)
-                    free = self._free()
+                    free = min(self._free(), CLAIM_LIMIT_MAX)
                     busy = bool(self.running) or self.reserved > 0
                     if self._should_stop() or free <= 0:
                         continue

@@ -52,3 +52,38 @@ class RequestHeaderLimitMiddleware:
             title = "Request Header Fields Too Large (431)"
             return error_response(request, 431, "too_large", message, title)
         return self.get_response(request)
+
+
+class HtmxLoginRedirectMiddleware:
+    """Every answer varies on HX-Request and HX-Target (a page and its partial share an
+    address). And a console refresh (an htmx request) after the session ended would follow the
+    redirect to the login page and swap the whole login page into a box of the page.
+    Instead it answers 204 with HX-Redirect: htmx then loads the login page as the whole
+    page, which returns to the page the user was on after logging in."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        from django.utils.cache import patch_vary_headers
+
+        response = self.get_response(request)
+        # A page and its htmx partial share an address: caches (the browser's, for a
+        # reload after Back) must keep them apart.
+        patch_vary_headers(response, ("HX-Request", "HX-Target"))
+        if request.headers.get("HX-Request") != "true" or response.status_code not in (301, 302):
+            return response
+        from urllib.parse import quote, urlsplit
+
+        from django.conf import settings
+        from django.http import HttpResponse
+
+        if urlsplit(response.get("Location", "")).path != settings.LOGIN_URL:
+            return response
+        current = urlsplit(request.headers.get("HX-Current-URL", ""))
+        page = current.path or "/"
+        if current.query:
+            page += f"?{current.query}"
+        answer = HttpResponse(status=204)
+        answer["HX-Redirect"] = f"{settings.LOGIN_URL}?next={quote(page)}"
+        return answer

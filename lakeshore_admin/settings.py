@@ -71,8 +71,10 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "lakeshore_admin.middleware.HtmxLoginRedirectMiddleware",  # session ended: whole page
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "accounts.audit.AuditMiddleware",  # who acts, for the audit trail (accounts/audit.py)
     "axes.middleware.AxesMiddleware",  # turns a locked-out login into the lockout page
 ]
 
@@ -247,6 +249,8 @@ SPECTACULAR_SETTINGS = {
 
 # --- Lakeshore ---------------------------------------------------------------------------
 LAKESHORE_TICK_SECONDS = env_number("LAKESHORE_TICK_SECONDS", 10, minimum=1)
+# How often the console's tables and signals refresh themselves.
+LAKESHORE_CONSOLE_REFRESH_SECONDS = env_number("LAKESHORE_CONSOLE_REFRESH_SECONDS", 5, minimum=1)
 LAKESHORE_HEARTBEAT_TIMEOUT = env_number("LAKESHORE_HEARTBEAT_TIMEOUT", 60, minimum=1)
 LAKESHORE_MAX_LAUNCH_PER_TICK = env_number("LAKESHORE_MAX_LAUNCH_PER_TICK", 10, minimum=1)
 LAKESHORE_SCALE_DOWN_WINDOW = env_number("LAKESHORE_SCALE_DOWN_WINDOW", 300, minimum=0)
@@ -264,6 +268,10 @@ LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK"
 LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
 LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
 LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
+# The charts' samples (one per queue a minute; the charts show at most a day) and the
+# audit trail of operator actions have retentions of their own.
+LAKESHORE_SAMPLE_RETENTION_DAYS = env_number("LAKESHORE_SAMPLE_RETENTION_DAYS", 7, minimum=1)
+LAKESHORE_AUDIT_RETENTION_DAYS = env_number("LAKESHORE_AUDIT_RETENTION_DAYS", 365, minimum=1)
 # Modules (besides lakeshore.functions) whose functions the daemons that this server's
 # providers start may run. Only the server's owner sets it: no API input can widen it.
 LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
@@ -370,6 +378,7 @@ SECURE_CSP = {
     "form-action": [CSP.SELF],
 }
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("lakeshore_admin.console.context")
 
 # Bad input never gets a 500: JSON nested deeper than this is refused (400), and a header
 # value over LAKESHORE_MAX_HEADER_BYTES (or 32 KiB of headers, or 100 of them) gets 431.

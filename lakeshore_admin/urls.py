@@ -2,16 +2,17 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path, re_path
-from django.views import defaults
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
     SpectacularSwaggerSplitView,
 )
 
+from accounts import views as account_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request
 from lakeshore_admin.health import healthz, readyz
+from queues import daemon_views
 from queues import views as queue_views
 
 
@@ -48,8 +49,9 @@ def _json_for_api(status: int, code: str, message: str, html_view):
 
 handler400 = bad_request  # says what it was: a bad Host, a body too large, or bad input
 handler500 = _json_for_api(
-    500, "server_error", "The server failed; the error was logged.", defaults.server_error
+    500, "server_error", "The server failed; the error was logged.", queue_views.server_error
 )
+handler403 = _json_for_api(403, "forbidden", "Not allowed.", queue_views.permission_denied)
 
 
 def _docs(view_class, *, page: bool, **options):
@@ -95,9 +97,16 @@ def _docs(view_class, *, page: bool, **options):
 urlpatterns = [
     path("", queue_views.queue_list, name="console-home"),
     path("jobs/", job_views.job_list, name="console-jobs"),
-    path("daemons/", queue_views.daemon_list, name="console-daemons"),
-    path("daemons/<int:daemon_id>/drop/", queue_views.daemon_drop, name="console-daemon-drop"),
+    path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
+    path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
+    path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
+    path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
+    path("daemons/", daemon_views.daemon_list, name="console-daemons"),
+    path("events/", account_views.event_list, name="console-events"),
+    path("daemons/<int:daemon_id>/drop/", daemon_views.daemon_drop, name="console-daemon-drop"),
+    path("queues/add/", queue_views.queue_add, name="console-queue-add"),
     path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),
+    path("queues/<str:name>/edit/", queue_views.queue_edit, name="console-queue-edit"),
     path(
         "queues/<str:name>/<str:action>/",
         queue_views.queue_action,

@@ -18,7 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from lakeshore_admin import hooks
-from queues import daemons, elasticity
+from queues import daemons, elasticity, samples
 from queues.drivers import ProviderError, driver_for
 from queues.models import (
     Daemon,
@@ -247,6 +247,7 @@ def tick(*, now=None) -> dict:
         )
     )
     decided = skipped = 0
+    events = []
     for queue_id in sorted(managed):
         until = failing.get(queue_id)
         if until is not None and until > now:
@@ -263,10 +264,16 @@ def tick(*, now=None) -> dict:
             skipped += 1
             continue
         decided += 1
+        events.append(event)
         if queue_id in failing:
             Queue.objects.filter(pk=queue_id, tick_failures__gt=0).update(
                 tick_failures=0, tick_backoff_until=None
             )
+    try:  # the time series of the console's charts: every queue, once a minute
+        with transaction.atomic():  # a failure here spoils nothing after it
+            samples.record(now=now, events=events)
+    except Exception:  # noqa: BLE001 - a chart's missing minute must not stop the tick
+        logger.exception("controller tick: sampling the queues failed")
     retention = timedelta(seconds=settings.LAKESHORE_NOOP_RETENTION)
     pruned, _ = QueueEvent.objects.filter(
         action=EventAction.TICK_NOOP, at__lt=now - retention

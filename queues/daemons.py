@@ -258,7 +258,17 @@ def daemon_drop(*, daemon: Daemon) -> dict:
     """An operator drops the daemon: it is terminated, its provider is asked to stop it,
     and its running invocations end killed. The daemon learns it at its next heartbeat
     or claim (409 daemon_terminated) and stops."""
-    return _end([daemon.pk], requeue=False, reason="daemon removed")[0]
+    from accounts import audit
+
+    ended = _end([daemon.pk], requeue=False, reason="daemon removed")[0]
+    audit.record(
+        "daemon.drop",
+        queue=daemon.queues[0] if len(daemon.queues) == 1 else "",
+        target=f"daemon {daemon.pk}",
+        summary=f"dropped {daemon.name} (serving "
+        f"{', '.join(daemon.queues) or 'the default queue'})",
+    )
+    return ended
 
 
 def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> list[dict]:

@@ -2,6 +2,7 @@
 
 import django_filters
 
+from jobs.filters import IdFilter
 from queues.models import Daemon, DaemonState, Queue, QueueState
 
 
@@ -24,10 +25,11 @@ class QueueFilter(django_filters.FilterSet):
 class DaemonFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=DaemonState.choices)
     queue = django_filters.CharFilter(method="filter_queue", label="subscribed to queue")
+    id = IdFilter(field_name="id", label="daemon id")
 
     class Meta:
         model = Daemon
-        fields = ["state", "queue"]
+        fields = ["state", "queue", "id"]
 
     def filter_queue(self, queryset, name, value):
         return queryset.subscribed_to(value)

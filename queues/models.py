@@ -153,6 +153,12 @@ class Daemon(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.pk})"
 
+    def get_absolute_url(self) -> str:
+        """Its row on the console's daemons page (Django admin: "View on site")."""
+        from django.urls import reverse
+
+        return f"{reverse('console-daemons')}?id={self.pk}"
+
     @property
     def is_live(self) -> bool:
         return self.state in LIVE_DAEMON_STATES
@@ -242,6 +248,12 @@ class Queue(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def get_absolute_url(self) -> str:
+        """Its console page (Django admin: "View on site")."""
+        from django.urls import reverse
+
+        return reverse("console-queue", args=[self.name])
+
     @property
     def elasticity(self) -> dict | None:
         if not self.elasticity_kind:
@@ -317,7 +329,36 @@ class QueueEvent(models.Model):
                 name="event_queue_decisions",
                 condition=~Q(action="tick_noop"),
             ),
+            # the timeline across queues (/events/), newest first
+            models.Index(
+                fields=["-at", "-id"], name="event_decisions_at", condition=~Q(action="tick_noop")
+            ),
         ]
 
     def __str__(self) -> str:
         return f"{self.queue_id} {self.action} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class QueueSample(models.Model):
+    """A queue's signals at one minute: the console's charts read them. At most one row
+    per queue per minute (`at` is the minute's start), written by queues/samples.py on
+    every controller tick and deleted after LAKESHORE_RETENTION_DAYS by jobs/retention.py."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="samples")
+    at = models.DateTimeField(help_text="The minute sampled (seconds and microseconds zero).")
+    pending = models.PositiveIntegerField(help_text="P: queued invocations (capped).")
+    running = models.PositiveIntegerField(help_text="Running invocations (capped).")
+    daemons = models.PositiveIntegerField(help_text="D: live daemons (provisioning, idle, busy).")
+    busy = models.PositiveIntegerField(help_text="B: busy daemons.")
+    desired = models.PositiveIntegerField(help_text="The count the controller moves toward.")
+    utilization = models.FloatField(help_text="U: B / D.")
+
+    class Meta:
+        constraints = [
+            # one per queue per minute; also the index of a queue's series (its charts)
+            models.UniqueConstraint(fields=["queue", "at"], name="queue_sample_minute"),
+        ]
+        indexes = [models.Index(fields=["at"], name="queue_sample_at")]  # retention, the tick
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} at {self.at:%Y-%m-%d %H:%M}"

@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Func, Value
 from django.utils import timezone
 
+from accounts import audit
 from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
@@ -130,6 +131,7 @@ def queue_create(
             fields={"name": "already exists"},
             code="already_exists",
         ) from None
+    audit.record("queue.create", queue=name, target=f"queue {name}", summary=f"kind {kind}")
     return queue
 
 
@@ -178,7 +180,26 @@ def queue_patch(*, name: str, changes: dict, dry_run: bool = False) -> Queue:
         _check_temperature(queue)
         if not dry_run:
             queue.save()
+            shown = {**changes, **({"elasticity": numbers} if numbers else {})}
+            if "provider" in shown or queue.provider_id:
+                shown.setdefault("provider", queue.provider.name if queue.provider else None)
+            audit.record(
+                "queue.patch",
+                queue=name,
+                target=f"queue {name}",
+                summary="changed " + ", ".join(sorted(shown)) if shown else "no change",
+                detail=_json_safe(shown),
+            )
     return queue
+
+
+def _json_safe(value):
+    """Values as an audit row stores them (numbers, strings, lists, dicts)."""
+    import json
+
+    from django.core.serializers.json import DjangoJSONEncoder
+
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
 
 
 # action -> (states it may start from, state it leads to)
@@ -189,6 +210,23 @@ TRANSITIONS: dict[str, tuple[set[str], str]] = {
     "unarchive": (set(QueueState.values), QueueState.ACTIVE),
     "archive": (set(QueueState.values), QueueState.ARCHIVED),
 }
+
+
+# What each state change asks before it is made (the console's confirmations).
+CONFIRMATIONS = {
+    "drain": "stop admitting new work; what is queued and running still finishes",
+    "archive": "soft-delete: no more work is admitted or dispatched",
+}
+
+
+def queue_actions(queue: Queue) -> list[dict]:
+    """The state changes that would change this queue now (a repeat, harmless as it is,
+    is not offered), each with its confirmation if it is destructive."""
+    return [
+        {"action": action, "confirm": CONFIRMATIONS.get(action, "")}
+        for action, (allowed, target) in TRANSITIONS.items()
+        if queue.state in allowed and queue.state != target
+    ]
 
 
 def queue_transition(*, name: str, action: str) -> Queue:
@@ -210,6 +248,7 @@ def queue_transition(*, name: str, action: str) -> Queue:
             extra={"state": queue.state},
             code="queue_state",
         )
+    audit.record(f"queue.{action}", queue=name, target=f"queue {name}", summary=f"now {target}")
     return queue
 
 
@@ -257,6 +296,13 @@ def queue_delete(*, name: str, force: bool = False) -> dict:
             queues=Func(F("queues"), Value(name), function="array_remove"), updated_at=now
         )
         queue.delete()
+        audit.record(
+            "queue.remove",
+            queue=name,
+            target=f"queue {name}",
+            summary=f"removed{' (--force)' if force else ''}: {killed} queued killed, "
+            f"{unbound} daemon(s) unbound",
+        )
     return {"name": name, "deleted": True, "unbound_daemons": unbound, "killed": killed}
 
 
@@ -395,6 +441,7 @@ def provider_create(*, name: str, kind: str, description: str = "", config=None)
             fields={"name": "already exists"},
             code="already_exists",
         ) from None
+    audit.record("provider.create", target=f"provider {name}", summary=f"kind {kind}")
     return provider
 
 
@@ -413,6 +460,11 @@ def provider_patch(*, name: str, changes: dict) -> Provider:
     if "description" in changes:
         provider.description = changes["description"]
     provider.save()
+    audit.record(
+        "provider.patch",
+        target=f"provider {name}",
+        summary="changed " + ", ".join(sorted(changes)) if changes else "no change",
+    )  # the config's values stay out of the trail
     return provider
 
 
@@ -436,6 +488,7 @@ def provider_delete(*, name: str) -> None:
         daemons.revoke_tokens(Daemon.objects.filter(provider=provider))
         Daemon.objects.filter(provider=provider).update(provider=None)
         provider.delete()
+        audit.record("provider.remove", target=f"provider {name}", summary="removed")
 
 
 # ---------------------------------------------------------------------------- daemons

@@ -1,36 +1,48 @@
 """Console pages (HTML). The lists use the same FilterSet and QuerySet as the API."""
 
-from functools import wraps
+import logging
+from datetime import timedelta
+from functools import partial, wraps
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import render
-from django.views.decorators.http import require_GET, require_POST
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.csrf import requires_csrf_token
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from rest_framework.permissions import SAFE_METHODS
 
 from accounts.models import Role
-from accounts.permissions import ReadOrOperate
+from accounts.permissions import Operate, ReadOrOperate
 from accounts.roles import can_operate, roles_of
 from queues.filters import QueueFilter
 from queues.models import Queue, QueueState
 
+log = logging.getLogger(__name__)
+
 PAGE_SIZE = 100
 
 
-def console_view(view):
+def console_view(view=None, *, operators_only: bool = False):
     """Every console page and action: a login, then the API's own rule (ReadOrOperate):
     reading needs the viewer or operator role, acting (POST) the operator role; staff
-    act as operators. Without it, a 403 page names the role and who grants it."""
+    act as operators. With operators_only (a form that acts: `@console_view(
+    operators_only=True)`), even reading needs the operator role (the API's Operate).
+    Without the role, a 403 page names the role and who grants it."""
+    if view is None:
+        return partial(console_view, operators_only=operators_only)
 
     @wraps(view)
     @login_required
     def checked(request, *args, **kwargs):
-        rule = ReadOrOperate()
+        rule = Operate() if operators_only else ReadOrOperate()
         if rule.has_permission(request, view):
             return view(request, *args, **kwargs)
-        needed = (Role.VIEWER if request.method in SAFE_METHODS else Role.OPERATOR).value
+        reading = request.method in SAFE_METHODS and not operators_only
         context = {
             "reason": rule.message,
-            "needed": needed,
+            "needed": (Role.VIEWER if reading else Role.OPERATOR).value,
             "roles": sorted(roles_of(request.user)),
         }
         return render(request, "console/forbidden.html", context, status=403)
@@ -49,15 +61,112 @@ def page_offset(request) -> int:
     return offset if 0 <= offset <= MAX_OFFSET else 0
 
 
+def with_backlog(queues):
+    """Pending (capped at PENDING_CAP, like the queue page) and when the oldest queued
+    invocation was submitted, in the page's own query. Per queue, both read the partial
+    index of queued rows, inv_queued_fifo (queue, id) WHERE state = 'queued': the count
+    from the index alone, the oldest as the lowest id (ids follow submit order; a
+    requeued or retried invocation keeps its id and its created_at)."""
+    from django.db.models import DateTimeField, Func, IntegerField, OuterRef, Subquery
+
+    from jobs.models import Invocation, InvocationState
+    from queues.services import PENDING_CAP
+
+    queued = Invocation.objects.filter(
+        queue=OuterRef("name"), state=InvocationState.QUEUED
+    ).order_by()
+    return queues.annotate(
+        pending=Func(
+            Subquery(queued.values("id")[: PENDING_CAP + 1]),
+            template="(SELECT COUNT(*) FROM %(expressions)s AS capped)",
+            output_field=IntegerField(),
+        ),
+        oldest_queued_at=Subquery(
+            queued.order_by("id").values("created_at")[:1], output_field=DateTimeField()
+        ),
+    )
+
+
+FAILED_WINDOW = timedelta(hours=24)
+
+
+def add_activity(queues: list[Queue], *, now=None) -> None:
+    """Running, failed in the last 24 h, and live daemons busy and idle, for the queues
+    of one page: three grouped queries whatever the number of queues. Running reads the
+    partial index of running rows (inv_running_daemon), failed the one of finished rows
+    by queue and time (inv_finished: (queue, finished_at))."""
+    from django.db.models import Count
+
+    from jobs.models import Invocation, InvocationState
+    from queues.models import DaemonState
+    from queues.services import PENDING_CAP
+
+    now = now or timezone.now()
+    names = [queue.name for queue in queues]
+    running, failed, daemons = {}, {}, {}
+    if names:
+        running = dict(
+            Invocation.objects.filter(state=InvocationState.RUNNING, queue__in=names)
+            .order_by()
+            .values_list("queue")
+            .annotate(n=Count("*"))
+        )
+        failed = dict(
+            Invocation.objects.filter(
+                state=InvocationState.FAILED,
+                finished_at__gte=now - FAILED_WINDOW,
+                queue__in=names,
+            )
+            .order_by()
+            .values_list("queue")
+            .annotate(n=Count("*"))
+        )
+        from queues.samples import live_daemons
+
+        for served, states in live_daemons(names).items():
+            for state, n in states.items():
+                daemons[served, state] = n
+    for queue in queues:
+        queue.running = running.get(queue.name, 0)
+        queue.failed_recently = failed.get(queue.name, 0)
+        queue.busy = daemons.get((queue.name, DaemonState.BUSY), 0)
+        queue.idle = daemons.get((queue.name, DaemonState.IDLE), 0)
+        queue.pending_capped = queue.pending > PENDING_CAP
+        queue.pending = min(queue.pending, PENDING_CAP)
+        oldest = queue.oldest_queued_at
+        queue.oldest_wait = "-" if oldest is None else short_age(now - oldest)
+
+
+def short_age(delta: timedelta) -> str:
+    """An age as the console shows it: '40 s', '3 min', '5 h', '2 d' (rounded down)."""
+    seconds = max(0, int(delta.total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"
+
+
+def add_sparklines(queues: list[Queue], *, now=None) -> None:
+    """Pending over the last hour, as a sparkline, for the queues of one page: one query
+    (queues/charts.py draws it from the samples the controller's tick records)."""
+    from queues import charts
+
+    drawn = charts.pending_sparklines(queues, now=now)
+    for queue in queues:
+        queue.sparkline = drawn.get(queue.pk)
+
+
 @require_GET
 @console_view
 def queue_list(request):
-    filterset = QueueFilter(request.GET, queryset=Queue.objects.for_list())
+    filterset = QueueFilter(request.GET, queryset=with_backlog(Queue.objects.for_list()))
     queues = filterset.qs if filterset.is_valid() else Queue.objects.none()
     offset = page_offset(request)
     rows = list(queues[offset : offset + PAGE_SIZE + 1])
+    add_activity(rows[:PAGE_SIZE])
+    add_sparklines(rows[:PAGE_SIZE])
     template = "queues/queue_list.html"
-    if request.htmx:
+    if request.htmx and request.htmx.target == "queue-table":
         template += "#queue-table"
     return render(
         request,
@@ -68,6 +177,8 @@ def queue_list(request):
             "page_size": PAGE_SIZE,
             "state": filterset.form.cleaned_data.get("state") if filterset.is_valid() else "",
             "states": QueueState.choices,
+            "can_act": can_operate(request.user),
+            "query": request.GET.urlencode(),
         },
     )
 
@@ -77,11 +188,10 @@ EVENTS_SHOWN = 20
 ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 
-def _detail_context(request, name: str, *, error: str = "") -> dict:
-    from django.http import Http404
-
+def _detail_context(request, name: str) -> dict:
+    from accounts import audit
     from queues import services
-    from queues.models import Daemon, QueueEvent
+    from queues.models import Daemon
 
     try:
         queue = Queue.objects.for_list().get(name=name)
@@ -94,98 +204,157 @@ def _detail_context(request, name: str, *, error: str = "") -> dict:
             Daemon.objects.live().subscribed_to(name).for_list().order_by("id")[:MEMBERS_SHOWN]
         ),
         "members_shown": MEMBERS_SHOWN,
-        "events": list(QueueEvent.objects.filter(queue=queue).decisions()[:EVENTS_SHOWN]),
+        "events": audit.timeline(queue=name, limit=EVENTS_SHOWN)[0],
         "can_act": can_operate(request.user),
-        "actions": ACTIONS,
-        "error": error,
+        "actions": services.queue_actions(queue),
     }
 
 
 @require_GET
 @console_view
 def queue_detail(request, name: str):
+    """The queue page; htmx asks for its parts: the summary (refreshed every few
+    seconds), the chart with its range switch, or the chart's figure (refreshed every
+    minute). `?range=hour|day` picks the chart's range (anything else: the hour)."""
+    from queues import charts, samples
+
     template = "queues/queue_detail.html"
-    if request.htmx and request.htmx.target == "queue-summary":
-        template += "#queue-summary"
-    return render(request, template, _detail_context(request, name))
+    target = request.htmx.target if request.htmx else None
+    if target == "queue-summary":
+        return render(request, template + "#queue-summary", _detail_context(request, name))
+    range_name = samples.chart_range(request.GET.get("range"))
+    if target in ("queue-chart", "queue-chart-figure"):
+        queue = Queue.objects.filter(name=name).only("pk", "name").first()
+        if queue is None:
+            raise Http404(f"Queue '{name}' does not exist.")
+        context = {"queue": queue}
+        template += f"#{target}"
+    else:
+        context = _detail_context(request, name)
+        queue = context["queue"]
+    context["chart"] = charts.queue_chart(queue, range_name)
+    context["chart_ranges"] = list(samples.RANGES)
+    return render(request, template, context)
 
 
 @require_POST
 @console_view
 def queue_action(request, name: str, action: str):
     """drain, pause, resume, archive, unarchive from the console: the same service as
-    the API; a refusal shows in the page instead of an error status."""
+    the API. What happened (done, or refused and why) goes to the page's messages region,
+    added to what is there (an htmx out-of-band swap), with the summary redrawn."""
+    from django.contrib import messages
+    from django.http import HttpResponse
+    from django.template.loader import render_to_string
+
     from lakeshore_admin.errors import DomainError
     from queues import services
 
     if action not in ACTIONS:
-        from django.http import Http404
-
         raise Http404(f"No action '{action}'.")
-    error = ""
     try:
-        services.queue_transition(name=name, action=action)
+        queue = services.queue_transition(name=name, action=action)
     except DomainError as exc:
-        error = exc.message
+        messages.error(request, f"Queue {name} was not changed: {exc.message}")
+    else:
+        messages.success(request, f"Queue {name}: {action} done; it is {queue.state} now.")
     if not request.htmx:
-        from django.shortcuts import redirect
-
         return redirect("console-queue", name=name)
+    summary = render_to_string(
+        "queues/queue_detail.html#queue-summary", _detail_context(request, name), request
+    )
+    said = render_to_string("console/messages_oob.html", {}, request)
+    return HttpResponse(summary + said)
+
+
+@require_http_methods(["GET", "POST"])
+@console_view(operators_only=True)
+def queue_add(request):
+    """The create form: the API's fields, its serializer and its service (queues/forms.py)."""
+    from queues.forms import QueueCreateForm
+
+    form = QueueCreateForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST":
+        queue = form.save()
+        if queue is not None:
+            messages.success(request, f"Queue '{queue.name}' added.")
+            return redirect("console-queue", name=queue.name)
     return render(
         request,
-        "queues/queue_detail.html#queue-summary",
-        _detail_context(request, name, error=error),
+        "queues/queue_form.html",
+        {"form": form, "queue": None},
+        status=form.status,
     )
 
 
-DAEMON_PAGE = 100
-
-
-@require_GET
-@console_view
-def daemon_list(request):
-    from queues.filters import DaemonFilter
-    from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState
-
-    params = request.GET.copy()
-    if "state" not in params:  # live ones unless asked otherwise
-        params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
-    filterset = DaemonFilter(params, queryset=Daemon.objects.for_list().order_by("-id"))
-    valid = filterset.is_valid()
-    offset = page_offset(request)
-    rows = list(filterset.qs[offset : offset + DAEMON_PAGE + 1]) if valid else []
-    template = "queues/daemon_list.html"
-    if request.htmx and request.htmx.target == "daemon-table":
-        template += "#daemon-table"
-    return render(
-        request,
-        template,
-        {
-            "daemons": rows[:DAEMON_PAGE],
-            "next_offset": offset + DAEMON_PAGE if len(rows) > DAEMON_PAGE else None,
-            "errors": None if valid else filterset.errors,
-            "states": DaemonState.choices,
-            "chosen": params.getlist("state"),
-            "queue": request.GET.get("queue", ""),
-            "can_act": can_operate(request.user),
-        },
-    )
-
-
-@require_POST
-@console_view
-def daemon_drop(request, daemon_id: int):
-    """Drop a daemon from the console: the same service as the API and the CLI."""
-    from django.shortcuts import redirect
-
-    from queues import services
-    from queues.daemons import daemon_drop as drop
+@require_http_methods(["GET", "POST"])
+@console_view(operators_only=True)
+def queue_edit(request, name: str):
+    """The patch form: only the fields PATCH accepts, through the API's serializer and
+    the same service; only what changed is sent."""
+    from queues.forms import QueueEditForm
 
     try:
-        daemon = services.daemon_get(daemon_id)
-    except services.NotFound as exc:
-        from django.http import Http404
+        queue = Queue.objects.select_related("provider").get(name=name)
+    except Queue.DoesNotExist:
+        raise Http404(f"Queue '{name}' does not exist.") from None
+    form = QueueEditForm(request.POST if request.method == "POST" else None, queue=queue)
+    if request.method == "POST":
+        changed = form.payload() if form.is_valid() else {}
+        saved = form.save()
+        if saved is not None:
+            if changed:
+                fields = ", ".join(_api_names(changed))
+                messages.success(request, f"Queue '{name}' saved ({fields}).")
+            else:
+                messages.info(request, f"Nothing to save: queue '{name}' is unchanged.")
+            return redirect("console-queue", name=name)
+    return render(
+        request,
+        "queues/queue_form.html",
+        {"form": form, "queue": queue},
+        status=form.status,
+    )
 
-        raise Http404(exc.message) from None
-    drop(daemon=daemon)
-    return redirect("console-daemons")
+
+def _api_names(changes: dict) -> list[str]:
+    names = []
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            names += [f"{key}.{inner}" for inner in value]
+        else:
+            names.append(key)
+    return names
+
+
+# ---------------------------------------------------------------------------- error pages
+
+PLAIN_500 = (
+    '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Server error · '
+    'Lakeshore Admin</title></head><body><h1>Server error</h1><p role="alert">The server '
+    'failed; the error was logged.</p><p><a href="/">Back to the queues</a></p></body></html>'
+)
+
+
+@requires_csrf_token
+def server_error(request, *args, **kwargs):
+    """handler500: the console's 500 page, rendered without the request (its user, its
+    session or the database may be what failed). Should even that fail, a plain page."""
+    from django.http import HttpResponseServerError
+    from django.template import loader
+
+    try:
+        body = loader.render_to_string("500.html")
+    except Exception:  # the page of last resort must not raise
+        log.exception("the 500 page failed to render")
+        body = PLAIN_500
+    return HttpResponseServerError(body)
+
+
+@requires_csrf_token
+def permission_denied(request, exception=None, *args, **kwargs):
+    """handler403: a PermissionDenied raised anywhere outside console_view (which names
+    the role itself) shows the console's 403 page with its message."""
+    message = str(exception or "") or "You may not do this."
+    context = {"reason": message, "needed": None, "roles": sorted(roles_of(request.user))}
+    return render(request, "console/forbidden.html", context, status=403)

@@ -33,6 +33,24 @@ def _work_listener_closed_before_teardown(django_db_setup):
     listener.stop()
 
 
+class _Closing:
+    """A WSGI response that says when the server closed it (Django returns the request's
+    database connection then)."""
+
+    def __init__(self, response, done):
+        self.response, self.done = response, done
+
+    def __iter__(self):
+        return iter(self.response)
+
+    def close(self):
+        try:
+            if hasattr(self.response, "close"):
+                self.response.close()
+        finally:
+            self.done()
+
+
 class _InFlight:
     """Counts the live server's requests in progress (a WSGI wrapper)."""
 
@@ -45,11 +63,16 @@ class _InFlight:
         with self.cond:
             self.count += 1
         try:
-            return self.app(environ, start_response)
-        finally:
-            with self.cond:
-                self.count -= 1
-                self.cond.notify_all()
+            response = self.app(environ, start_response)
+        except BaseException:
+            self._done()
+            raise
+        return _Closing(response, self._done)  # done once written and closed
+
+    def _done(self):
+        with self.cond:
+            self.count -= 1
+            self.cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         with self.cond:

@@ -28,6 +28,9 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
     result_bytes = serializers.SerializerMethodField(
         help_text="Size of the SDK's opaque result (null for JSON results)"
     )
+    retry_of = serializers.SerializerMethodField(
+        help_text="The ended invocation this one retries (POST …/retry/), or null"
+    )
 
     class Meta:
         model = Invocation
@@ -53,10 +56,14 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "created_at",
             "started_at",
             "finished_at",
+            "retry_of",
         ]
 
     def get_worker(self, invocation) -> str | None:
         return None if invocation.daemon_id is None else str(invocation.daemon_id)
+
+    def get_retry_of(self, invocation) -> str | None:
+        return None if invocation.retry_of_id is None else str(invocation.retry_of_id)
 
     def get_args_bytes(self, invocation) -> int | None:
         return invocation.blob_size("args_blob")
@@ -73,9 +80,16 @@ class PositionSerializer(serializers.Serializer):
 
 class InvocationDetailSerializer(InvocationSerializer):
     position = PositionSerializer(allow_null=True, read_only=True)
+    retried_as = serializers.SerializerMethodField(
+        help_text="The invocation that retries this one, or null"
+    )
 
     class Meta(InvocationSerializer.Meta):
-        fields = [*InvocationSerializer.Meta.fields, "position"]
+        fields = [*InvocationSerializer.Meta.fields, "position", "retried_as"]
+
+    def get_retried_as(self, invocation) -> str | None:
+        retry = getattr(invocation, "retried_as", None)
+        return None if retry is None else str(retry)
 
 
 class SubmitInput(StrictInput):

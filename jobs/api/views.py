@@ -97,6 +97,7 @@ class JobDetail(APIView):
     def get(self, request, invocation_id):
         invocation = services.invocation_get(invocation_id)
         invocation.position = services.queue_position(invocation)
+        invocation.retried_as = services.retried_as(invocation)
         return Response(s.InvocationDetailSerializer(invocation).data)
 
 
@@ -111,6 +112,18 @@ class JobKill(APIView):
         data.is_valid(raise_exception=True)
         invocation = services.invocation_kill(invocation_id=invocation_id, **data.validated_data)
         return Response(s.InvocationSerializer(invocation).data)
+
+
+class JobRetry(APIView):
+    @extend_schema(
+        summary="Retry an ended invocation (failed, timeout, killed) as a new one linked "
+        "to it; once per invocation (409 already_retried names the retry)",
+        request=None,
+        responses={201: s.InvocationSerializer, **errors(404, 409, 429)},
+    )
+    def post(self, request, invocation_id):
+        invocation = services.invocation_retry(invocation_id=invocation_id)
+        return Response(s.InvocationSerializer(invocation).data, status=status.HTTP_201_CREATED)
 
 
 class JobBulkCancel(APIView):

@@ -1,4 +1,4 @@
-"""`lakeshore jobs list|show|kill|bulk-cancel|submit`: invocations tracked by the
+"""`lakeshore jobs list|show|kill|retry|bulk-cancel|submit`: invocations tracked by the
 control plane."""
 
 import json
@@ -72,6 +72,8 @@ def print_job(j: dict) -> None:
             ("Kwargs", kwargs),
             ("Result", result),
             ("Reason", j.get("reason")),
+            *([("Retry of", f"job/{j['retry_of']}")] if j.get("retry_of") else []),
+            *([("Retried as", f"job/{j['retried_as']}")] if j.get("retried_as") else []),
             ("Created", when(j.get("created_at"))),
             ("Started", when(j.get("started_at"))),
             ("Finished", when(j.get("finished_at"))),
@@ -85,7 +87,7 @@ def print_job(j: dict) -> None:
 
 @click.group()
 def jobs() -> None:
-    """Invocations (jobs): list, show, kill, bulk-cancel, submit."""
+    """Invocations (jobs): list, show, kill, retry, bulk-cancel, submit."""
 
 
 @jobs.command("list")
@@ -140,6 +142,18 @@ def kill(client: Client, job_id: str, reason: str, as_json: bool) -> None:
     """Cancel one queued invocation (running ones: drop the daemon instead)."""
     killed = client.post(path("jobs", job_id, "kill"), json={"reason": reason})
     emit(killed, as_json, lambda j: click.echo(f"job/{j['id']} killed"))
+
+
+@jobs.command()
+@click.argument("job_id", metavar="ID")
+@json_option
+@pass_client
+def retry(client: Client, job_id: str, as_json: bool) -> None:
+    """Queue a failed, timed-out or killed invocation again, as a new invocation linked
+    to it (the old one keeps its error). Once per invocation: retry the retry if it
+    fails too."""
+    new = client.post(path("jobs", job_id, "retry"))
+    emit(new, as_json, lambda j: click.echo(f"job/{j.get('retry_of')} retried as job/{j['id']}"))
 
 
 @jobs.command("bulk-cancel")

@@ -57,9 +57,28 @@ def test_an_operator_drains_a_queue_from_its_page(page, live_server):
     page.click("text=training-h100")
     page.wait_for_url(f"{live_server.url}/queues/training-h100/")
     page.evaluate("window.__marker = 'same page'")
-    page.get_by_role("button", name="Drain").click()
+    asked = []
+    page.on("dialog", lambda dialog: asked.append(dialog.message) or dialog.accept())
+    page.get_by_role("button", name="Drain queue training-h100").click()
     expect(page.locator("#queue-summary .state")).to_have_text("draining")
+    assert asked == [
+        "Drain queue training-h100? This will stop admitting new work; what is queued and "
+        "running still finishes."
+    ]
     assert page.evaluate("window.__marker") == "same page"
     assert Queue.objects.get(name="training-h100").state == "draining"
-    page.get_by_role("button", name="Pause").click()
-    expect(page.get_by_role("alert")).to_contain_text("resume it first")
+    status = page.get_by_role("status")
+    expect(status).to_contain_text("Queue training-h100: drain done; it is draining now.")
+    # only what the state allows is offered: a draining queue cannot be paused
+    expect(page.get_by_role("button", name="Pause queue training-h100")).to_have_count(0)
+    page.get_by_role("button", name="Resume queue training-h100").click()
+    expect(page.locator("#queue-summary .state")).to_have_text("active")
+    # a change made elsewhere meanwhile: the refusal is said, and earlier messages stay
+    queue_transition(name="training-h100", action="archive")
+    page.get_by_role("button", name="Pause queue training-h100").click()
+    expect(status).to_contain_text(
+        "Queue training-h100 was not changed: Cannot pause queue 'training-h100': it is "
+        "archived; unarchive it first"
+    )
+    expect(status).to_contain_text("drain done")
+    expect(page.locator("#queue-summary .state")).to_have_text("archived")

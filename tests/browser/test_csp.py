@@ -64,8 +64,15 @@ def test_htmx_swaps_break_no_rule(watched, live_server):
     assert watched.violations() == []
 
     watched.goto(f"{live_server.url}/queues/training-h100/")
-    watched.get_by_role("button", name="Drain").click()
+    watched.on("dialog", lambda dialog: dialog.accept())  # "Drain queue …?"
+    watched.get_by_role("button", name="Drain queue training-h100").click()
     expect(watched.locator("#queue-summary .state")).to_have_text("draining")
+    expect(watched.get_by_role("status")).to_contain_text("drain done")
+    assert watched.violations() == []
+
+    for page in ("/jobs/", "/daemons/", "/events/", "/queues/add/", "/jobs/424242/"):
+        watched.goto(f"{live_server.url}{page}")
+        watched.wait_for_load_state("networkidle")
     assert watched.violations() == []
 
 

@@ -237,3 +237,17 @@ def test_long_jobs_are_not_claimed_ahead(daemon, tmp_path):
     assert sorted(runs) == list(range(6)) and most <= 2
     limits = _claim_limits(log)
     assert limits and max(limits) <= 2  # never more than its free slots
+
+
+def test_more_slots_than_one_claim_may_ask_for_still_claim(daemon, tmp_path):
+    """--concurrency goes to 256; one claim asks for at most 100 (the server's limit)."""
+    ledger = tmp_path / "ledger"
+    ids = _span_jobs(ledger, 3, 0.01)
+    proc = daemon("--concurrency", "150", "--isolation", "process")
+    _wait_for(
+        lambda: not Invocation.objects.filter(pk__in=ids).exclude(state="succeeded").exists(),
+        timeout=60,
+        what="every job to succeed",
+    )
+    log = _stop(proc, tmp_path)
+    assert max(_claim_limits(log)) == 100 and "400" not in log

@@ -78,7 +78,13 @@ def test_it_deletes_old_finished_invocations_and_keeps_the_rest():
     unfinished = _invocations(1, state=InvocationState.FAILED, finished_at=None)
     Invocation.objects.filter(pk__in=_ids(waiting + unfinished)).update(created_at=OLD)
 
-    assert retention_sweep(now=NOW) == {"invocations": len(old), "events": 0, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": len(old),
+        "events": 0,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
     assert len(old) == 4
     left = set(Invocation.objects.values_list("pk", flat=True))
     assert left == _ids(young + waiting + unfinished)
@@ -91,15 +97,76 @@ def test_it_deletes_old_result_frames_and_keeps_young_ones():
     ResultFrame.objects.create(stream="1", seq=1, data=b"young")
     ResultFrame.objects.filter(seq=0).update(created_at=OLD)
     ResultFrame.objects.filter(seq=1).update(created_at=YOUNG)
-    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0, "frames": 1}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 0,
+        "events": 0,
+        "frames": 1,
+        "samples": 0,
+        "audit": 0,
+    }
     assert list(ResultFrame.objects.values_list("data", flat=True)) == [b"young"]
+
+
+def _samples(queue, *ats):
+    from queues.models import QueueSample
+
+    return QueueSample.objects.bulk_create(
+        [
+            QueueSample(
+                queue=queue, at=at, pending=1, running=0, daemons=0, busy=0, desired=0,
+                utilization=0.0,
+            )
+            for at in ats
+        ]
+    )  # fmt: skip
+
+
+def test_it_deletes_old_samples_in_batches_and_keeps_young_ones():
+    from queues.models import QueueSample
+
+    queue = builders.queue()
+    minute = timedelta(minutes=1)
+    days = timedelta(days=settings.LAKESHORE_SAMPLE_RETENTION_DAYS)  # their own (7)
+    old, young_at = NOW - days - timedelta(seconds=1), NOW - days + minute
+    _samples(queue, *(old.replace(second=0) - i * minute for i in range(5)))
+    young = _samples(queue, young_at, young_at + minute)
+    with CaptureQueriesContext(connection) as ctx:
+        assert retention_sweep(now=NOW, batch_size=2) == {
+            "invocations": 0,
+            "events": 0,
+            "frames": 0,
+            "samples": 5,
+            "audit": 0,
+        }
+    sample_deletes = [sql for sql in _deletes(ctx) if "queues_queuesample" in sql]
+    assert len(sample_deletes) == 3  # 2 + 2 + 1
+    assert all("LIMIT 2" in sql and "SKIP LOCKED" in sql for sql in sample_deletes)
+    assert set(QueueSample.objects.values_list("pk", flat=True)) == _ids(young)
+
+
+def test_the_audit_trail_is_kept_for_its_own_retention(settings):
+    from accounts.models import AuditEvent
+
+    days = timedelta(days=settings.LAKESHORE_AUDIT_RETENTION_DAYS)
+    AuditEvent.objects.create(
+        at=NOW - days - timedelta(seconds=1), actor="a", via="api", action="queue.pause"
+    )
+    kept = AuditEvent.objects.create(at=OLD, actor="a", via="api", action="queue.pause")
+    assert retention_sweep(now=NOW)["audit"] == 1
+    assert list(AuditEvent.objects.values_list("pk", flat=True)) == [kept.pk]  # 30 days is young
 
 
 def test_it_deletes_old_events_and_keeps_young_ones():
     queue = builders.queue()
     old = _events(3, queue=queue)
     young = _events(2, at=YOUNG, queue=queue)
-    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 3, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 0,
+        "events": 3,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
     assert set(QueueEvent.objects.values_list("pk", flat=True)) == _ids(young)
     assert not _ids(old) & set(QueueEvent.objects.values_list("pk", flat=True))
 
@@ -108,16 +175,34 @@ def test_it_keeps_everything_at_the_default_cutoff_of_now():
     """Without `now`, the cutoff is LAKESHORE_RETENTION_DAYS before the present."""
     _invocations(1, finished_at=timezone.now() - timedelta(days=1))
     _events(1, at=timezone.now() - timedelta(days=1))
-    assert retention_sweep() == {"invocations": 0, "events": 0, "frames": 0}
+    assert retention_sweep() == {
+        "invocations": 0,
+        "events": 0,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
 
 
 def test_it_reads_the_retention_days_setting(settings):
     _invocations(1, finished_at=NOW - timedelta(days=3))
     _events(1, at=NOW - timedelta(days=3))
     settings.LAKESHORE_RETENTION_DAYS = 5
-    assert retention_sweep(now=NOW) == {"invocations": 0, "events": 0, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 0,
+        "events": 0,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
     settings.LAKESHORE_RETENTION_DAYS = 2
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 1, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 1,
+        "events": 1,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
 
 
 def test_it_deletes_in_batches_until_nothing_is_due():
@@ -128,10 +213,12 @@ def test_it_deletes_in_batches_until_nothing_is_due():
             "invocations": 5,
             "events": 5,
             "frames": 0,
+            "samples": 0,
+            "audit": 0,
         }
     # 2 + 2 + 1 for each kind: the short third batch says nothing more is due (and one
-    # empty batch of frames)
-    assert len(_deletes(ctx)) == 7
+    # empty batch of frames, one of samples, one of the audit trail)
+    assert len(_deletes(ctx)) == 9
     assert all("LIMIT 2" in sql and "SKIP LOCKED" in sql for sql in _deletes(ctx))
     assert not Invocation.objects.exists() and not QueueEvent.objects.exists()
 
@@ -140,7 +227,7 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
     invocations = _invocations(5)
     events = _events(5)
     first = retention_sweep(now=NOW, batch_size=2, max_batches=1)
-    assert first == {"invocations": 2, "events": 2, "frames": 0}
+    assert first == {"invocations": 2, "events": 2, "frames": 0, "samples": 0, "audit": 0}
     lowest = sorted(_ids(invocations))[:2]  # lowest ids first
     assert not Invocation.objects.filter(pk__in=lowest).exists()
     assert Invocation.objects.count() == 3 and QueueEvent.objects.count() == 3
@@ -151,11 +238,15 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
         "invocations": 1,
         "events": 1,
         "frames": 0,
+        "samples": 0,
+        "audit": 0,
     }
     assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
         "invocations": 0,
         "events": 0,
         "frames": 0,
+        "samples": 0,
+        "audit": 0,
     }
 
 
@@ -171,7 +262,13 @@ def test_it_clears_a_daemons_current_invocation_that_it_deletes():
     (young,) = _invocations(1, finished_at=YOUNG)
     pointing = builders.daemon(state="terminated", current_invocation=done)
     elsewhere = builders.daemon(current_invocation=young)
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 1,
+        "events": 0,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
     # the deferred foreign key is checked now, as at a real commit
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
@@ -180,6 +277,19 @@ def test_it_clears_a_daemons_current_invocation_that_it_deletes():
     assert pointing.current_invocation_id is None
     assert elsewhere.current_invocation_id == young.pk
     assert not Invocation.objects.filter(pk=done.pk).exists()
+
+
+def test_a_retry_outlives_the_invocation_it_retried():
+    (done,) = _invocations(1)
+    Invocation.objects.filter(pk=done.pk).update(state="failed")
+    from jobs import services
+
+    retry = services.invocation_retry(invocation_id=done.pk)
+    assert retention_sweep(now=NOW)["invocations"] == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # nothing to trip over
+    retry.refresh_from_db()
+    assert retry.retry_of_id == done.pk and not Invocation.objects.filter(pk=done.pk).exists()
 
 
 def test_a_raw_delete_without_clearing_the_daemon_fails_at_the_constraint_check():
@@ -200,7 +310,11 @@ def test_only_the_daemons_current_invocation_references_invocations_and_none_eve
         for field in model._meta.concrete_fields
         if field.is_relation and field.related_model in (Invocation, QueueEvent)
     ]
-    assert incoming == [(Daemon, "current_invocation", Invocation, models.SET_NULL)]
+    assert incoming == [
+        (Daemon, "current_invocation", Invocation, models.SET_NULL),
+        (Invocation, "retry_of", Invocation, models.SET_NULL),  # no database constraint
+    ]
+    assert not Invocation._meta.get_field("retry_of").db_constraint
     # the table and column names jobs/retention.py writes out
     assert (Invocation._meta.db_table, QueueEvent._meta.db_table) == (
         "jobs_invocation",
@@ -219,7 +333,13 @@ def test_the_beat_task_runs_the_sweep_hourly():
     assert 0 < entry["options"]["expires"] <= 3600
     _invocations(1)
     _events(1)
-    assert tasks.retention_sweep() == {"invocations": 1, "events": 1, "frames": 0}
+    assert tasks.retention_sweep() == {
+        "invocations": 1,
+        "events": 1,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
 
 
 def test_the_prune_command_prints_what_it_deleted():
@@ -228,7 +348,13 @@ def test_the_prune_command_prints_what_it_deleted():
     _events(3)
     out = StringIO()
     call_command("prune", stdout=out)
-    assert json.loads(out.getvalue()) == {"invocations": 2, "events": 3, "frames": 0}
+    assert json.loads(out.getvalue()) == {
+        "invocations": 2,
+        "events": 3,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
     assert Invocation.objects.count() == 1
 
 
@@ -268,7 +394,13 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
         assert locked.wait(30)
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")  # a wait would fail, not hang
-        assert retention_sweep(now=NOW) == {"invocations": 2, "events": 0, "frames": 0}
+        assert retention_sweep(now=NOW) == {
+            "invocations": 2,
+            "events": 0,
+            "frames": 0,
+            "samples": 0,
+            "audit": 0,
+        }
     finally:
         release.set()
         thread.join(30)
@@ -276,7 +408,13 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
             cursor.execute("RESET lock_timeout")
     assert not errors, errors
     assert list(Invocation.objects.values_list("pk", flat=True)) == [held]
-    assert retention_sweep(now=NOW) == {"invocations": 1, "events": 0, "frames": 0}
+    assert retention_sweep(now=NOW) == {
+        "invocations": 1,
+        "events": 0,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+    }
 
 
 @pytest.mark.django_db(transaction=True)

@@ -59,8 +59,51 @@ def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
     builders.daemon(provider=provider)
     one = count()
     for _ in range(49):
-        builders.daemon(provider=provider)
+        daemon = builders.daemon(provider=provider)
+        services.invocation_submit(function="a.b")
+        services.invocation_claim(daemon=daemon)  # each runs a job, shown on the page
     assert count() == one
+
+
+def test_it_shows_every_job_a_daemon_runs_and_its_heartbeat_relative_with_the_time(client):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    viewer = _login(client, "viewer")
+    daemon = builders.daemon(name="gpu-8", queues=[])
+    jobs = [services.invocation_submit(function=f"a.job{i}")[0] for i in range(3)]
+    services.invocation_claim(daemon=daemon, limit=3)
+    Daemon.objects.filter(pk=daemon.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=75)
+    )
+    body = viewer.get("/daemons/").content.decode()
+    for job in jobs:
+        assert f'href="/jobs/{job.pk}/"' in body and f"a.job{jobs.index(job)}" in body
+    assert "1\xa0minute ago" in body
+    assert 'title="' in body and " UTC" in body  # the absolute time, time zone shown
+    assert f'href="/jobs/?worker={daemon.pk}"' in body
+
+
+def test_a_job_s_worker_link_finds_the_daemon_even_once_it_ended(client):
+    viewer = _login(client, "viewer")
+    gone = builders.daemon(name="gpu-gone", state="terminated")
+    builders.daemon(name="gpu-live")
+    body = viewer.get(f"/daemons/?id={gone.pk}").content.decode()
+    assert "gpu-gone" in body and "gpu-live" not in body
+
+
+def test_a_drop_says_what_it_did_in_the_live_region(client):
+    operator = _login(client, "operator")
+    services.invocation_submit(function="a.b")
+    daemon = builders.daemon(name="gpu-1")
+    services.invocation_claim(daemon=daemon)
+    page = operator.get("/daemons/").content.decode()
+    assert f'aria-label="Drop daemon {daemon.pk}"' in page and "hx-confirm=" in page
+    body = operator.post(f"/daemons/{daemon.pk}/drop/", follow=True).content.decode()
+    assert f"Daemon {daemon.pk} (gpu-1) dropped; 1 running job(s) ended killed." in body
+    again = operator.post(f"/daemons/{daemon.pk}/drop/", follow=True).content.decode()
+    assert f"Daemon {daemon.pk} (gpu-1) had already ended." in again
 
 
 def test_a_huge_page_offset_shows_the_first_page(client):

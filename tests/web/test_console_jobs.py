@@ -4,6 +4,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.roles import grant
+from jobs import services
 from jobs.models import Invocation
 from tests import builders
 
@@ -41,7 +42,7 @@ def test_it_pages_by_keyset(alice):
         f"/jobs/?cursor={cursor}", headers={"HX-Request": "true", "HX-Target": "job-table"}
     )
     body = second.content.decode()
-    assert body.lstrip().startswith('<div id="job-table">')
+    assert body.lstrip().startswith('<div id="job-table"')
     assert "a.job009" in body and "a.job010" not in body and "Older jobs" not in body
 
 
@@ -79,4 +80,69 @@ def test_an_sdk_invocation_shows_its_function_and_priority_as_people_read_them(a
     Invocation.objects.create(function="a.whole", priority=5)
     body = alice.get("/jobs/").content.decode()
     assert "hello_udfs.add" in body
-    assert "<td>5.5</td>" in body and "<td>5</td>" in body and "5.0" not in body
+    assert (
+        '<td data-label="Priority">5.5</td>' in body
+        and '<td data-label="Priority">5</td>' in body
+        and "5.0" not in body
+    )
+
+
+def _operator(client):
+    user = get_user_model().objects.create_user("olga", password="pw-x-12345")
+    grant(user, "operator")
+    client.force_login(user)
+    return client
+
+
+def test_it_filters_by_function_prefix_id_and_time(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    a = Invocation.objects.create(function="train.step")
+    b = Invocation.objects.create(function="eval.run")
+    Invocation.objects.filter(pk=b.pk).update(created_at=timezone.now() - timedelta(days=3))
+    by_prefix = alice.get("/jobs/?function=train.").content.decode()
+    assert "train.step" in by_prefix and "eval.run" not in by_prefix
+    by_id = alice.get(f"/jobs/?id={b.pk}").content.decode()
+    assert "eval.run" in by_id and "train.step" not in by_id
+    since = (timezone.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
+    recent = alice.get(f"/jobs/?since={since}").content.decode()
+    assert "train.step" in recent and "eval.run" not in recent
+    assert 'role="alert"' in alice.get("/jobs/?since=soon").content.decode()
+    assert a.pk != b.pk
+
+
+def test_it_pages_both_ways_and_keeps_the_filter(alice):
+    import re
+
+    Invocation.objects.bulk_create([Invocation(function=f"a.job{i:03d}") for i in range(120)])
+    Invocation.objects.create(function="other.x")
+    first = alice.get("/jobs/?function=a.").content.decode()
+    older = re.search(r'href="(\?[^"]*cursor=\d+[^"]*)"[^>]*>Older', first).group(1)
+    assert "function=a." in older and "← Newer" not in first
+    second = alice.get(f"/jobs/{older}".replace("&amp;", "&")).content.decode()
+    assert "a.job069" in second and "a.job070" not in second and "a.job020" in second
+    newer = re.search(r'href="(\?[^"]*after=\d+[^"]*)"[^>]*>← Newer', second).group(1)
+    back = alice.get(f"/jobs/{newer}".replace("&amp;", "&")).content.decode()
+    assert "a.job119" in back and "a.job070" in back and "a.job069" not in back
+    assert "other.x" not in back  # the filter held
+
+
+def test_an_operator_cancels_the_queued_of_the_filtered_queue_after_a_count(client):
+    from jobs.models import Invocation as Inv
+
+    operator = _operator(client)
+    builders.queue(name="train")
+    for _ in range(3):
+        services.invocation_submit(function="a.b", queue="train")
+    other, _ = services.invocation_submit(function="a.b")
+    page = operator.get("/jobs/?queue=train").content.decode()
+    assert "Cancel 3 queued in train" in page
+    assert 'hx-confirm="Cancel 3 queued invocation(s) of queue train?' in page
+    body = operator.post("/jobs/bulk-cancel/", {"queue": "train"}, follow=True).content.decode()
+    assert "Cancelled 3 queued invocation(s) of queue train." in body
+    assert Inv.objects.filter(queue="train", state="killed").count() == 3
+    other.refresh_from_db()
+    assert other.state == "queued"  # only the filtered queue
+    assert "Cancel 3 queued" not in operator.get("/jobs/").content.decode()  # no queue filter

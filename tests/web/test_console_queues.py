@@ -1,9 +1,15 @@
+from datetime import timedelta
+from html.parser import HTMLParser
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.roles import grant
+from jobs.models import Invocation
+from queues.models import QueueSample
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -43,9 +49,11 @@ def test_an_htmx_request_gets_only_the_table(alice):
     from queues.services import queue_transition
 
     queue_transition(name="retired-queue", action="archive")
-    response = alice.get("/?state=archived", headers={"HX-Request": "true"})
+    response = alice.get(
+        "/?state=archived", headers={"HX-Request": "true", "HX-Target": "queue-table"}
+    )
     body = response.content.decode()
-    assert body.lstrip().startswith('<div id="queue-table">')
+    assert body.lstrip().startswith('<div id="queue-table"')
     assert "retired-queue" in body and "<html" not in body
 
 
@@ -72,3 +80,177 @@ def test_a_garbled_page_offset_shows_the_first_page(alice, url):
     builders.queue(name="training-h100")
     response = alice.get(url)
     assert response.status_code == 200 and "training-h100" in response.content.decode()
+
+
+# ---------------------------------------------------------------------------- backlog
+
+
+class _Table(HTMLParser):
+    """The queue table as {queue name: {column header: (text, title)}}."""
+
+    def __init__(self):
+        super().__init__()
+        self.headers, self.rows, self.cell, self.row = [], [], None, None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.row = []
+        elif tag in ("td", "th"):
+            self.cell = ["", dict(attrs).get("title")]
+
+    def handle_data(self, data):
+        if self.cell is not None:
+            self.cell[0] += data
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self.cell is not None:
+            self.row.append((" ".join(self.cell[0].split()), self.cell[1]))
+            self.cell = None
+        elif tag == "tr" and self.row is not None:
+            if not self.headers:
+                self.headers = [text for text, _ in self.row]
+            else:
+                self.rows.append(dict(zip(self.headers, self.row, strict=True)))
+            self.row = None
+
+
+def queue_rows(client, url: str = "/") -> dict[str, dict[str, tuple[str, str | None]]]:
+    response = client.get(url)
+    assert response.status_code == 200
+    table = _Table()
+    table.feed(response.content.decode())
+    return {row["Name"][0]: row for row in table.rows}
+
+
+def invocation(queue: str, state: str = "queued", **fields) -> Invocation:
+    return Invocation.objects.create(
+        queue=queue, function="lakeshore.functions.echo", state=state, **fields
+    )
+
+
+def test_a_paused_queue_shows_what_it_holds(alice):
+    from jobs.services import invocation_submit
+    from queues.services import queue_transition
+
+    builders.queue(name="held")
+    queue_transition(name="held", action="pause")
+    for i in range(30):
+        invocation_submit(function="lakeshore.functions.echo", queue="held", args=[i])
+
+    row = queue_rows(alice)["held"]
+    assert row["State"][0] == "paused"
+    assert row["Pending"][0] == "30"
+    assert row["Running"][0] == "0"
+
+
+def test_each_queue_shows_its_backlog_failures_oldest_wait_and_daemons(alice):
+    now = timezone.now()
+    builders.queue(name="train")
+    builders.queue(name="idle-queue")
+    builders.queue(name="other")
+    oldest = invocation("train")  # the first submitted: ids follow submit times
+    Invocation.objects.filter(pk=oldest.pk).update(created_at=now - timedelta(minutes=3, seconds=5))
+    for _ in range(3):
+        invocation("train")
+    invocation("train", "running", started_at=now)
+    invocation("train", "running", started_at=now)
+    invocation("train", "failed", finished_at=now - timedelta(hours=1))
+    invocation("train", "failed", finished_at=now - timedelta(hours=25))  # too old
+    invocation("train", "succeeded", finished_at=now)
+    invocation("train", "killed", finished_at=now)
+    invocation("other", "queued")  # another queue's rows stay its own
+    invocation("", "failed", finished_at=now)  # the default queue's too
+    builders.daemon(queues=["train"], state="busy")
+    builders.daemon(queues=["train", "other"], state="idle")
+    builders.daemon(queues=["train"], state="provisioning")
+    builders.daemon(queues=["train"], state="terminated")  # not live: not counted
+
+    rows = queue_rows(alice)
+
+    train = rows["train"]
+    assert train["Pending"][0] == "4"
+    assert train["Running"][0] == "2"
+    assert train["Failed 24 h"][0] == "1"
+    assert train["Oldest wait"][0] == "3 min"
+    assert train["Oldest wait"][1].startswith("queued since ")
+    assert (now - timedelta(minutes=3, seconds=5)).strftime("%Y-%m-%d %H:%M") in train[
+        "Oldest wait"
+    ][1]
+    assert train["Daemons"][0] == "3"  # live: busy, idle, provisioning
+    assert train["Busy / idle"][0] == "1 / 1"
+    other = rows["other"]
+    assert (other["Pending"][0], other["Failed 24 h"][0], other["Busy / idle"][0]) == (
+        "1",
+        "0",
+        "0 / 1",
+    )
+    empty = rows["idle-queue"]
+    assert [empty[c][0] for c in ("Pending", "Running", "Failed 24 h", "Oldest wait")] == [
+        "0",
+        "0",
+        "0",
+        "-",
+    ]
+    assert empty["Oldest wait"][1] is None
+    assert empty["Busy / idle"][0] == "0 / 0"
+
+
+def test_failures_link_to_the_queues_failed_jobs(alice):
+    builders.queue(name="train")
+    invocation("train", "failed", finished_at=timezone.now())
+    body = alice.get("/").content.decode()
+    assert 'href="/jobs/?queue=train&amp;state=failed"' in body
+
+
+def test_the_htmx_table_carries_the_backlog_too(alice):
+    builders.queue(name="train")
+    invocation("train")
+    body = alice.get(
+        "/", headers={"HX-Request": "true", "HX-Target": "queue-table"}
+    ).content.decode()
+    assert body.lstrip().startswith('<div id="queue-table"')
+    table = _Table()
+    table.feed(body)
+    assert table.rows[0]["Pending"][0] == "1"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(0, "0 s"), (59, "59 s"), (60, "1 min"), (3599, "59 min"), (7200, "2 h"), (90000, "1 d")],
+)
+def test_ages_read_short(seconds, shown):
+    from queues.views import short_age
+
+    assert short_age(timedelta(seconds=seconds)) == shown
+
+
+def test_the_backlog_costs_the_same_queries_for_1_and_50_busy_queues(alice):
+    def count():
+        with CaptureQueriesContext(connection) as ctx:
+            assert alice.get("/").status_code == 200
+        return len(ctx)
+
+    def busy_queue(name):
+        queue = builders.queue(name=name)
+        for state in ("queued", "queued", "running", "failed"):
+            invocation(name, state, finished_at=timezone.now())
+        builders.daemon(queues=[name], state="busy")
+        builders.daemon(queues=[name], state="idle")
+        minute = timezone.now().replace(second=0, microsecond=0)
+        QueueSample.objects.bulk_create(
+            QueueSample(
+                queue=queue, at=minute - timedelta(minutes=m), pending=m, running=1,
+                daemons=2, busy=1, desired=2, utilization=0.5,
+            )
+            for m in range(60)
+        )  # fmt: skip
+
+    busy_queue("q0")
+    one = count()
+    for i in range(1, 50):
+        busy_queue(f"q{i}")
+    assert count() == one
+    rows = queue_rows(alice)
+    assert len(rows) == 50
+    # the sparkline of pending over the last hour, from the page's one query of samples
+    assert {row["Last hour"][0] for row in rows.values()} == {"pending 59 → 0 over the last hour"}

@@ -12,14 +12,19 @@ from tests import builders
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/"]
-ACTIONS = ["/queues/train/pause/", "/daemons/{daemon}/drop/"]
+PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/", "/jobs/{job}/", "/events/"]
+FORMS = ["/queues/add/", "/queues/train/edit/"]  # for operators only, even to read
+ACTIONS = ["/queues/train/pause/", "/daemons/{daemon}/drop/", "/jobs/{job}/kill/"]
+POSTS = ("/pause/", "/drop/", "/kill/", "/retry/", "/bulk-cancel/")
 
 
 @pytest.fixture
 def world():
+    from jobs import services
+
     builders.queue(name="train")
-    return {"daemon": builders.daemon(queues=["train"], name="gpu-1").pk}
+    job, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="train")
+    return {"daemon": builders.daemon(queues=["train"], name="gpu-1").pk, "job": job.pk}
 
 
 def login(client, role: str | None = None, **flags):
@@ -33,13 +38,22 @@ def login(client, role: str | None = None, **flags):
 
 
 def assert_unchanged(world):
+    from jobs.models import Invocation
+
     assert Queue.objects.get(name="train").state == "active"
     assert Daemon.objects.get(pk=world["daemon"]).state == "idle"
+    assert Invocation.objects.get(pk=world["job"]).state == "queued"
+    assert not Invocation.objects.filter(retry_of=world["job"]).exists()
 
 
 def console_routes(world) -> list[tuple[str, str]]:
     """Every console route of urls.py, as (method, url): the test below keeps up with it."""
-    args = {"name": "train", "action": "pause", "daemon_id": world["daemon"]}
+    args = {
+        "name": "train",
+        "action": "pause",
+        "daemon_id": world["daemon"],
+        "invocation_id": world["job"],
+    }
     routes = []
     for pattern in urls.urlpatterns:
         name = getattr(pattern, "name", None) or ""
@@ -47,7 +61,7 @@ def console_routes(world) -> list[tuple[str, str]]:
             continue
         wanted = {key: args[key] for key in pattern.pattern.converters}
         url = reverse(name, kwargs=wanted)
-        routes.append(("post" if url.endswith(("/pause/", "/drop/")) else "get", url))
+        routes.append(("post" if url.endswith(POSTS) else "get", url))
     return routes
 
 
@@ -55,8 +69,10 @@ def test_every_console_route_refuses_a_user_without_a_role(client, world):
     nobody = login(client)
     routes = console_routes(world)
     assert {url for _, url in routes} == {
-        *PAGES,
+        *(url.format(**world) for url in PAGES + FORMS),
         *(url.format(**world) for url in ACTIONS),
+        f"/jobs/{world['job']}/retry/",
+        "/jobs/bulk-cancel/",
     }
     for method, url in routes:
         response = getattr(nobody, method)(url)
@@ -66,7 +82,7 @@ def test_every_console_route_refuses_a_user_without_a_role(client, world):
 
 @pytest.mark.parametrize("url", PAGES)
 def test_the_403_page_names_the_role_and_who_grants_it(client, world, url):
-    response = login(client).get(url)
+    response = login(client).get(url.format(**world))
 
     body = response.content.decode()
     assert response.status_code == 403
@@ -85,7 +101,13 @@ def test_an_htmx_refresh_without_a_role_is_refused_too(client, world):
 @pytest.mark.parametrize("url", PAGES)
 @pytest.mark.parametrize("role", ["viewer", "operator"])
 def test_viewers_and_operators_read_every_page(client, world, url, role):
-    assert login(client, role).get(url).status_code == 200
+    assert login(client, role).get(url.format(**world)).status_code == 200
+
+
+@pytest.mark.parametrize("url", FORMS)
+def test_forms_are_for_operators(client, world, url):
+    assert login(client, "viewer").get(url).status_code == 403
+    assert login(client, "operator").get(url).status_code == 200
 
 
 @pytest.mark.parametrize("url", ACTIONS)
@@ -117,9 +139,9 @@ def test_operators_and_staff_see_the_buttons_and_act(client, world, who):
     assert Daemon.objects.get(pk=world["daemon"]).state == "terminated"
 
 
-@pytest.mark.parametrize("url", PAGES)
+@pytest.mark.parametrize("url", PAGES + FORMS)
 def test_a_visitor_is_sent_to_log_in(client, world, url):
-    response = client.get(url)
+    response = client.get(url.format(**world))
     assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
 
 

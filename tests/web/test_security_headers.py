@@ -65,6 +65,8 @@ def test_htmx_is_told_not_to_inject_styles_or_evaluate_code(staff):
         "includeIndicatorStyles": False,
         "allowEval": False,
         "allowScriptTags": False,
+        "historyCacheSize": 0,  # Back reloads: filter inputs match the address
+        "refreshOnHistoryMiss": True,
     }
 
 

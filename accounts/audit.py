@@ -1,0 +1,197 @@
+"""The audit trail: every operator action, whichever door it came through (the API, the
+CLI, the console, Django admin), is one AuditEvent row naming who did it and how.
+
+The services record it (one call next to the change they make, so no door can skip
+it); who and how come from the request being served, which AuditMiddleware keeps in a
+context variable for the services to read: the API's token user (DRF sets it on the
+request as it authenticates), the console's or admin's session user. Work with no
+request behind it (management commands, Celery, tests) is the system's."""
+
+import contextvars
+
+from django.db import models
+
+_request: contextvars.ContextVar = contextvars.ContextVar("lakeshore_request", default=None)
+
+CLI_AGENT = "lakeshore-cli/"  # the CLI's User-Agent (lakeshore/client.py)
+
+
+class Via(models.TextChoices):
+    API = "api"
+    CLI = "cli"
+    CONSOLE = "console"
+    ADMIN = "admin"
+    SYSTEM = "system"
+
+
+def actor_and_via(request=None) -> tuple[str, str]:
+    """(who, how) for the request being served, or the system's."""
+    request = request if request is not None else _request.get()
+    if request is None:
+        return "system", Via.SYSTEM
+    user = getattr(request, "user", None)
+    who = user.get_username() if user is not None and user.is_authenticated else "anonymous"
+    path = request.path
+    if path.startswith("/api/"):
+        agent = request.headers.get("User-Agent", "")
+        via = Via.CLI if agent.startswith(CLI_AGENT) else Via.API
+    elif path.startswith("/admin/"):
+        via = Via.ADMIN
+    else:
+        via = Via.CONSOLE
+    return who, via
+
+
+def record(action: str, *, queue: str = "", target: str = "", summary: str = "", detail=None):
+    """One audit row for an action that just happened (in the caller's transaction, if
+    any: an action rolled back leaves no row)."""
+    from accounts.models import AuditEvent
+
+    who, via = actor_and_via()
+    return AuditEvent.objects.create(
+        actor=who,
+        via=via,
+        action=action,
+        queue=queue or "",
+        target=target,
+        summary=summary[:500],
+        detail=detail if detail is not None else {},
+    )
+
+
+class AuditMiddleware:
+    """Keeps the request being served where record() finds it."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        token = _request.set(request)
+        try:
+            return self.get_response(request)
+        finally:
+            _request.reset(token)
+
+
+# ---------------------------------------------------------------------------- the timeline
+
+TIMELINE_PAGE = 50
+DECISION = "decision"  # a controller decision (queues.QueueEvent)
+ACTION = "action"  # an operator action (AuditEvent)
+
+# Each side is read newest first along its own index, at most a page of it, then the
+# two are merged: a page costs two index scans, at any depth (the cursor is the last
+# row's (at, kind, id)).
+_TIMELINE_SQL = """
+WITH decisions AS (
+    SELECT 'decision'::text AS kind, e.id, e.at, q.name AS queue, e.action::text AS action,
+           'controller'::text AS actor, 'controller'::text AS via, e.reason AS summary,
+           ''::text AS target, e.daemons, e.busy, e.pending, e.utilization, e.desired,
+           e.delta
+      FROM queues_queueevent e JOIN queues_queue q ON q.id = e.queue_id
+     WHERE %(decisions)s
+       AND (%(noop)s OR e.action <> 'tick_noop')
+       AND (%(queue)s::text IS NULL OR q.name = %(queue)s::text)
+       AND (%(action)s::text IS NULL OR e.action = %(action)s::text)
+       AND (%(since)s::timestamptz IS NULL OR e.at >= %(since)s::timestamptz)
+       AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
+       AND (%(c_at)s::timestamptz IS NULL
+            OR (e.at, 'decision'::text, e.id) < (%(c_at)s::timestamptz, %(c_kind)s::text,
+                                                 %(c_id)s::bigint))
+     ORDER BY e.at DESC, e.id DESC
+     LIMIT %(limit)s
+), actions AS (
+    SELECT 'action'::text AS kind, a.id, a.at, a.queue, a.action, a.actor, a.via,
+           a.summary, a.target, NULL::integer, NULL::integer, NULL::integer,
+           NULL::double precision, NULL::integer, NULL::integer
+      FROM accounts_auditevent a
+     WHERE %(actions)s
+       AND (%(queue)s::text IS NULL OR a.queue = %(queue)s::text)
+       AND (%(action)s::text IS NULL OR a.action = %(action)s::text)
+       AND (%(actor)s::text IS NULL OR a.actor = %(actor)s::text)
+       AND (%(since)s::timestamptz IS NULL OR a.at >= %(since)s::timestamptz)
+       AND (%(until)s::timestamptz IS NULL OR a.at < %(until)s::timestamptz)
+       AND (%(c_at)s::timestamptz IS NULL
+            OR (a.at, 'action'::text, a.id) < (%(c_at)s::timestamptz, %(c_kind)s::text,
+                                               %(c_id)s::bigint))
+     ORDER BY a.at DESC, a.id DESC
+     LIMIT %(limit)s
+)
+SELECT * FROM (SELECT * FROM decisions UNION ALL SELECT * FROM actions) merged
+ ORDER BY at DESC, kind DESC, id DESC
+ LIMIT %(limit)s
+"""
+_COLUMNS = [
+    "kind", "id", "at", "queue", "action", "actor", "via", "summary", "target",
+    "daemons", "busy", "pending", "utilization", "desired", "delta",
+]  # fmt: skip
+
+
+def encode_cursor(row: dict) -> str:
+    return f"{row['at'].isoformat()},{row['kind']},{row['id']}"
+
+
+def decode_cursor(value: str):
+    """(at, kind, id) from a cursor, or None for a missing or garbled one."""
+    from django.utils.dateparse import parse_datetime
+
+    try:
+        at, kind, pk = value.replace(" ", "+").rsplit(",", 2)  # a '+' read as a space
+        parsed = parse_datetime(at)
+        if parsed is None or kind not in (DECISION, ACTION):
+            return None
+        return parsed, kind, int(pk)
+    except (ValueError, AttributeError):
+        return None
+
+
+def timeline(
+    *,
+    queue: str | None = None,
+    action: str | None = None,
+    actor: str | None = None,
+    since=None,
+    until=None,
+    noop: bool = False,
+    cursor: str = "",
+    limit: int = TIMELINE_PAGE,
+) -> tuple[list[dict], str | None]:
+    """One timeline across queues: the controller's decisions (actor 'controller') and
+    every operator action, newest first, `limit` a page. Returns (rows, next cursor or
+    None). tick_noop decisions only with `noop`."""
+    from django.db import connection
+
+    after = decode_cursor(cursor) if cursor else None
+    params = {
+        "decisions": actor in (None, "controller"),
+        "actions": actor != "controller",
+        "noop": noop,
+        "queue": queue,
+        "action": action,
+        "actor": actor,
+        "since": since,
+        "until": until,
+        "c_at": after[0] if after else None,
+        "c_kind": after[1] if after else None,
+        "c_id": after[2] if after else None,
+        "limit": limit + 1,
+    }
+    with connection.cursor() as db:
+        db.execute(_TIMELINE_SQL, params)
+        rows = [dict(zip(_COLUMNS, values, strict=True)) for values in db.fetchall()]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (encode_cursor(rows[-1]) if more and rows else None)
+
+
+def known_actions() -> list[str]:
+    """The action names the timeline may hold, for its filter."""
+    from queues.models import EventAction
+
+    operator = [
+        "queue.create", "queue.patch", "queue.drain", "queue.pause", "queue.resume",
+        "queue.archive", "queue.unarchive", "queue.remove", "provider.create",
+        "provider.patch", "provider.remove", "daemon.drop", "job.kill", "job.retry",
+        "jobs.bulk_cancel",
+    ]  # fmt: skip
+    return [*EventAction.values, *operator]

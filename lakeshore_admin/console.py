@@ -1,0 +1,21 @@
+"""What every console page's template gets (a context processor)."""
+
+from django.conf import settings
+
+
+def context(request) -> dict:
+    """`refresh`: the hx-trigger of boxes that refresh themselves ("every 5s")."""
+    seconds = settings.LAKESHORE_CONSOLE_REFRESH_SECONDS
+    return {"refresh": f"every {seconds:g}s"}
+
+
+def back_url(request, default: str) -> str:
+    """Where a console action returns to: the page it was sent from (htmx says which, in
+    HX-Current-URL; only its path and query are kept, so it never leaves this site), or
+    `default`."""
+    from urllib.parse import urlsplit
+
+    current = urlsplit(request.headers.get("HX-Current-URL", ""))
+    if not current.path.startswith("/"):
+        return default
+    return current.path + (f"?{current.query}" if current.query else "")

@@ -1,0 +1,239 @@
+"""Charts of the queues' samples (queues/samples.py), drawn on the server as inline SVG:
+this module turns a series into polyline points, axis ticks and a sentence saying what
+the chart shows; the templates write the markup (classes only: the CSP forbids inline
+styles, and static/css/charts.css colours the lines for light and dark mode)."""
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from queues import samples
+from queues.models import Queue
+
+# The queue page's chart, in viewBox units (the SVG scales to its box).
+WIDTH = 640
+LEFT, RIGHT, TOP, BOTTOM = 56, 24, 12, 30
+# The queue list's sparkline.
+SPARK_WIDTH, SPARK_HEIGHT, SPARK_PAD = 80, 20, 2
+
+RANGE_TEXT = {"hour": "hour", "day": "day"}
+# (step between x ticks, how a tick's age reads)
+X_TICKS = {
+    "hour": (timedelta(minutes=15), lambda d: f"−{int(d.total_seconds() // 60)} min"),
+    "day": (timedelta(hours=6), lambda d: f"−{int(d.total_seconds() // 3600)} h"),
+}
+# The chart's two panels, each with its own y axis (a backlog of thousands must not
+# flatten a pool of three daemons): (title, height, [(field, name in words, css class)]).
+PANELS = [
+    ("Work", 200, [("pending", "pending", "pending"), ("running", "running", "running")]),
+    (
+        "Daemons",
+        200,
+        [("daemons", "daemons", "daemons"), ("desired", "desired daemons", "desired")],
+    ),
+]
+EMPTY_TEXT = "No samples yet: the controller samples every tick"
+
+
+@dataclass(frozen=True)
+class Line:
+    key: str  # the css class suffix: line-pending, key-pending
+    name: str
+    segments: list[str]  # polyline `points`, one per run of samples without a gap
+    first: int
+    last: int
+    peak: int
+
+    @property
+    def text(self) -> str:
+        text = f"{self.name} {_count(self.first)} → {_count(self.last)}"
+        if self.peak > max(self.first, self.last):
+            text += f" (peak {_count(self.peak)})"
+        return text
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: str  # x or y, in viewBox units, written out (no locale's decimal comma)
+    label: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One SVG: its lines on their own y axis, with a sentence saying what it shows."""
+
+    title: str
+    label: str
+    lines: list[Line]
+    y_ticks: list[Tick]
+    x_ticks: list[Tick]
+    height: int
+    width: int = WIDTH
+    left: int = LEFT
+    right: int = WIDTH - RIGHT
+    top: int = TOP
+
+    @property
+    def bottom(self) -> int:
+        return self.height - BOTTOM
+
+
+@dataclass(frozen=True)
+class Chart:
+    range: str  # hour | day
+    span_text: str  # "hour"
+    panels: list[Panel] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.panels
+
+    @property
+    def lines(self) -> list[Line]:
+        return [line for panel in self.panels for line in panel.lines]
+
+    @property
+    def label(self) -> str:
+        if self.empty:
+            return EMPTY_TEXT
+        return " ".join(panel.label for panel in self.panels)
+
+
+@dataclass(frozen=True)
+class Sparkline:
+    segments: list[str]
+    label: str
+    width: int = SPARK_WIDTH
+    height: int = SPARK_HEIGHT
+
+
+def _count(value: int) -> str:
+    """A count as the queue page shows it: above the cap, "10000+"."""
+    from queues.services import PENDING_CAP
+
+    return f"{PENDING_CAP}+" if value > PENDING_CAP else str(value)
+
+
+def nice_ceiling(value: float) -> int:
+    """The smallest 1, 2 or 5 × 10^k at or above value (at least 1): the y axis' top."""
+    top = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * top >= value:
+                return step * top
+        top *= 10
+
+
+def _gap(bucket: timedelta) -> timedelta:
+    """How far apart two points may be and still be joined: two buckets, or two ticks
+    when the controller ticks less often than once a bucket."""
+    return max(2 * bucket, timedelta(seconds=2 * settings.LAKESHORE_TICK_SECONDS))
+
+
+def _segments(points: list[tuple[datetime, float]], x, y, bucket: timedelta) -> list[str]:
+    """Polyline `points` strings, a new one wherever samples are missing for longer than
+    `_gap` (the controller was not running): a line never bridges a hole. A lone sample
+    is a zero-length line, which the round line cap draws as a dot."""
+    gap = _gap(bucket)
+    runs: list[list[str]] = []
+    previous = None
+    for at, value in points:
+        if previous is None or at - previous > gap:
+            runs.append([])
+        runs[-1].append(f"{x(at):.1f},{y(value):.1f}")
+        previous = at
+    return [" ".join(run * 2 if len(run) == 1 else run) for run in runs]
+
+
+def queue_chart(queue: Queue, range_name: str | None, *, now: datetime | None = None) -> Chart:
+    """The queue page's chart over the last hour or day: pending and running, then
+    daemons (actual and desired), each panel on its own y axis; one query."""
+    range_name = samples.chart_range(range_name)
+    span, bucket = samples.RANGES[range_name]
+    now = now or timezone.now()
+    points = samples.series(queue, range_name, now=now)
+    if not points:
+        return Chart(range=range_name, span_text=RANGE_TEXT[range_name])
+    end = samples.minute_of(now)
+    start = end - span
+    plot_width = WIDTH - LEFT - RIGHT
+
+    def x(at: datetime) -> float:
+        return LEFT + plot_width * (at - start) / span
+
+    step, age = X_TICKS[range_name]
+    x_ticks = [
+        Tick(f"{x(end - i * step):.1f}", age(i * step) if i else "now")
+        for i in range(span // step, -1, -1)
+    ]
+    panels = []
+    for title, height, drawn in PANELS:
+        top = nice_ceiling(max(getattr(p, key) for p in points for key, _, _ in drawn))
+        plot_height = height - TOP - BOTTOM
+
+        def y(value: float, top=top, plot_height=plot_height) -> float:
+            return TOP + plot_height * (1 - value / top)
+
+        lines = []
+        for key, name, css in drawn:
+            values = [getattr(p, key) for p in points]
+            series = [(p.at, getattr(p, key)) for p in points]
+            lines.append(
+                Line(
+                    key=css,
+                    name=name,
+                    segments=_segments(series, x, y, bucket),
+                    first=values[0],
+                    last=values[-1],
+                    peak=max(values),
+                )
+            )
+        y_values = [0, top] if top % 2 else [0, top // 2, top]
+        label = (
+            f"{title} on queue {queue.name}, last {RANGE_TEXT[range_name]}: "
+            + ", ".join(line.text for line in lines)
+            + "."
+        )
+        panels.append(
+            Panel(
+                title=title,
+                label=label,
+                lines=lines,
+                y_ticks=[Tick(f"{y(v):.1f}", str(v)) for v in y_values],
+                x_ticks=x_ticks,
+                height=height,
+            )
+        )
+    return Chart(range=range_name, span_text=RANGE_TEXT[range_name], panels=panels)
+
+
+def pending_sparklines(queues: list[Queue], *, now: datetime | None = None) -> dict:
+    """{queue id: Sparkline or None (no samples)} of pending over the last hour, for the
+    queues of one page: one query."""
+    now = now or timezone.now()
+    found = samples.recent_pending([queue.pk for queue in queues], now=now)
+    end = samples.minute_of(now)
+    start = end - samples.SPARKLINE_SPAN
+    drawn = {}
+    for queue_id, points in found.items():
+        if not points:
+            drawn[queue_id] = None
+            continue
+        values = [pending for _, pending in points]
+        top = max(max(values), 1)
+
+        def x(at, start=start):
+            width = SPARK_WIDTH - 2 * SPARK_PAD
+            return SPARK_PAD + width * (at - start) / samples.SPARKLINE_SPAN
+
+        def y(value, top=top):
+            return SPARK_PAD + (SPARK_HEIGHT - 2 * SPARK_PAD) * (1 - value / top)
+
+        line = Line("pending", "pending", [], values[0], values[-1], max(values))
+        drawn[queue_id] = Sparkline(
+            segments=_segments(points, x, y, samples.PERIOD),
+            label=f"{line.text} over the last hour",
+        )
+    return drawn

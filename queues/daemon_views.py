@@ -1,0 +1,95 @@
+"""Console pages for daemons: the list (state, queues, every job each runs now, the last
+heartbeat) and Drop. The list uses the API's FilterSet."""
+
+from django.shortcuts import render
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.roles import can_operate
+from lakeshore_admin.console import back_url
+from queues.views import console_view, page_offset
+
+DAEMON_PAGE = 100
+
+
+@require_GET
+@console_view
+def daemon_list(request):
+    from jobs.models import Invocation, InvocationState
+    from queues.filters import DaemonFilter
+    from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState
+
+    params = request.GET.copy()
+    if "state" not in params and "id" not in params:  # live ones unless asked otherwise
+        params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
+    filterset = DaemonFilter(params, queryset=Daemon.objects.for_list().order_by("-id"))
+    valid = filterset.is_valid()
+    offset = page_offset(request)
+    rows = list(filterset.qs[offset : offset + DAEMON_PAGE + 1]) if valid else []
+    shown = rows[:DAEMON_PAGE]
+    # Every job each daemon runs now (a daemon runs several), for the page in one query.
+    running: dict[int, list[dict]] = {}
+    for job in (
+        Invocation.objects.filter(
+            state=InvocationState.RUNNING, daemon_id__in=[d.pk for d in shown]
+        )
+        .order_by("id")
+        .values("id", "function", "daemon_id", "started_at")
+    ):
+        running.setdefault(job["daemon_id"], []).append(job)
+    for daemon in shown:
+        daemon.jobs_now = running.get(daemon.pk, [])
+    template = "queues/daemon_list.html"
+    if request.htmx and request.htmx.target == "daemon-table":
+        template += "#daemon-table"
+    query = request.GET.copy()
+    query.pop("offset", None)
+    return render(
+        request,
+        template,
+        {
+            "daemons": shown,
+            "next_offset": offset + DAEMON_PAGE if len(rows) > DAEMON_PAGE else None,
+            "previous_offset": max(0, offset - DAEMON_PAGE) if offset else None,
+            "query": query.urlencode(),
+            "errors": None if valid else filterset.errors,
+            "states": DaemonState.choices,
+            "chosen": params.getlist("state"),
+            "queue": request.GET.get("queue", ""),
+            "can_act": can_operate(request.user),
+        },
+    )
+
+
+@require_POST
+@console_view
+def daemon_drop(request, daemon_id: int):
+    """Drop a daemon from the console: the same service as the API and the CLI; the
+    outcome is said in the page's live region."""
+    from django.contrib import messages
+    from django.http import Http404, HttpResponse
+    from django.shortcuts import redirect
+    from django.urls import reverse
+
+    from lakeshore_admin.errors import DomainError
+    from queues import services
+    from queues.daemons import daemon_drop as drop
+
+    try:
+        daemon = services.daemon_get(daemon_id)
+    except services.NotFound as exc:
+        raise Http404(exc.message) from None
+    try:
+        ended = drop(daemon=daemon)
+    except DomainError as exc:
+        messages.error(request, f"Daemon {daemon.pk} was not dropped: {exc.message}")
+    else:
+        if not ended["terminated"]:
+            messages.info(request, f"Daemon {daemon.pk} ({daemon.name}) had already ended.")
+        else:
+            killed = ended["ended"]
+            what = f"; {killed} running job(s) ended killed" if killed else ""
+            messages.success(request, f"Daemon {daemon.pk} ({daemon.name}) dropped{what}.")
+    if request.htmx:
+        back = back_url(request, reverse("console-daemons"))
+        return HttpResponse(status=204, headers={"HX-Redirect": back})
+    return redirect(reverse("console-daemons"))
