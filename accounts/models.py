@@ -89,6 +89,7 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["-at", "-id"], name="audit_at"),
             models.Index(fields=["queue", "-at", "-id"], name="audit_queue_at"),
+            models.Index(fields=["target", "at"], name="audit_target_at"),  # a job's page
         ]
 
     def __str__(self) -> str:

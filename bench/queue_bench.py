@@ -38,7 +38,9 @@ CLAIM_SECONDS = float(os.environ.get("BENCH_CLAIM_SECONDS", "3"))
 
 def reset() -> None:
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_invocation, queues_daemon, queues_queueevent CASCADE")
+        cursor.execute(
+            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+        )
         cursor.execute("DELETE FROM queues_queue")
         cursor.execute("VACUUM ANALYZE jobs_invocation")
 

@@ -71,7 +71,9 @@ def free_port() -> int:
 def setup() -> dict:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_invocation, queues_daemon, queues_queueevent CASCADE")
+        cursor.execute(
+            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+        )
         cursor.execute("DELETE FROM queues_queue")
     queue_services.queue_create(name="bench")
     queue_services.queue_create(name="idle")

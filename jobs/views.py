@@ -12,6 +12,7 @@ from queues.views import console_view
 
 PAGE_SIZE = 50
 FILTERS = ("queue", "function", "id", "worker", "since", "until")
+TIMELINE_ACTIONS = 50  # operator actions shown on a job's page
 
 
 @require_GET
@@ -151,7 +152,12 @@ def _timeline(job: Invocation, retried_as: int | None) -> list[dict]:
         steps.append({"at": job.finished_at, "text": f"ended {job.state}{why}"})
     if job.scheduled_at and job.state == InvocationState.QUEUED:
         steps.append({"at": job.scheduled_at, "text": "next attempt may start (retry back-off)"})
-    if retried_as:
+    from accounts.models import AuditEvent
+
+    for row in AuditEvent.objects.filter(target=f"job {job.pk}").order_by("at")[:TIMELINE_ACTIONS]:
+        steps.append({"at": row.at, "text": f"{row.actor} (via {row.via}): {row.summary}"})
+    steps.sort(key=lambda step: step["at"])
+    if retried_as and not any("retried" in step["text"] for step in steps):
         steps.append({"at": None, "text": f"retried as job {retried_as}"})
     return steps
 

@@ -169,6 +169,13 @@ PROFILED = [
     "the same 2 cores), and each commit is a WAL flush (~0.4 ms). procrastinate's `defer` "
     "is one statement on an open connection, with no HTTP in between; that floor is why "
     "one submit at a time stays below half of it.",
+    "- **End to end**: the daemon claimed only for free slots, so each slot sat idle for a "
+    "round trip after every short job (one daemon × 8 slots: 290 jobs/s). Its claim loop "
+    "now runs on a thread of its own and, while jobs run under 0.1 s, claims ahead (as many "
+    "more as its slots get through in about 50 ms): a freed slot starts its next job at "
+    "once and each exchange carries every outcome of its round trip (290 → 520–860 jobs/s, "
+    "half the server CPU a job). Two claims in flight, each for the free slots, was tried "
+    "first and split the batches (80 jobs/s).",
 ]
 
 

@@ -133,7 +133,9 @@ class Lakeshore:
         return cursor.fetchall() if cursor.description else []
 
     def reset(self) -> None:
-        self.sql("TRUNCATE jobs_invocation, queues_daemon, queues_queueevent CASCADE")
+        self.sql(
+            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+        )
 
     def fill(self, queue: str, n: int, *, state: str = "queued", analyze: bool = True) -> None:
         """n invocations of the no-op function, written by SQL (like queue_bench.fill)."""

@@ -90,6 +90,22 @@ def world():
         reason="D=3 B=3 P=28 U=1.00: pool_with_threshold wants 5 → launching 2",
     )  # fmt: skip
     services.queue_transition(name="eval", action="pause")
+    from queues.models import QueueSample
+
+    minute = now.replace(second=0, microsecond=0)
+    QueueSample.objects.bulk_create(
+        QueueSample(
+            queue=train,
+            at=minute - timedelta(minutes=m),
+            pending=max(0, 60 - abs(30 - m) * 2),
+            running=min(3, m // 10),
+            daemons=1 + m // 20,
+            busy=min(3, m // 10),
+            desired=1 + m // 15,
+            utilization=0.8,
+        )  # fmt: skip
+        for m in range(1, 60)
+    )  # an hour of history behind the chart
     try:
         from queues import controller
 

@@ -135,6 +135,7 @@ def test_an_operator_kills_a_queued_job_and_a_refusal_is_said(operator):
     assert f"Job {queued.pk} killed." in body
     queued.refresh_from_db()
     assert queued.state == "killed"
+    assert "u-operator (via console): killed a.b: killed from the console" in body  # timeline
     body = operator.post(f"/jobs/{queued.pk}/kill/", follow=True).content.decode()
     assert f"Job {queued.pk} was not killed: Invocation {queued.pk} already finished" in body
 
