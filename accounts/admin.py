@@ -25,6 +25,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens")
     def revoke(self, request, queryset):
+        from accounts.services import token_revoke
+
         for token in queryset:
-            token.revoke()
+            token_revoke(token)
         self.message_user(request, f"Revoked {queryset.count()} token(s).", messages.SUCCESS)

@@ -88,7 +88,10 @@ class LocalDriver(Driver):
         for _ in range(count):
             name = f"{queue.name}-local-{uuid.uuid4().hex[:8]}"
             token, raw = token_create(
-                username=f"provider-{provider.name}", role="daemon", name=f"daemon {name}"
+                username=f"provider-{provider.name}",
+                role="daemon",
+                name=f"daemon {name}",
+                audited=False,  # made and revoked with the daemon: not an operator's act
             )
             daemon = Daemon.objects.create(
                 name=name,

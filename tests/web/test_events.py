@@ -199,3 +199,18 @@ def test_actions_outlive_their_queue(viewer):
     services.queue_delete(name="gone")
     body = viewer.get("/events/?queue=gone").content.decode()
     assert "queue.pause" in body and "queue.remove" in body
+
+
+def test_tokens_made_and_revoked_by_people_are_recorded_a_provider_s_own_are_not(client):
+    from accounts.models import ApiToken
+    from accounts.services import token_create
+
+    token, _ = token_create(username="ci-bot", role="operator", name="ci")
+    assert (_last().action, _last().summary) == ("token.create", "operator token for ci-bot (ci)")
+    before = AuditEvent.objects.count()
+    token_create(username="provider-here", role="daemon", audited=False)
+    assert AuditEvent.objects.count() == before
+    client.force_login(_user("root", role=None, is_staff=True, is_superuser=True))
+    client.post("/admin/accounts/apitoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert (_last().actor, _last().via, _last().action) == ("root", "admin", "token.revoke")
+    assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
