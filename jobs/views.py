@@ -7,7 +7,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.roles import can_operate
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
-from lakeshore_admin.console import back_url
+from lakeshore_admin.console import after_action, back_url
 from queues.views import console_view
 
 PAGE_SIZE = 50
@@ -105,7 +105,7 @@ def job_bulk_cancel(request):
     back = back_url(request, f"{reverse('console-jobs')}?{urlencode({'queue': queue or ''})}")
     if queue is None:
         messages.error(request, "Nothing was cancelled: choose a queue first.")
-        return _after_action(request, back)
+        return after_action(request, back)
     try:
         count = services.invocation_bulk_cancel(queue=queue, reason="bulk-cancel from the console")
     except DomainError as exc:
@@ -114,7 +114,7 @@ def job_bulk_cancel(request):
         messages.success(
             request, f"Cancelled {count} queued invocation(s) of queue {queue or '(default)'}."
         )
-    return _after_action(request, back)
+    return after_action(request, back)
 
 
 def _job_or_404(invocation_id) -> Invocation:
@@ -197,17 +197,6 @@ def job_detail(request, invocation_id: int):
     return render(request, template, context)
 
 
-def _after_action(request, url: str):
-    """Back to a page after a console action: a full load (htmx follows HX-Redirect), so
-    the message shows in the page's live region."""
-    from django.http import HttpResponse
-    from django.shortcuts import redirect
-
-    if request.htmx:
-        return HttpResponse(status=204, headers={"HX-Redirect": url})
-    return redirect(url)
-
-
 @require_POST
 @console_view
 def job_kill(request, invocation_id: int):
@@ -224,7 +213,7 @@ def job_kill(request, invocation_id: int):
         messages.success(request, f"Job {job.pk} killed.")
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not killed: {exc.message}")
-    return _after_action(request, reverse("console-job", args=[job.pk]))
+    return after_action(request, reverse("console-job", args=[job.pk]))
 
 
 @require_POST
@@ -243,6 +232,6 @@ def job_retry(request, invocation_id: int):
         new = services.invocation_retry(invocation_id=job.pk)
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not retried: {exc.message}")
-        return _after_action(request, reverse("console-job", args=[job.pk]))
+        return after_action(request, reverse("console-job", args=[job.pk]))
     messages.success(request, f"Job {job.pk} retried as job {new.pk}.")
-    return _after_action(request, reverse("console-job", args=[new.pk]))
+    return after_action(request, reverse("console-job", args=[new.pk]))

@@ -19,3 +19,14 @@ def back_url(request, default: str) -> str:
     if not current.path.startswith("/"):
         return default
     return current.path + (f"?{current.query}" if current.query else "")
+
+
+def after_action(request, url: str):
+    """Back to a page after a console action, as a full load (htmx follows HX-Redirect),
+    so the action's message shows in the page's live region."""
+    from django.http import HttpResponse
+    from django.shortcuts import redirect
+
+    if request.htmx:
+        return HttpResponse(status=204, headers={"HX-Redirect": url})
+    return redirect(url)

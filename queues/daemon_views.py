@@ -5,7 +5,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.roles import can_operate
-from lakeshore_admin.console import back_url
+from lakeshore_admin.console import after_action, back_url
 from queues.views import console_view, page_offset
 
 DAEMON_PAGE = 100
@@ -66,8 +66,7 @@ def daemon_drop(request, daemon_id: int):
     """Drop a daemon from the console: the same service as the API and the CLI; the
     outcome is said in the page's live region."""
     from django.contrib import messages
-    from django.http import Http404, HttpResponse
-    from django.shortcuts import redirect
+    from django.http import Http404
     from django.urls import reverse
 
     from lakeshore_admin.errors import DomainError
@@ -89,7 +88,5 @@ def daemon_drop(request, daemon_id: int):
             killed = ended["ended"]
             what = f"; {killed} running job(s) ended killed" if killed else ""
             messages.success(request, f"Daemon {daemon.pk} ({daemon.name}) dropped{what}.")
-    if request.htmx:
-        back = back_url(request, reverse("console-daemons"))
-        return HttpResponse(status=204, headers={"HX-Redirect": back})
-    return redirect(reverse("console-daemons"))
+    daemons_page = reverse("console-daemons")
+    return after_action(request, back_url(request, daemons_page) if request.htmx else daemons_page)
