@@ -116,15 +116,18 @@ def _current_ids(daemons: list[DaemonThread]) -> set[int]:
     return {d.daemon_id for d in daemons if d.daemon_id is not None}
 
 
-def _wait_live_equals_current(daemons, timeout: float) -> tuple[set, set]:
+def _wait_live_equals_current(daemons, timeout: float, drops=()) -> tuple[set, set]:
     """The daemon rows left live must be exactly the current threads' (crashed ones'
-    old rows get reaped within the heartbeat timeout)."""
+    old rows get reaped within the heartbeat timeout), once every dropped thread has
+    registered again (one dropped just before the end may still be on its way: between
+    its 409 and its new registration it has no daemon, and the sets match early)."""
     deadline = time.monotonic() + timeout
     while True:
         before = _current_ids(daemons)
         live = _live_daemons()
         after = _current_ids(daemons)
-        if live is not None and before == after == live:
+        replaced = all(drop["worker"].ids[-1] != drop["daemon"] for drop in drops)
+        if live is not None and before == after == live and replaced:
             return live, after
         if time.monotonic() > deadline:
             return live or set(), after
@@ -170,7 +173,7 @@ def test_soak_daemons_chaos_and_a_database_restart(server, settings, record_prop
         figures["cpu"] = time.process_time() - cpu
         chaos.stop(timeout=30)
         if drained:
-            live_at_end = _wait_live_equals_current(daemons, timeout=10)
+            live_at_end = _wait_live_equals_current(daemons, timeout=10, drops=chaos.drops)
         figures["live_check"] = time.monotonic() - started - figures["processing"]
     finally:
         shared.stop.set()  # the daemon threads deregister their current daemons
