@@ -46,55 +46,34 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM jobs_invocation WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """
 
-_EVENTS_SQL = """
-DELETE FROM queues_queueevent
+
+_OLDER_THAN = """
+DELETE FROM {table}
  WHERE id = ANY(ARRAY(
-    SELECT id FROM queues_queueevent
-     WHERE at < %(cutoff)s
-     ORDER BY id
+    SELECT id FROM {table}
+     WHERE {column} < %(cutoff)s
+     ORDER BY {order}
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
  ))
 """
 
+
+def _older_than(table: str, column: str, order: str) -> str:
+    """A batch of `table`'s rows whose `column` is before the cutoff, taken along
+    `order` (an indexed column), skipping rows another transaction holds. The names
+    come from this module only; the values are bound."""
+    return _OLDER_THAN.format(table=table, column=column, order=order)
+
+
+_EVENTS_SQL = _older_than("queues_queueevent", "at", "id")
 # The SDK's result journal (jobs.ResultFrame), by the frame's own age.
-_FRAMES_SQL = """
-DELETE FROM jobs_resultframe
- WHERE id = ANY(ARRAY(
-    SELECT id FROM jobs_resultframe
-     WHERE created_at < %(cutoff)s
-     ORDER BY id
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
- ))
-"""
-
-
+_FRAMES_SQL = _older_than("jobs_resultframe", "created_at", "id")
 # The queues' samples (queues.QueueSample, one per queue a minute), by their minute,
 # oldest first along their index on `at`; nothing references them.
-_SAMPLES_SQL = """
-DELETE FROM queues_queuesample
- WHERE id = ANY(ARRAY(
-    SELECT id FROM queues_queuesample
-     WHERE at < %(cutoff)s
-     ORDER BY at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
- ))
-"""
-
-
+_SAMPLES_SQL = _older_than("queues_queuesample", "at", "at")
 # The audit trail (accounts.AuditEvent), by its own retention.
-_AUDIT_SQL = """
-DELETE FROM accounts_auditevent
- WHERE id = ANY(ARRAY(
-    SELECT id FROM accounts_auditevent
-     WHERE at < %(cutoff)s
-     ORDER BY at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
- ))
-"""
+_AUDIT_SQL = _older_than("accounts_auditevent", "at", "at")
 
 
 def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:

@@ -676,15 +676,19 @@ def retried_as(invocation: Invocation) -> int | None:
     return invocation.retries.order_by("id").values_list("id", flat=True).first()
 
 
-def invocation_bulk_cancel(*, queue: str | None = None, reason: str = "", dry_run: bool = False):
-    """Cancel every queued invocation (of one queue, if given), in batches."""
+def invocation_bulk_cancel(
+    *, queue: str | None = None, reason: str = "", dry_run: bool = False, cap: int | None = None
+):
+    """Cancel every queued invocation (of one queue, if given), in batches. A dry run
+    counts them: exactly, or with `cap` at most cap + 1 (more than cap) for pages that
+    count on every refresh."""
     rows = Invocation.objects.filter(state=Q_.QUEUED)
     if queue is not None:
         if queue and not Queue.objects.filter(name=queue).exists():
             raise NotFound(f"Queue '{queue}' does not exist.", fields={"queue": "unknown"})
         rows = rows.filter(queue=queue)
     if dry_run:
-        return rows.count()
+        return rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
     cancelled = transitions.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
     where = "every queue" if queue is None else f"queue {queue or '(default)'}"
     audit.record(
@@ -716,22 +720,30 @@ def reap(*, now=None) -> dict:
 
 
 ETA_WINDOW_SECONDS = 600
+ETA_SAMPLE = 5_000  # finishes read at most for a queue's pace
 
 
 def queue_eta(invocation: Invocation, position: dict | None) -> dict | None:
     """When a queued invocation may start, from how many are ahead of it and how fast
-    its queue finished work over the last ETA_WINDOW_SECONDS (an index range scan):
-    {"seconds", "rate_per_minute"}, or None when nothing finished lately (no rate to go
-    by) or it is not queued."""
+    its queue finished work lately: over the last ETA_WINDOW_SECONDS, or over its last
+    ETA_SAMPLE finishes if more came in that window (so a busy queue's page reads at
+    most that many index entries). {"seconds", "rate_per_minute"}, or None when nothing
+    finished lately (no rate to go by) or it is not queued."""
     if position is None:
         return None
-    since = timezone.now() - timedelta(seconds=ETA_WINDOW_SECONDS)
-    done = (
-        Invocation.objects.filter(queue=invocation.queue, finished_at__gte=since).order_by().count()
-    )
-    if not done:
-        return None
-    rate = done / ETA_WINDOW_SECONDS  # per second
+    now = timezone.now()
+    recent = Invocation.objects.filter(
+        queue=invocation.queue, finished_at__gte=now - timedelta(seconds=ETA_WINDOW_SECONDS)
+    ).order_by("-finished_at")
+    oldest_of_sample = recent.values_list("finished_at", flat=True)[ETA_SAMPLE - 1 : ETA_SAMPLE]
+    if oldest_of_sample:
+        span = max((now - oldest_of_sample[0]).total_seconds(), 0.001)
+        rate = ETA_SAMPLE / span  # per second, over the newest ETA_SAMPLE
+    else:
+        done = recent.count()  # fewer than ETA_SAMPLE: exact, and cheap
+        if not done:
+            return None
+        rate = done / ETA_WINDOW_SECONDS
     return {"seconds": round((position["ahead"] + 1) / rate), "rate_per_minute": rate * 60}
 
 

@@ -13,6 +13,7 @@ from queues.views import console_view
 PAGE_SIZE = 50
 FILTERS = ("queue", "function", "id", "worker", "since", "until")
 TIMELINE_ACTIONS = 50  # operator actions shown on a job's page
+CANCEL_COUNT_CAP = 10_000  # the bulk-cancel button counts up to this, then says "10,000+"
 
 
 @require_GET
@@ -53,7 +54,14 @@ def job_list(request):
     cancel_count = None
     if valid and can_act and queue is not None and "queue" in request.GET:
         try:
-            cancel_count = services.invocation_bulk_cancel(queue=queue, dry_run=True)
+            counted = services.invocation_bulk_cancel(
+                queue=queue, dry_run=True, cap=CANCEL_COUNT_CAP
+            )  # on every refresh: bounded
+            cancel_count = (
+                (f"{CANCEL_COUNT_CAP:,}+" if counted > CANCEL_COUNT_CAP else f"{counted:,}")
+                if counted
+                else None
+            )
         except services.NotFound:
             cancel_count = None
     template = "jobs/invocation_list.html"

@@ -261,6 +261,8 @@ def daemon_drop(*, daemon: Daemon) -> dict:
     from accounts import audit
 
     ended = _end([daemon.pk], requeue=False, reason="daemon removed")[0]
+    if not ended["terminated"]:
+        return ended  # it had already ended: nothing was done, nothing to record
     audit.record(
         "daemon.drop",
         queue=daemon.queues[0] if len(daemon.queues) == 1 else "",

@@ -175,3 +175,22 @@ def test_staff_cross_between_the_job_page_and_django_admin(client, failed):
 
 def test_others_get_no_admin_link(viewer, failed):
     assert "/admin/jobs/invocation/" not in viewer.get(f"/jobs/{failed.pk}/").content.decode()
+
+
+def test_a_busy_queue_s_pace_is_read_from_its_newest_finishes_only(viewer, monkeypatch):
+    monkeypatch.setattr(services, "ETA_SAMPLE", 5)  # the whole window would say 2 a minute
+    builders.queue(name="train")
+    now = timezone.now()
+    done = Invocation.objects.bulk_create(
+        [Invocation(queue="train", function="a.b", state="succeeded") for _ in range(20)]
+    )
+    for i, row in enumerate(done, start=1):  # one every 6 s: 10 a minute
+        Invocation.objects.filter(pk=row.pk).update(finished_at=now - timedelta(seconds=6 * i))
+    mine, _ = services.invocation_submit(function="a.b", queue="train")
+    with CaptureQueriesContext(connection) as ctx:
+        body = viewer.get(f"/jobs/{mine.pk}/").content.decode()
+    import re
+
+    pace = float(re.search(r"the queue finished ([\d.]+) a minute", body).group(1))
+    assert 9.0 < pace <= 10.0  # from the newest 5 (5 in 30 s and a moment), not all 20
+    assert not any("COUNT(" in q["sql"] and "finished_at" in q["sql"] for q in ctx.captured_queries)

@@ -146,3 +146,16 @@ def test_an_operator_cancels_the_queued_of_the_filtered_queue_after_a_count(clie
     other.refresh_from_db()
     assert other.state == "queued"  # only the filtered queue
     assert "Cancel 3 queued" not in operator.get("/jobs/").content.decode()  # no queue filter
+
+
+def test_the_bulk_cancel_count_is_bounded_on_a_big_backlog(client, monkeypatch):
+    from jobs import views
+
+    monkeypatch.setattr(views, "CANCEL_COUNT_CAP", 5)
+    operator = _operator(client)
+    builders.queue(name="train")
+    Invocation.objects.bulk_create([Invocation(queue="train", function="a.b") for _ in range(8)])
+    page = operator.get("/jobs/?queue=train").content.decode()
+    assert "Cancel 5+ queued in train" in page
+    body = operator.post("/jobs/bulk-cancel/", {"queue": "train"}, follow=True).content.decode()
+    assert "Cancelled 8 queued invocation(s) of queue train." in body  # all of them

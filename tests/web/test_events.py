@@ -214,3 +214,12 @@ def test_tokens_made_and_revoked_by_people_are_recorded_a_provider_s_own_are_not
     client.post("/admin/accounts/apitoken/", {"action": "revoke", "_selected_action": [token.pk]})
     assert (_last().actor, _last().via, _last().action) == ("root", "admin", "token.revoke")
     assert ApiToken.objects.get(pk=token.pk).revoked_at is not None
+
+
+def test_dropping_a_daemon_that_already_ended_records_nothing():
+    from queues.daemons import daemon_drop
+
+    daemon = builders.daemon(name="gpu-1")
+    daemon_drop(daemon=daemon)
+    daemon_drop(daemon=daemon)  # nothing left to do
+    assert AuditEvent.objects.filter(action="daemon.drop").count() == 1
