@@ -78,7 +78,9 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             )
         if not token.is_usable:
             state = "revoked" if token.revoked_at else "expired"
-            raise exceptions.AuthenticationFailed(f"Token {token.prefix}… is {state}.")
+            raise exceptions.AuthenticationFailed(
+                f"Token {token.prefix}… is {state}.", code=f"token_{state}"
+            )
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed("The token's user is disabled.")
         now = timezone.now()

@@ -83,6 +83,7 @@ BACKOFF_MAX = 10.0
 # The server's 409 codes the daemon acts on (lakeshore_admin.errors.CODES).
 DAEMON_TERMINATED = "daemon_terminated"  # dropped or ended on the server: stop
 DAEMON_LOST = "daemon_lost"  # the reaper gave our work away: kill it, register again
+TOKEN_REVOKED = "token_revoked"  # noqa: S105 - an error code (401): the server ended us: stop
 AHEAD_BELOW = 0.1  # claim ahead of free slots while jobs run shorter than this (s)
 AHEAD_WAIT = 0.05  # ... as many as the slots run in about this long (s), at least one each
 CLAIM_LIMIT_MAX = 100  # the most one claim may ask for (the server's limit)
@@ -524,6 +525,11 @@ class Worker:
         try:
             self.client.request("POST", path("daemons", self.daemon_id, "deregister"))
             self.log(f"deregistered daemon {self.daemon_id}")
+        except ApiError as exc:
+            if exc.code == TOKEN_REVOKED:  # ended on the server (scale-down) meanwhile
+                self.log(f"daemon {self.daemon_id} had already been ended on the server")
+            else:
+                self.log(f"could not deregister ({exc.message}); the server will mark it lost")
         except CliError as exc:
             self.log(f"could not deregister ({exc.message}); the server will mark it lost")
 
@@ -622,7 +628,7 @@ class Worker:
                     return
                 except ApiError as exc:
                     self._release(free, [], failed_id)
-                    if exc.status != 409:
+                    if exc.status != 409 and exc.code != TOKEN_REVOKED:
                         raise
                     self.reporter.carry(None)  # registering again, or stopping
                     self._handle_not_live(exc, failed_id)
@@ -862,7 +868,7 @@ class Worker:
             except Stopped:
                 return
             except ApiError as exc:
-                if exc.status == 409:
+                if exc.status == 409 or exc.code == TOKEN_REVOKED:
                     try:
                         self._handle_not_live(exc, failed_id)
                     except Stopped:
@@ -898,8 +904,11 @@ class Worker:
             self._not_live(exc)
 
     def _not_live(self, exc: ApiError) -> None:
-        if exc.code == DAEMON_TERMINATED:
-            self.log(f"daemon {self.daemon_id} was removed on the server: stopping")
+        if exc.code in (DAEMON_TERMINATED, TOKEN_REVOKED):
+            if exc.code == TOKEN_REVOKED:  # a provider revokes it as it ends the daemon
+                self.log(f"daemon {self.daemon_id}'s token was revoked on the server: stopping")
+            else:
+                self.log(f"daemon {self.daemon_id} was removed on the server: stopping")
             self.dropped.set()
             self._kill_all("daemon removed")
             with self.lock:

@@ -124,6 +124,8 @@ def exception_handler(exc, context):
         return response
     detail = getattr(exc, "detail", str(exc))
     code = getattr(exc, "default_code", "error")
+    if isinstance(exc, exceptions.AuthenticationFailed) and isinstance(exc.get_codes(), str):
+        code = exc.get_codes()  # token_revoked, token_expired: a daemon stops on these
     if isinstance(exc, exceptions.ParseError):
         code = "invalid"
     response.data = error_body(code, str(detail))

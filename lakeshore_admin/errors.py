@@ -25,6 +25,9 @@ CODES = {
     "daemon_lost",  # the reaper marked the daemon lost: register again
     "claim_stale",  # a completion for a claim the daemon no longer holds
     "already_completed",  # the same attempt was completed with another outcome
+    # 401 beyond DRF's not_authenticated / authentication_failed
+    "token_revoked",  # a daemon's token is revoked when the server ends it: stop
+    "token_expired",
     # the SDK's wire (jobs/sdk.py)
     "forbidden",  # 403: another user's worker, or a role that may not
     "namespace_unknown",  # 404: this server is one namespace

@@ -130,7 +130,7 @@ def test_a_revoked_token_answers_401_saying_so(world):
     token.revoke()
     response = client.get("/api/v1/queues/")
 
-    assert_error(response, 401, "authentication_failed", says="revoked")
+    assert_error(response, 401, "token_revoked", says="revoked")
     assert token.prefix in response.json()["error"]["message"]
 
 
@@ -141,7 +141,7 @@ def test_an_expired_token_answers_401_saying_so(world):
 
     response = client_with(raw).get("/api/v1/queues/")
 
-    assert_error(response, 401, "authentication_failed", says="expired")
+    assert_error(response, 401, "token_expired", says="expired")
 
 
 def test_a_token_of_a_disabled_user_answers_401(world):

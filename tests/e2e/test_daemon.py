@@ -248,3 +248,24 @@ def test_a_daemon_for_an_unknown_queue_stops_with_the_servers_reason(live_server
     assert proc.wait(15) == 1
     log = _log(tmp_path)
     assert "error: Unknown queue(s): nope" in log and "Traceback" not in log
+
+
+def test_a_daemon_whose_token_is_revoked_stops_cleanly(live_server, tmp_path, settings):
+    """A provider revokes a daemon's token as it ends the daemon (scale-down), and the
+    daemon may send its next claim before the provider's SIGTERM reaches it: the 401
+    (code token_revoked) means "stop", not a crash. Seen in CI: before the code, the
+    daemon died with exit 1 on that claim."""
+    from accounts.authentication import token_cache
+    from accounts.models import ApiToken
+
+    settings.LAKESHORE_TOKEN_CACHE_SECONDS = 0  # the revocation holds from the next request
+    builders.queue(name="e2e")
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
+    _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+    daemon = Daemon.objects.get()
+    ApiToken.objects.filter(user=daemon.owner).update(revoked_at=timezone.now())
+    token_cache.clear()
+    assert proc.wait(20) == 0, _log(tmp_path)
+    log = _log(tmp_path)
+    assert f"daemon {daemon.pk}'s token was revoked on the server: stopping" in log
+    assert "error:" not in log
