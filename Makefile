@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run dev test lint format check clean token admin-password help bench bench-server screenshots
+.PHONY: install run dev test lint format check clean token admin-password help bench bench-server screenshots slurm-up slurm-down
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -54,7 +54,7 @@ test: lint
 # pytest of its own without xdist. A pass that PYTEST_ARGS leaves empty (exit code 5) is
 # no failure, unless both are.
 	@run() { echo "$$*"; "$$@"; }; \
-	run $(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS); rest=$$?; \
+	run $(BIN)/pytest -n 2 --dist loadgroup -m "not soak" $(PYTEST_ARGS); rest=$$?; \
 	if [ $$rest -ne 0 ] && [ $$rest -ne 5 ]; then exit $$rest; fi; \
 	run $(BIN)/pytest -m soak $(PYTEST_ARGS); soak=$$?; \
 	if [ $$soak -ne 0 ] && [ $$soak -ne 5 ]; then exit $$soak; fi; \
@@ -74,6 +74,17 @@ screenshots: install
 	rm -rf docs/tour && mkdir -p docs/tour
 	LAKESHORE_SCREENSHOTS=$(CURDIR)/docs/tour $(BIN)/pytest tests/browser/test_console_tour.py -k shot
 	@echo "written to docs/tour/"
+
+# A private one-node Slurm cluster (README "Providers"): Debian's slurmctld, slurmd and
+# munge on 127.0.0.1 with private ports, all under SLURM_DIR. SLURM_CI_INSTALL=1 lets
+# it apt-get install them.
+SLURM_DIR ?= /tmp/lakeshore-slurm
+slurm-up:
+	@scripts/slurm/up $(SLURM_DIR) >/dev/null
+	@echo "export SLURM_CONF=$(SLURM_DIR)/etc/slurm.conf"
+
+slurm-down:
+	@scripts/slurm/down $(SLURM_DIR)
 
 bench: install
 	$(BIN)/python -m bench.compare

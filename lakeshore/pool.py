@@ -64,6 +64,9 @@ def _load_prctl():
 
 _PRCTL = _load_prctl()
 _SIGKILL = int(signal.SIGKILL)
+# Signals a job process gets from outside when its whole unit is stopped (the daemon
+# itself never sends SIGTERM or SIGINT to a job; a SIGKILL of its own marks it killed).
+STOPPED_FROM_OUTSIDE = {int(signal.SIGTERM), int(signal.SIGINT), int(signal.SIGKILL)}
 
 
 def _die_with(parent: int) -> Callable[[], None]:
@@ -287,6 +290,7 @@ class Pool:
         max_memory_mb: float = 1024,
         log: Callable[[str], None] = print,
         debug: Callable[[str], None] | None = None,
+        stopping: Callable[[], bool] = lambda: False,
     ):
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
@@ -302,6 +306,7 @@ class Pool:
         self.max_memory_mb = max_memory_mb
         self.log = log
         self.debug = debug or (lambda message: None)
+        self.stopping = stopping  # the daemon was told to stop (SIGTERM/SIGINT)
         self.processes: list[JobProcess] = []  # in service (pool: at most `size`)
         self.watched: set[JobProcess] = set()  # every process not yet reaped
         self.incoming: list[JobProcess] = []  # started, not yet in the selector
@@ -566,6 +571,12 @@ class Pool:
         for line in lines:
             self._on_line(process, line)
         code = self._reap(process)  # closes its pipe: a send from now on fails
+        if -code in STOPPED_FROM_OUTSIDE and not stopped and process.outcome is None:
+            # The signal that stops a whole unit reaches the daemon about when it reaches
+            # the job: give the daemon's own handler a moment to say it is stopping.
+            deadline = time.monotonic() + 0.5
+            while not self.stopping() and time.monotonic() < deadline:
+                time.sleep(0.01)
         with self.lock:
             self._retire(process)
             item = process.current
@@ -575,6 +586,23 @@ class Pool:
             if item is None:
                 if self.isolation == "pool" and not stopped and not self.closing:
                     self.log(f"job process {process.pid} exited (code {code}); replacing it")
+                return
+            if (
+                process.outcome is None
+                and -code in STOPPED_FROM_OUTSIDE
+                and not stopped
+                and self.stopping()
+            ):
+                # Whatever stopped the daemon stopped its job too (scancel, a Slurm time
+                # limit, systemd's stop of the whole unit): not the invocation's failure.
+                # It is not reported; the server hands it back when the daemon leaves.
+                name = signal.Signals(-code).name
+                self.log(
+                    f"invocation {item.id}: its process was stopped by {name} from outside "
+                    "while this daemon stops; the server will requeue it"
+                )
+                item.abandoned = True
+                self.done(item, "failed", None, "")
                 return
             outcome = process.outcome or {
                 "ok": False,

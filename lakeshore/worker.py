@@ -486,6 +486,7 @@ class Worker:
             max_memory_mb=self.max_worker_memory,
             log=self.log,
             debug=self.debug,
+            stopping=self.draining.is_set,
         )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self.reporter.start()

@@ -266,6 +266,8 @@ LAKESHORE_HEARTBEAT_WRITE_SECONDS = env_number(
 LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
 LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK", 2, minimum=1)
 LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
+# Seconds each Slurm client command (sbatch, squeue, scancel, sinfo) may take.
+LAKESHORE_SLURM_TIMEOUT = env_number("LAKESHORE_SLURM_TIMEOUT", 30, minimum=1)
 LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
 LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
 # The charts' samples (one per queue a minute; the charts show at most a day) and the

@@ -128,6 +128,12 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
     from queues.services import queue_signals
 
     now = now or timezone.now()
+    # What the provider runs is asked before the transaction: a slow shell-out or HTTP
+    # call must not hold the queue's lock and rows (a failure is this tick's failure).
+    before = Queue.objects.select_related("provider").filter(pk=queue_id).first()
+    observed = None
+    if before is not None and before.provider is not None:
+        observed = driver_for(before.provider).observe(provider=before.provider, queue=before)
     with transaction.atomic():
         if not _try_lock(queue_id):
             return None
@@ -136,7 +142,11 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
             return None
         driver = driver_for(queue.provider) if queue.provider else None
         if driver:
-            driver.sync(provider=queue.provider, queue=queue, now=now)
+            if before is None or before.provider_id != queue.provider_id:
+                observed = None  # the queue changed provider meanwhile: judge nothing
+            driver.sync(provider=queue.provider, queue=queue, now=now, observed=observed)
+            if observed is not None:  # sync may have counted a failed launch
+                queue.refresh_from_db(fields=["launch_failures", "launch_backoff_until"])
         signals = queue_signals(queue)["signals"]
         decided = plan(queue, signals, now=now)
         action, delta, reason = EventAction.TICK_NOOP, 0, decided.why
@@ -166,19 +176,57 @@ def _launch(queue: Queue, driver, decided: Plan, now):
     try:
         launched = driver.launch(provider=queue.provider, queue=queue, count=decided.delta, now=now)
     except ProviderError as exc:
-        failures = queue.launch_failures + 1
-        wait = backoff_seconds(failures)
-        Queue.objects.filter(pk=queue.pk).update(
-            launch_failures=failures, launch_backoff_until=now + timedelta(seconds=wait)
-        )
-        return (
-            EventAction.LAUNCH_FAILED,
-            0,
-            f"launch of {decided.delta} failed ({queue.provider.name}: {exc}); "
-            f"backing off {wait:.0f} s",
-        )
+        reason = launch_failed(queue, count=decided.delta, error=str(exc), now=now)
+        return EventAction.LAUNCH_FAILED, 0, reason
     Queue.objects.filter(pk=queue.pk).update(launch_failures=0, launch_backoff_until=None)
     return EventAction.SCALE_UP, len(launched), decided.why
+
+
+def launch_failed(queue: Queue, *, count: int, error: str, now) -> str:
+    """A launch of `count` failed with the provider's `error`: count the failure and
+    back off (the queue launches nothing until then). Returns the event's reason."""
+    failures = (
+        Queue.objects.filter(pk=queue.pk).values_list("launch_failures", flat=True).first() or 0
+    ) + 1
+    wait = backoff_seconds(failures)
+    Queue.objects.filter(pk=queue.pk).update(
+        launch_failures=failures, launch_backoff_until=now + timedelta(seconds=wait)
+    )
+    provider = queue.provider.name if queue.provider_id else "no provider"
+    return f"launch of {count} failed ({provider}: {error}); backing off {wait:.0f} s"
+
+
+def launch_failed_event(queue: Queue, *, count: int, error: str, now) -> QueueEvent:
+    """launch_failed, found outside the tick's own decision (after its commit, or while
+    reconciling): a `launch_failed` event of its own, with the queue's signals now."""
+    from queues.services import queue_signals
+
+    reason = launch_failed(queue, count=count, error=error, now=now)
+    signals = queue_signals(queue)["signals"]
+    return QueueEvent.objects.create(
+        queue=queue,
+        at=now,
+        action=EventAction.LAUNCH_FAILED,
+        reason=reason[:500],
+        daemons=signals.daemons,
+        busy=signals.busy,
+        pending=signals.pending,
+        utilization=round(signals.utilization, 4),
+        desired=signals.daemons,
+        wanted=0,
+        delta=-count,
+    )
+
+
+def launch_failed_after_commit(*, queue_id: int, daemon_ids: list[int], error: str) -> None:
+    """After a tick committed, the provider could not start daemons it recorded (sbatch
+    refused, the process would not start): end their rows and tokens, then record the
+    failed launch and back off, in one transaction."""
+    with transaction.atomic():
+        daemons.daemons_gone(daemon_ids=daemon_ids, reason="launch failed")
+        queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
+        if queue is not None:
+            launch_failed_event(queue, count=len(daemon_ids), error=error, now=timezone.now())
 
 
 def _terminate(queue: Queue, driver, decided: Plan, now):

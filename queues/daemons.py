@@ -25,6 +25,7 @@ from queues.models import (
     LIVE_DAEMON_STATES,
     Daemon,
     DaemonState,
+    EventAction,
     Queue,
 )
 
@@ -66,16 +67,20 @@ def daemon_register(
     ).update(queues=names, state=DaemonState.IDLE, last_heartbeat_at=now, updated_at=now)
     if adopted:
         return Daemon.objects.filter(name=name, owner=owner).order_by("-id").first()
-    minted = token is not None and Daemon.objects.filter(token=token).exists()
+    # A provider's daemon registering again (after it was marked lost) keeps what its
+    # provider knows it by: the provider, its job (external id) and its log.
+    earlier = Daemon.objects.filter(token=token).order_by("-id").first() if token else None
     return Daemon.objects.create(
         name=name,
         queues=names,
-        provider=_provider_for(provider),
-        instance_type=instance_type,
+        provider=earlier.provider if earlier and earlier.provider_id else _provider_for(provider),
+        instance_type=instance_type or (earlier.instance_type if earlier else ""),
+        external_id=earlier.external_id if earlier else "",
+        log_path=earlier.log_path if earlier else "",
         owner=owner,
         state=DaemonState.IDLE,
         last_heartbeat_at=now,
-        token=token if minted else None,
+        token=token if earlier else None,
     )
 
 
@@ -313,7 +318,6 @@ def _release(daemon: Daemon) -> None:
     """After commit: the provider stops what runs the daemon (never inside a
     transaction that could still roll back)."""
     from queues.drivers import driver_for
-    from queues.models import EventAction
 
     try:
         driver_for(daemon.provider).release(daemon=daemon)
@@ -337,13 +341,29 @@ def daemons_gone(*, daemon_ids: list[int], reason: str) -> list[dict]:
     return _end(daemon_ids, requeue=True, reason=reason, states=live_or_lost)
 
 
-def daemon_launch_failed(*, daemon: Daemon, error: str) -> None:
-    """After commit, the provider could not start a daemon it recorded: end the row
-    (and its token) and say so in its queue's audit trail."""
-    from queues.models import EventAction
-
-    daemons_gone(daemon_ids=[daemon.pk], reason="launch failed")
-    _audit(daemon, EventAction.LAUNCH_FAILED, f"{daemon.name}: {error}", delta=-1)
+def daemons_provider_lost(*, daemon_ids: list[int], reason: str, release: bool) -> list[int]:
+    """The provider says these daemons are gone (their Slurm job ended) or must go (it
+    runs while the daemon is silent): lost at once, without waiting for the heartbeat
+    timeout. What they ran goes back to the queue while attempts remain, their minted
+    tokens are revoked (nothing may speak for them again), and with `release` the
+    provider stops what still runs them, after commit."""
+    with transaction.atomic():
+        lost = list(
+            Daemon.objects.select_for_update(of=("self",))
+            .filter(pk__in=daemon_ids, state__in=[*LIVE_DAEMON_STATES, DaemonState.LOST])
+            .select_related("provider")
+        )
+        ids = [d.pk for d in lost]
+        Daemon.objects.filter(pk__in=ids).update(
+            state=DaemonState.LOST, current_invocation=None, updated_at=timezone.now()
+        )
+        transitions.requeue_daemon_work(daemon_ids=ids, reason=f"daemon lost ({reason})")
+        revoke_tokens(Daemon.objects.filter(pk__in=ids))
+        for daemon in lost:
+            _audit(daemon, EventAction.DAEMON_LOST, f"{daemon.name}: {reason}", delta=-1)
+            if release and daemon.provider_id:
+                transaction.on_commit(lambda d=daemon: _release(d))
+    return ids
 
 
 def _audit(daemon: Daemon, action: str, reason: str, *, delta: int) -> None:

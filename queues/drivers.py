@@ -3,13 +3,10 @@
 `simulated` records daemons without running anything (they come up after the config's
 `startup_seconds`, default 0, and the provider keeps them heartbeating); its config may
 say `{"fail": "message"}` to make every launch fail with that message. `local` starts
-real `lakeshore daemon run` processes on this host."""
+real `lakeshore daemon run` processes on this host. `slurm` (queues/slurm.py) submits
+one batch job per daemon to a Slurm cluster."""
 
-import os
-import shutil
-import signal
 import subprocess
-import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -17,27 +14,16 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from queues.models import Daemon, DaemonState, Provider, Queue
-
-
-class ProviderError(Exception):
-    """The provider refused or failed; the message is the provider's own."""
-
-
-class Driver:
-    """Launch records new daemons inside the tick's transaction and does its outside
-    work (start a process, submit a job) only after that transaction commits; release
-    stops what runs an ended daemon, also after commit. A rolled-back tick leaves no
-    process and no token behind."""
-
-    def launch(self, *, provider: Provider, queue: Queue, count: int, now) -> list[Daemon]:
-        raise NotImplementedError
-
-    def release(self, *, daemon: Daemon) -> None:
-        """After commit: stop whatever runs this (terminated) daemon."""
-
-    def sync(self, *, provider: Provider, queue: Queue, now) -> None:
-        """Bring the records up to date with the provider before a tick looks at them."""
+from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: public here too
+    Driver,
+    ProviderError,
+    _die_with_parent,
+    lakeshore_command,
+    mint_daemons,
+    server_free_environ,
+)
+from queues.models import Daemon, DaemonState, Provider
+from queues.slurm import SlurmDriver
 
 
 class SimulatedDriver(Driver):
@@ -60,7 +46,7 @@ class SimulatedDriver(Driver):
             ]
         )
 
-    def sync(self, *, provider, queue, now):
+    def sync(self, *, provider, queue, now, observed=None):
         mine = Daemon.objects.live().filter(provider=provider).subscribed_to(queue.name)
         startup = float((provider.config or {}).get("startup_seconds", 0) or 0)
         mine.filter(
@@ -81,39 +67,26 @@ class LocalDriver(Driver):
         self.processes: dict[int, subprocess.Popen] = {}  # daemon id → process
 
     def launch(self, *, provider, queue, count, now):
-        from accounts.services import token_create
-
-        command = _lakeshore_command()
+        command = lakeshore_command()
         launched = []
-        for _ in range(count):
-            name = f"{queue.name}-local-{uuid.uuid4().hex[:8]}"
-            token, raw = token_create(
-                username=f"provider-{provider.name}",
-                role="daemon",
-                name=f"daemon {name}",
-                audited=False,  # made and revoked with the daemon: not an operator's act
-            )
-            daemon = Daemon.objects.create(
-                name=name,
-                queues=[queue.name],
-                state=DaemonState.PROVISIONING,
-                provider=provider,
-                instance_type=queue.instance_type,
-                owner=token.user,
-                token=token,
-                last_heartbeat_at=now,
-            )
-            args = [command, "daemon", "run", "--queues", queue.name, "--name", name]
+        for daemon, raw in mint_daemons(
+            provider=provider, queue=queue, count=count, now=now, kind="local"
+        ):
+            args = [command, "daemon", "run", "--queues", queue.name, "--name", daemon.name]
             args += ["--concurrency", str(int((provider.config or {}).get("concurrency", 1)))]
+            daemon.log_path = str(Path(settings.VAR_DIR) / "log" / "daemons" / f"{daemon.name}.log")
+            daemon.save(update_fields=["log_path"])
             # The process starts only once the rows and the token are committed.
-            transaction.on_commit(lambda d=daemon, a=args, r=raw: self._start(d, a, r))
+            transaction.on_commit(
+                lambda d=daemon, a=args, r=raw, q=queue.pk: self._start(d, a, r, q)
+            )
             launched.append(daemon)
         return launched
 
-    def _start(self, daemon: Daemon, args: list[str], raw_token: str) -> None:
+    def _start(self, daemon: Daemon, args: list[str], raw_token: str, queue_id: int) -> None:
         logs = Path(settings.VAR_DIR) / "log" / "daemons"
         env = {
-            **_server_free_environ(),
+            **server_free_environ(),
             "LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL,
             "LAKESHORE_TOKEN": raw_token,
         }
@@ -131,14 +104,18 @@ class LocalDriver(Driver):
                     preexec_fn=_die_with_parent,  # noqa: PLW1509
                 )
         except OSError as exc:
-            from queues.daemons import daemon_launch_failed
+            from queues.controller import launch_failed_after_commit
 
-            daemon_launch_failed(daemon=daemon, error=f"could not start {args[0]}: {exc}")
+            launch_failed_after_commit(
+                queue_id=queue_id,
+                daemon_ids=[daemon.pk],
+                error=f"could not start {args[0]}: {exc}",
+            )
             return
         self.processes[daemon.pk] = process
         Daemon.objects.filter(pk=daemon.pk).update(external_id=f"pid:{process.pid}")
 
-    def sync(self, *, provider, queue, now):
+    def sync(self, *, provider, queue, now, observed=None):
         from queues.daemons import daemons_gone
 
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]
@@ -152,36 +129,20 @@ class LocalDriver(Driver):
         if process is not None and process.poll() is None:
             process.terminate()  # SIGTERM: it stops claiming and leaves
 
-
-def _lakeshore_command() -> str:
-    ours = Path(sys.executable).parent / "lakeshore"  # this installation's CLI first
-    command = str(ours) if ours.exists() else (shutil.which("lakeshore") or str(ours))
-    if not Path(command).exists():
-        raise ProviderError(f"no 'lakeshore' command to start daemons with ({command})")
-    return command
-
-
-# What a server process knows and a daemon must not inherit: the daemon gets its own
-# URL and token, nothing else of the server's configuration.
-_SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG")
-
-
-def _server_free_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(_SERVER_ONLY)}
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    def describe(self, *, provider):
+        running = Daemon.objects.live().filter(provider=provider, pk__in=list(self.processes))
+        return {
+            "processes": [
+                {"daemon": str(pk), "pid": self.processes[pk].pid}
+                for pk in running.values_list("pk", flat=True)
+            ]
+        }
 
 
 DRIVERS: dict[str, Driver] = {
     Provider.Kind.SIMULATED: SimulatedDriver(),
     Provider.Kind.LOCAL: LocalDriver(),
+    Provider.Kind.SLURM: SlurmDriver(),
 }
 
 

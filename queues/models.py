@@ -51,6 +51,7 @@ class Provider(models.Model):
     class Kind(models.TextChoices):
         LOCAL = "local", "local (processes on this host)"
         SIMULATED = "simulated", "simulated (records only)"
+        SLURM = "slurm", "slurm (one batch job per daemon)"
 
     name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[name_validator])
     kind = models.CharField(max_length=32, choices=Kind.choices)
@@ -108,6 +109,11 @@ class Daemon(models.Model):
     instance_type = models.CharField(max_length=100, blank=True)
     external_id = models.CharField(
         max_length=200, blank=True, help_text="The provider's id for this daemon."
+    )
+    log_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Where a provider-launched daemon's log goes (on the host that runs it).",
     )
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -291,6 +297,7 @@ class EventAction(models.TextChoices):
     SCALE_DOWN = "scale_down"
     LAUNCH_FAILED = "launch_failed"
     TERMINATE_FAILED = "terminate_failed"
+    DAEMON_LOST = "daemon_lost"  # its provider says it is gone (a Slurm job that ended)
     HOLD = "hold"
     TICK_FAILED = "tick_failed"
 

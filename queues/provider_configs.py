@@ -7,6 +7,7 @@ all the modules daemons may run, which come only from the server's own settings.
 config is good; queues/services.py turns that into the API's error."""
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,6 +55,31 @@ def _text(*, allow_blank: bool) -> Callable[[object], str | None]:
     return check
 
 
+def _pattern(regex: str, example: str) -> Callable[[object], str | None]:
+    """A string matching `regex` whole: one sbatch option's value and nothing more (no
+    spaces, no leading dash), so a value can never become another option."""
+    compiled = re.compile(regex)
+
+    def check(value) -> str | None:
+        if not isinstance(value, str) or not compiled.fullmatch(value) or len(value) > MAX_TEXT:
+            return f"must look like {example}"
+        return None
+
+    return check
+
+
+def _absolute_path(value) -> str | None:
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_TEXT:
+        return "must be an absolute path"
+    if any(ch.isspace() or ch == "\x00" for ch in value):
+        return "must be an absolute path without spaces"
+    return None
+
+
+# Slurm's own time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_SLURM_TIME = r"\d{1,7}|\d{1,7}:\d{2}|\d{1,7}:\d{2}:\d{2}|\d{1,4}-\d{1,2}(:\d{2}){0,2}"
+
+
 @dataclass(frozen=True)
 class Key:
     check: Callable[[object], str | None]
@@ -65,6 +91,85 @@ CREDENTIAL_REF = Key(
     _text(allow_blank=False), "where this provider's credentials live (never the credentials)"
 )
 
+MAX_SLURM_CPUS = 4096
+
+# The sbatch options a slurm provider (and each of its instance types) may set, with
+# the option each becomes: a documented table (README "Providers"), nothing free-form.
+SLURM_RESOURCES: dict[str, tuple[str, Key]] = {
+    "partition": (
+        "--partition",
+        Key(_pattern(r"[A-Za-z0-9_.][A-Za-z0-9_.,-]*", '"debug" or "gpu,cpu"'), "partition"),
+    ),
+    "account": (
+        "--account",
+        Key(_pattern(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", '"ml-team"'), "account to charge"),
+    ),
+    "qos": ("--qos", Key(_pattern(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*", '"normal"'), "QOS")),
+    "time_limit": (
+        "--time",
+        Key(
+            _pattern(_SLURM_TIME, '"60" (minutes), "4:00:00" or "1-12:00:00"'),
+            "time limit; at its end Slurm stops the daemon and its work is requeued",
+        ),
+    ),
+    "cpus_per_task": (
+        "--cpus-per-task",
+        Key(_whole(1, MAX_SLURM_CPUS), f"CPUs for the daemon, 1 to {MAX_SLURM_CPUS}"),
+    ),
+    "mem": ("--mem", Key(_pattern(r"\d{1,9}[KMGT]?", '"64G" or "4096" (MB)'), "memory")),
+    "gres": (
+        "--gres",
+        Key(_pattern(r"[A-Za-z0-9_][A-Za-z0-9_:.,]*", '"gpu:a100:1"'), "generic resources"),
+    ),
+    "constraint": (
+        "--constraint",
+        Key(_pattern(r"[A-Za-z0-9_][A-Za-z0-9_&|,!*\[\]:.]*", '"a100&ib"'), "node features"),
+    ),
+}
+DAEMON_CONCURRENCY = Key(
+    _whole(1, MAX_LOCAL_CONCURRENCY),
+    f"jobs each daemon runs at once, 1 to {MAX_LOCAL_CONCURRENCY} (default 1)",
+)
+# What an instance type may set: the resources, and how many jobs its daemon runs.
+INSTANCE_TYPE_KEYS = {
+    **{key: spec for key, (_, spec) in SLURM_RESOURCES.items()},
+    "concurrency": DAEMON_CONCURRENCY,
+}
+MAX_INSTANCE_TYPES = 100
+# Keys that would carry raw sbatch text or a script: refused with a reason of their own.
+RAW_SLURM_KEYS = {
+    "args", "argv", "arguments", "sbatch", "sbatch_args", "sbatch_arguments", "extra_args",
+    "extra", "options", "flags", "script", "wrap", "command", "commands", "prolog",
+    "epilog", "environment", "env", "export",
+}  # fmt: skip
+RAW_REFUSED = (
+    "raw sbatch arguments and scripts are not accepted (an operator could run any "
+    "command through them): use the structured keys ({allowed})"
+)
+
+
+def _instance_types(value) -> str | None:
+    if not isinstance(value, dict):
+        return 'must be an object like {"a100x1": {"gres": "gpu:a100:1", "cpus_per_task": 8}}'
+    if len(value) > MAX_INSTANCE_TYPES:
+        return f"at most {MAX_INSTANCE_TYPES} instance types"
+    allowed = ", ".join(sorted(INSTANCE_TYPE_KEYS))
+    for name, spec in value.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}", str(name)):
+            return f"{name!r} is not an instance type name (letters, digits, _.:-)"
+        if not isinstance(spec, dict):
+            return f"{name}: must be an object of resources ({allowed})"
+        for key, item in spec.items():
+            if key in RAW_SLURM_KEYS:
+                return f"{name}.{key}: " + RAW_REFUSED.format(allowed=allowed)
+            check = INSTANCE_TYPE_KEYS.get(key)
+            if check is None:
+                return f"{name}.{key}: unknown key (allowed: {allowed})"
+            if (problem := check.check(item)) is not None:
+                return f"{name}.{key}: {problem}"
+    return None
+
+
 SCHEMAS: dict[str, dict[str, Key]] = {
     Provider.Kind.SIMULATED: {
         "startup_seconds": Key(
@@ -75,9 +180,17 @@ SCHEMAS: dict[str, dict[str, Key]] = {
         "credential_ref": CREDENTIAL_REF,
     },
     Provider.Kind.LOCAL: {
-        "concurrency": Key(
-            _whole(1, MAX_LOCAL_CONCURRENCY),
-            f"jobs each daemon runs at once, 1 to {MAX_LOCAL_CONCURRENCY} (default 1)",
+        "concurrency": DAEMON_CONCURRENCY,
+        "credential_ref": CREDENTIAL_REF,
+    },
+    Provider.Kind.SLURM: {
+        **{key: spec for key, (_, spec) in SLURM_RESOURCES.items()},
+        "concurrency": DAEMON_CONCURRENCY,
+        "instance_types": Key(
+            _instance_types, "a queue's --instance-type → resources (and concurrency)"
+        ),
+        "slurm_conf": Key(
+            _absolute_path, "the cluster's slurm.conf (default: the server's SLURM_CONF)"
         ),
         "credential_ref": CREDENTIAL_REF,
     },
@@ -95,7 +208,9 @@ def config_errors(kind: str, config: dict) -> dict[str, str]:
     errors = {}
     for key, value in config.items():
         spec = schema.get(str(key))
-        if spec is None:
+        if spec is None and kind == Provider.Kind.SLURM and str(key) in RAW_SLURM_KEYS:
+            errors[f"config.{key}"] = RAW_REFUSED.format(allowed=allowed)
+        elif spec is None:
             errors[f"config.{key}"] = f"unknown key (allowed: {allowed})"
         elif (problem := spec.check(value)) is not None:
             errors[f"config.{key}"] = problem

@@ -41,6 +41,17 @@ def provider_get(name: str) -> Provider:
         raise NotFound(f"Provider '{name}' does not exist.") from None
 
 
+def provider_status(provider: Provider) -> dict:
+    """What the provider runs now, asked of it (a shell-out for slurm, bounded by
+    LAKESHORE_SLURM_TIMEOUT); a provider that cannot answer says why, never a 500."""
+    from queues.drivers import ProviderError, driver_for
+
+    try:
+        return driver_for(provider).describe(provider=provider)
+    except ProviderError as exc:
+        return {"reachable": False, "error": str(exc)}
+
+
 def _provider_for(name: str | None, *, field: str = "provider") -> Provider | None:
     """'' or None clears; an unknown name is refused."""
     if not name:

@@ -66,6 +66,8 @@ def _print_daemon(d: dict) -> None:
             ("Queues", daemon_queues(d)),
             ("Provider", d.get("provider")),
             ("Instance type", d.get("instance_type")),
+            ("External id", d.get("external_id")),
+            ("Log", d.get("log_path")),
             ("Current invocation", d.get("current_invocation")),
             ("Last heartbeat", when(d.get("last_heartbeat_at"))),
             ("Created", when(d.get("created_at"))),

@@ -9,15 +9,17 @@ from lakeshore.context import pass_client
 from lakeshore.output import emit, fields, json_option, print_json, table, when
 from lakeshore.params import JsonOf, check_name, given
 
-KINDS = ["local", "simulated"]
+KINDS = ["local", "simulated", "slurm"]
 
 config_option = click.option(
     "--config",
     type=JsonOf(dict),
     help="Provider settings as a JSON object (no credentials; the server refuses unknown "
     "keys). local: concurrency (1-64), credential_ref; simulated: startup_seconds (>= 0), "
-    "fail (a message every launch fails with), credential_ref. "
-    "E.g. '{\"concurrency\": 2}'.",
+    "fail (a message every launch fails with), credential_ref; slurm: partition, account, "
+    "qos, time_limit, cpus_per_task, mem, gres, constraint, concurrency, instance_types "
+    "(a queue's --instance-type → those resources), slurm_conf, credential_ref. "
+    'E.g. \'{"concurrency": 2}\' or \'{"partition": "debug"}\'.',
 )
 
 
@@ -78,6 +80,41 @@ def _print_provider(p: dict) -> None:
             ("Created", when(p.get("created_at"))),
             ("Updated", when(p.get("updated_at"))),
         ]
+    )
+    status = p.get("status") or {}
+    if p.get("kind") == "slurm" or "reachable" in status:
+        _print_cluster(status)
+    if status.get("processes") is not None:
+        click.echo("")
+        click.echo(f"Processes: {len(status['processes'])} running")
+        for proc in status["processes"]:
+            click.echo(f"  daemon {proc['daemon']}: pid {proc['pid']}")
+
+
+def _print_cluster(status: dict) -> None:
+    click.echo("")
+    if not status.get("reachable"):
+        click.echo(f"Cluster: unreachable: {status.get('error') or 'no answer'}")
+        return
+    click.echo("Cluster: reachable")
+    partitions = status.get("partitions") or []
+    if partitions:
+        table(
+            ["PARTITION", "AVAIL", "NODES", "STATE", "CPUS (A/I/O/T)"],
+            [[r["partition"], r["avail"], r["nodes"], r["state"], r["cpus"]] for r in partitions],
+        )
+    if status.get("error"):
+        click.echo(f"Jobs: could not list them: {status['error']}")
+        return
+    jobs = status.get("jobs") or []
+    click.echo("")
+    if not jobs:
+        click.echo("Slurm jobs: none")
+        return
+    click.echo(f"Slurm jobs: {len(jobs)}")
+    table(
+        ["JOB", "NAME", "STATE", "REASON", "TIME", "DAEMON"],
+        [[j["id"], j["name"], j["state"], j["reason"], j["elapsed"], j["daemon"]] for j in jobs],
     )
 
 

@@ -148,6 +148,8 @@ class DaemonSerializer(BuiltOnceFields, serializers.ModelSerializer):
             "state",
             "provider",
             "instance_type",
+            "external_id",
+            "log_path",
             "current_invocation",
             "last_heartbeat_at",
             "created_at",
@@ -239,6 +241,22 @@ class ProviderSerializer(serializers.ModelSerializer):
     class Meta:
         model = Provider
         fields = ["name", "kind", "description", "config", "created_at", "updated_at"]
+
+
+class ProviderDetailSerializer(ProviderSerializer):
+    status = serializers.SerializerMethodField(
+        help_text="What the provider runs now, asked of it for this answer (slurm: "
+        "reachable, error, partitions from sinfo, and its live jobs from squeue; local: "
+        "its processes)."
+    )
+
+    class Meta(ProviderSerializer.Meta):
+        fields = [*ProviderSerializer.Meta.fields, "status"]
+
+    def get_status(self, provider) -> dict:
+        from queues.services import provider_status
+
+        return provider_status(provider)
 
 
 class ProviderInput(StrictInput):

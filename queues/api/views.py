@@ -193,9 +193,12 @@ class ProviderList(APIView):
 
 
 class ProviderDetail(APIView):
-    @extend_schema(summary="One provider", responses={200: s.ProviderSerializer, **errors(404)})
+    @extend_schema(
+        summary="One provider, with its live status",
+        responses={200: s.ProviderDetailSerializer, **errors(404)},
+    )
     def get(self, request, name):
-        return Response(s.ProviderSerializer(services.provider_get(name)).data)
+        return Response(s.ProviderDetailSerializer(services.provider_get(name)).data)
 
     @extend_schema(
         summary="Change a provider's description or config",

@@ -24,6 +24,8 @@ DAEMON_KEYS = {
     "state",
     "provider",
     "instance_type",
+    "external_id",  # beyond SPEC: the provider's id (a Slurm job id, a pid)
+    "log_path",  # beyond SPEC: where a provider-launched daemon logs
     "current_invocation",
     "last_heartbeat_at",
     "created_at",
