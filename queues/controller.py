@@ -199,22 +199,11 @@ def launch_failed(queue: Queue, *, count: int, error: str, now) -> str:
 def launch_failed_event(queue: Queue, *, count: int, error: str, now) -> QueueEvent:
     """launch_failed, found outside the tick's own decision (after its commit, or while
     reconciling): a `launch_failed` event of its own, with the queue's signals now."""
-    from queues.services import queue_signals
+    from queues.services import queue_event_now
 
     reason = launch_failed(queue, count=count, error=error, now=now)
-    signals = queue_signals(queue)["signals"]
-    return QueueEvent.objects.create(
-        queue=queue,
-        at=now,
-        action=EventAction.LAUNCH_FAILED,
-        reason=reason[:500],
-        daemons=signals.daemons,
-        busy=signals.busy,
-        pending=signals.pending,
-        utilization=round(signals.utilization, 4),
-        desired=signals.daemons,
-        wanted=0,
-        delta=-count,
+    return queue_event_now(
+        queue, action=EventAction.LAUNCH_FAILED, reason=reason, delta=-count, now=now
     )
 
 

@@ -368,22 +368,11 @@ def daemons_provider_lost(*, daemon_ids: list[int], reason: str, release: bool) 
 
 def _audit(daemon: Daemon, action: str, reason: str, *, delta: int) -> None:
     """An event, outside any tick, on the daemon's (first) queue."""
-    from queues.models import QueueEvent
+    from queues.services import queue_event_now
 
     queue = Queue.objects.filter(name__in=daemon.queues).first()
     if queue is not None:
-        QueueEvent.objects.create(
-            queue=queue,
-            at=timezone.now(),
-            action=action,
-            reason=reason[:500],
-            daemons=0,
-            busy=0,
-            pending=0,
-            utilization=0,
-            desired=0,
-            delta=delta,
-        )
+        queue_event_now(queue, action=action, reason=reason, delta=delta)
 
 
 # ---------------------------------------------------------------------------- scale-down

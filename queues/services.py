@@ -41,6 +41,27 @@ def provider_get(name: str) -> Provider:
         raise NotFound(f"Provider '{name}' does not exist.") from None
 
 
+def queue_event_now(queue: Queue, *, action: str, reason: str, delta: int, now=None):
+    """An event outside a tick's own decision (a failed launch found after commit, a
+    daemon its provider lost), carrying the queue's signals as they are now."""
+    from queues.models import QueueEvent
+
+    signals = queue_signals(queue)["signals"]
+    return QueueEvent.objects.create(
+        queue=queue,
+        at=now or timezone.now(),
+        action=action,
+        reason=reason[:500],
+        daemons=signals.daemons,
+        busy=signals.busy,
+        pending=signals.pending,
+        utilization=round(signals.utilization, 4),
+        desired=signals.daemons,
+        wanted=0,
+        delta=delta,
+    )
+
+
 def provider_status(provider: Provider) -> dict:
     """What the provider runs now, asked of it (a shell-out for slurm, bounded by
     LAKESHORE_SLURM_TIMEOUT); a provider that cannot answer says why, never a 500."""

@@ -154,7 +154,13 @@ class SlurmCommands:
             raise ProviderError(f"{command} could not run: {exc}") from exc
         if done.returncode != 0:
             said = " ".join(line.strip() for line in done.stderr.splitlines() if line.strip())
-            raise ProviderError(f"{command} failed: {said or f'exit code {done.returncode}'}")
+            hint = ""
+            if "configuration source" in said and not self.env.get("SLURM_CONF"):
+                hint = (
+                    " (the server has no SLURM_CONF in its environment and the provider no "
+                    '"slurm_conf": set one)'
+                )
+            raise ProviderError(f"{command} failed: {said or f'exit code {done.returncode}'}{hint}")
         return done.stdout
 
     def sbatch(self, script: str, options: list[str], env: dict[str, str]) -> str:

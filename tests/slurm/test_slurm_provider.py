@@ -178,6 +178,7 @@ def test_a_slurm_job_that_ends_under_its_daemon_marks_it_lost_at_once_and_the_wo
     assert first.state == "lost"
     lost = QueueEvent.objects.get(action="daemon_lost")
     assert f"slurm job {first.external_id} ended: FAILED" in lost.reason
+    assert (lost.daemons, lost.pending, lost.delta) == (0, 1, -1)  # the signals after it
     assert ApiToken.objects.get(pk=first.token_id).revoked_at is not None
     inv.refresh_from_db()
     assert (inv.state, inv.attempts) == ("queued", 1)
@@ -316,3 +317,16 @@ def test_an_instance_type_maps_onto_the_jobs_resources(hpc, slurm_cluster):
     assert "NumCPUs=2" in shown and "TimeLimit=00:10:00" in shown
     assert "MinMemoryNode=100M" in shown and "Partition=debug" in shown
     assert daemon.instance_type == "cpu2"
+
+
+def test_a_server_without_slurm_conf_says_how_to_point_it_at_the_cluster(
+    slurm_cluster, monkeypatch
+):
+    from queues.services import provider_status
+
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    provider = builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
+    status = provider_status(provider)
+    assert status["reachable"] is False
+    assert "sinfo failed" in status["error"]
+    assert 'no SLURM_CONF in its environment and the provider no "slurm_conf"' in status["error"]
