@@ -3,7 +3,7 @@
     queued ──claim──▶ running ──complete──▶ succeeded | failed | timeout
        │                 │
        │                 ├──fail with attempts left / daemon gone──▶ queued (requeue)
-       │                 └──daemon dropped──▶ killed
+       │                 └──daemon dropped / daemon exec kill──▶ killed
        └──kill / bulk-cancel / queue removed──▶ killed
 
 Claim, complete, kill, drop, deregister, reap and the controller all change
@@ -379,6 +379,19 @@ def kill_queued(*, invocation_id: int, reason: str) -> bool:
                       finished_at = now(), scheduled_at = NULL
                 WHERE id = %(id)s AND state = %(queued)s""",
             {"id": invocation_id, "reason": reason},
+        )
+    )
+
+
+def kill_running(*, invocation_id: int, daemon_id: int, reason: str) -> bool:
+    """running → killed for one invocation while it runs on `daemon_id` (an operator
+    stopped it there: `daemon exec`). False when it no longer runs there."""
+    return bool(
+        _rowcount(
+            """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                      finished_at = now()
+                WHERE id = %(id)s AND state = %(running)s AND daemon_id = %(daemon)s""",
+            {"id": invocation_id, "daemon": daemon_id, "reason": reason},
         )
     )
 
