@@ -74,6 +74,9 @@ _FRAMES_SQL = _older_than("jobs_resultframe", "created_at", "id")
 _SAMPLES_SQL = _older_than("queues_queuesample", "at", "at")
 # The audit trail (accounts.AuditEvent), by its own retention.
 _AUDIT_SQL = _older_than("accounts_auditevent", "at", "at")
+# Operators' orders to daemons (queues.DaemonCommand: daemon exec), by their own age, as
+# the invocations they name go (their reference has no database constraint).
+_COMMANDS_SQL = _older_than("queues_daemoncommand", "created_at", "id")
 
 
 def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:
@@ -101,9 +104,9 @@ def retention_sweep(
     """Delete finished invocations (terminal state, finished_at before the cutoff),
     queue events (`at` before the cutoff) and result frames (created before it), queue
     samples older than LAKESHORE_SAMPLE_RETENTION_DAYS and audit rows older than
-    LAKESHORE_AUDIT_RETENTION_DAYS, at most batch_size * max_batches of each. Returns
-    {"invocations": n, "events": m, "frames": f, "samples": s, "audit": a}. Safe to run
-    twice at once."""
+    LAKESHORE_AUDIT_RETENTION_DAYS, and daemon commands (created before the cutoff), at
+    most batch_size * max_batches of each. Returns {"invocations": n, "events": m,
+    "commands": c, "frames": f, "samples": s, "audit": a}. Safe to run twice at once."""
     if batch_size < 1 or max_batches < 1:
         raise ValueError("batch_size and max_batches must be at least 1")
     cutoff = retention_cutoff(now)
@@ -115,6 +118,7 @@ def retention_sweep(
             **limits,
         ),
         "events": _delete_in_batches(_EVENTS_SQL, {"cutoff": cutoff}, **limits),
+        "commands": _delete_in_batches(_COMMANDS_SQL, {"cutoff": cutoff}, **limits),
         "frames": _delete_in_batches(_FRAMES_SQL, {"cutoff": cutoff}, **limits),
         "samples": _delete_in_batches(
             _SAMPLES_SQL,

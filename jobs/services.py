@@ -414,6 +414,7 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random, wires=None) -> l
 
 # The daemon lifecycle lives in queues/daemons.py; these names stay importable here.
 daemon_heartbeat = daemons.daemon_heartbeat
+daemon_command_done = daemons.command_done
 daemon_deregister = daemons.daemon_deregister
 daemon_drop = daemons.daemon_drop
 
@@ -589,6 +590,80 @@ def invocation_get(invocation_id) -> Invocation:
         raise NotFound(f"Invocation '{invocation_id}' does not exist.") from None
 
 
+EXEC_VERBS = {"kill": ("KILL",), "signal": ("TERM", "INT", "KILL")}
+
+
+def daemon_exec(*, daemon, verb: str, invocation_id, signal: str | None = None) -> dict:
+    """An operator stops one running invocation on its daemon (`lakeshore daemon exec
+    DAEMON kill JOB`, `… signal JOB TERM|INT|KILL`, the console's "Stop on daemon").
+    Only these verbs exist. The invocation ends `killed` at once, with the reason and
+    who asked; the daemon gets the order with its next heartbeat and stops the
+    invocation's process group (a TERM or INT that it outlives is followed by KILL after
+    a grace); until then, the daemon's heartbeat already tells it the invocation is no
+    longer its own."""
+    if verb not in EXEC_VERBS:
+        raise Invalid(
+            f"Unknown verb {verb!r}: use one of {', '.join(EXEC_VERBS)}.",
+            fields={"verb": "unknown"},
+        )
+    signal = "KILL" if verb == "kill" else (signal or "").upper().removeprefix("SIG")
+    if signal not in EXEC_VERBS[verb]:
+        raise Invalid(
+            f"Signal {signal or '(none)'} is not one of {', '.join(EXEC_VERBS[verb])}.",
+            fields={"signal": "unknown"},
+        )
+    daemons.check_live(daemon)
+    invocation = invocation_get(invocation_id)
+    who, via = audit.actor_and_via()
+    order = f"daemon exec {verb}" + (f" {signal}" if verb == "signal" else "")
+    reason = f"stopped on daemon {daemon.pk} by {who} ({order})"
+    with transaction.atomic():
+        killed = transitions.kill_running(
+            invocation_id=invocation.pk, daemon_id=daemon.pk, reason=reason
+        )
+        if not killed:
+            invocation.refresh_from_db()
+            _not_running_here(invocation, daemon)
+        command = daemons.command_add(
+            daemon=daemon, invocation=invocation, verb=verb, signal=signal, by=f"{who} ({via})"
+        )
+        audit.record(
+            "daemon.exec",
+            queue=invocation.queue,
+            target=f"job {invocation.pk}",
+            summary=f"{order} on daemon {daemon.pk} ({daemon.name})",
+        )
+    return {
+        "command": str(command.pk),
+        "daemon": str(daemon.pk),
+        "invocation": str(invocation.pk),
+        "verb": verb,
+        "signal": signal,
+        "state": Q_.KILLED,
+        "reason": reason,
+    }
+
+
+def _not_running_here(invocation: Invocation, daemon) -> None:
+    if invocation.state == Q_.RUNNING:
+        raise Conflict(
+            f"Invocation {invocation.pk} runs on daemon {invocation.daemon_id}, not "
+            f"{daemon.pk}: 'lakeshore daemon exec {invocation.daemon_id} kill {invocation.pk}'.",
+            extra={"state": invocation.state, "worker": str(invocation.daemon_id)},
+            code="invocation_elsewhere",
+        )
+    hint = (
+        f" ('lakeshore jobs kill {invocation.pk}' kills it while it waits)"
+        if invocation.state == Q_.QUEUED
+        else ""
+    )
+    raise Conflict(
+        f"Invocation {invocation.pk} is not running ({invocation.state}): nothing to stop{hint}.",
+        extra={"state": invocation.state},
+        code="invocation_not_running",
+    )
+
+
 def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     """Queued → killed at once. Running and finished ones are a Conflict that says why."""
     invocation = invocation_get(invocation_id)
@@ -605,8 +680,9 @@ def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     if invocation.state == Q_.RUNNING:
         raise Conflict(
             f"Invocation {invocation.pk} is running on daemon {invocation.daemon_id}: to stop "
-            f"in-flight work, drop the daemon ('lakeshore daemon remove "
-            f"{invocation.daemon_id}') or kill the process on it.",
+            f"in-flight work, kill the process on the daemon ('lakeshore daemon exec "
+            f"{invocation.daemon_id} kill {invocation.pk}') or drop the daemon "
+            f"('lakeshore daemon remove {invocation.daemon_id}').",
             extra={"state": invocation.state, "worker": str(invocation.daemon_id)},
             code="invocation_running",
         )

@@ -130,6 +130,7 @@ class Running:
     started: float = field(default_factory=time.monotonic)
     abandoned: bool = False  # the server no longer counts it as ours: stop, don't report
     process: "JobProcess | None" = None
+    signalled_until: float = 0.0  # an operator's TERM/INT: its grace ends then (monotonic)
 
     @property
     def id(self) -> str:
@@ -423,6 +424,19 @@ class Pool:
         self._wake()
         return True
 
+    def signal(self, item: Running, signum: int) -> bool:
+        """Sends `signum` to the process group running `item`, if it still runs it (an
+        operator's order: daemon exec). The process's exit is reaped as usual."""
+        with self.lock:
+            process = item.process
+            if process is None or process.current is not item or process.killed:
+                return False
+        try:
+            os.killpg(process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
     def pids(self) -> list[int]:
         with self.lock:
             return [p.pid for p in self.processes]
@@ -571,7 +585,8 @@ class Pool:
         for line in lines:
             self._on_line(process, line)
         code = self._reap(process)  # closes its pipe: a send from now on fails
-        if -code in STOPPED_FROM_OUTSIDE and not stopped and process.outcome is None:
+        ordered = process.current is not None and process.current.abandoned  # not ours now
+        if -code in STOPPED_FROM_OUTSIDE and not stopped and not ordered and not process.outcome:
             # The signal that stops a whole unit reaches the daemon about when it reaches
             # the job: give the daemon's own handler a moment to say it is stopping.
             deadline = time.monotonic() + 0.5

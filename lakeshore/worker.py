@@ -87,6 +87,8 @@ TOKEN_REVOKED = "token_revoked"  # noqa: S105 - an error code (401): the server 
 AHEAD_BELOW = 0.1  # claim ahead of free slots while jobs run shorter than this (s)
 AHEAD_WAIT = 0.05  # ... as many as the slots run in about this long (s), at least one each
 CLAIM_LIMIT_MAX = 100  # the most one claim may ask for (the server's limit)
+EXEC_GRACE = 10.0  # seconds an invocation sent TERM or INT by an operator has to exit
+EXEC_SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 CLAIM_STALE = "claim_stale"  # a complete for a claim we no longer hold: log, no retry
 
 # ---------------------------------------------------------------------------- job environment
@@ -879,14 +881,65 @@ class Worker:
                 continue
             self._reconcile(answer)
 
+    def _obey(self, commands: list[dict]) -> None:
+        """Operators' orders from a heartbeat's answer (daemon exec), each on a thread of
+        its own: a TERM waits out its grace without holding up the heartbeats."""
+        for command in commands:
+            threading.Thread(
+                target=self._carry_out, args=(command,), name="exec", daemon=True
+            ).start()
+
+    def _carry_out(self, command: dict) -> None:
+        """Stops the invocation's process group: KILL at once; TERM or INT, then KILL if
+        it still runs after EXEC_GRACE. The server already ended the invocation (killed),
+        so its outcome is not reported. Says what it did, in the log and to the server."""
+        invocation, wanted = str(command.get("invocation")), str(command.get("signal"))
+        with self.lock:
+            item = self.running.get(invocation)
+            if item is not None:
+                item.abandoned = True
+                item.signalled_until = time.monotonic() + EXEC_GRACE
+        if item is None:
+            result = "it no longer ran here"
+        elif wanted not in EXEC_SIGNALS:
+            result = f"unknown signal {wanted!r}: stopped with KILL instead"
+            self.pool.kill(item)
+        elif wanted == "KILL":
+            result = "SIGKILL sent to its process group" if self.pool.kill(item) else "gone"
+        elif not self.pool.signal(item, EXEC_SIGNALS[wanted]):
+            result = "its process had already ended"
+        else:
+            result = self._grace(item, wanted)
+        order = f"daemon exec {command.get('verb')} {wanted}".strip()
+        self.log(f"invocation {invocation}: stopped by {command.get('by')} ({order}): {result}")
+        try:
+            url = path("daemons", self.daemon_id, "commands", command.get("id"), "done")
+            self.call("POST", url, {"result": result}, give_up=self.hard_stop)
+        except (CliError, Stopped) as exc:
+            self.log(f"could not tell the server command {command.get('id')} was done ({exc})")
+
+    def _grace(self, item: Running, wanted: str) -> str:
+        deadline = time.monotonic() + EXEC_GRACE
+        with self.lock:
+            while self.running.get(item.id) is item and time.monotonic() < deadline:
+                self.slot_free.wait(0.1)
+            ended = self.running.get(item.id) is not item
+        if ended:
+            return f"SIG{wanted} sent to its process group; it exited"
+        self.pool.kill(item)
+        return f"SIG{wanted} sent; still running after {EXEC_GRACE:g} s: SIGKILL"
+
     def _reconcile(self, answer: dict) -> None:
         """Stop local work the server no longer counts as ours (timed out, killed)."""
+        self._obey(answer.get("commands") or [])
         theirs = set(answer.get("running", []))
         with self.lock:
             stale = [item for key, item in self.running.items() if key not in theirs]
         for item in stale:
             if time.monotonic() - item.started < 1.0:
                 continue  # claimed after the server answered
+            if item.signalled_until > time.monotonic():
+                continue  # an operator's TERM or INT: its grace is not over
             item.abandoned = True
             if self.pool.kill(item):
                 self.log(f"invocation {item.id}: the server ended it; stopping its process")

@@ -19,6 +19,8 @@ CODES = {
     "provider_in_use",  # remove while queues use it or daemons run on it
     "invocation_running",  # kill of a running invocation (drop the daemon instead)
     "invocation_finished",  # kill of a finished invocation
+    "invocation_not_running",  # daemon exec on an invocation that does not run
+    "invocation_elsewhere",  # daemon exec on an invocation another daemon runs
     "invocation_not_retryable",  # retry of one that did not end badly
     "already_retried",  # retry of one retried before (names the retry)
     "daemon_terminated",  # the daemon was dropped or left: it must stop

@@ -101,6 +101,7 @@ urlpatterns = [
     path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
     path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
     path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
+    path("jobs/<int:invocation_id>/stop/", job_views.job_stop, name="console-job-stop"),
     path("daemons/", daemon_views.daemon_list, name="console-daemons"),
     path("events/", account_views.event_list, name="console-events"),
     path("daemons/<int:daemon_id>/drop/", daemon_views.daemon_drop, name="console-daemon-drop"),

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from jobs import transitions
 from lakeshore_admin import hooks
-from lakeshore_admin.errors import Conflict, Forbidden, Invalid
+from lakeshore_admin.errors import Conflict, Forbidden, Invalid, NotFound
 from queues.models import (
     CLAIMING_DAEMON_STATES,
     LIVE_DAEMON_STATES,
@@ -247,7 +247,59 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
     return {
         "state": daemon.state,
         "running": [str(pk) for pk in running.values_list("id", flat=True)],
+        "commands": commands_deliver(daemon.pk),
     }
+
+
+# ---------------------------------------------------------------------------- commands
+# An operator's order about one invocation (daemon exec): pending → delivered (with a
+# heartbeat's answer) → done (the daemon says what it did).
+
+
+def command_add(*, daemon: Daemon, invocation, verb: str, signal: str, by: str):
+    from queues.models import DaemonCommand
+
+    return DaemonCommand.objects.create(
+        daemon=daemon, invocation=invocation, verb=verb, signal=signal, requested_by=by[:200]
+    )
+
+
+def commands_deliver(daemon_id: int) -> list[dict]:
+    """This daemon's undelivered orders, marked delivered: each goes out once."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE queues_daemoncommand SET delivered_at = now()
+                WHERE daemon_id = %s AND delivered_at IS NULL
+            RETURNING id, verb, signal, invocation_id, requested_by""",
+            [daemon_id],
+        )
+        rows = sorted(cursor.fetchall())
+    return [
+        {"id": str(pk), "verb": verb, "signal": sig, "invocation": str(inv), "by": by}
+        for pk, verb, sig, inv, by in rows
+    ]
+
+
+def command_done(*, daemon: Daemon, command_id, result: str):
+    """The daemon did (or could not do) the order: what it says is kept. A repeat of
+    the same report changes nothing."""
+    from queues.models import DaemonCommand
+
+    command = DaemonCommand.objects.filter(pk=_int_or_none(command_id), daemon=daemon).first()
+    if command is None:
+        raise NotFound(f"Daemon {daemon.pk} has no command '{command_id}'.")
+    DaemonCommand.objects.filter(pk=command.pk, done_at__isnull=True).update(
+        done_at=timezone.now(), result=result[:500]
+    )
+    command.refresh_from_db()
+    return command
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------- ending

@@ -369,3 +369,48 @@ class QueueSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class DaemonCommand(models.Model):
+    """An operator's order to a daemon about one invocation it runs (`lakeshore daemon
+    exec`): a fixed verb, never a command line. Pending until the daemon's heartbeat
+    carries it (delivered), done when the daemon says what it did. queues/daemons.py
+    owns this lifecycle."""
+
+    class Verb(models.TextChoices):
+        KILL = "kill", "kill (SIGKILL to the invocation's process group)"
+        SIGNAL = "signal", "signal (TERM, INT or KILL; KILL after a grace if it lives on)"
+
+    class Signal(models.TextChoices):
+        TERM = "TERM"
+        INT = "INT"
+        KILL = "KILL"
+
+    daemon = models.ForeignKey(Daemon, on_delete=models.CASCADE, related_name="commands")
+    invocation = models.ForeignKey(
+        "jobs.Invocation",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,  # retention deletes invocations by SQL; the order stays
+        related_name="+",
+    )
+    verb = models.CharField(max_length=16, choices=Verb.choices)
+    signal = models.CharField(max_length=8, choices=Signal.choices)
+    requested_by = models.CharField(max_length=200, help_text="Who asked, and through what.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+    result = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [
+            # what a heartbeat delivers: this daemon's undelivered orders
+            models.Index(
+                fields=["daemon"],
+                name="daemon_command_pending",
+                condition=models.Q(delivered_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.signal} invocation {self.invocation_id} on {self.daemon_id}"

@@ -222,9 +222,59 @@ class HeartbeatInput(StrictInput):
     )
 
 
+class DaemonCommandOutput(serializers.Serializer):
+    id = serializers.CharField()
+    verb = serializers.ChoiceField(choices=["kill", "signal"])
+    signal = serializers.ChoiceField(choices=["TERM", "INT", "KILL"])
+    invocation = serializers.CharField()
+    by = serializers.CharField(help_text="Who asked, and through what.")
+
+
 class HeartbeatOutput(serializers.Serializer):
     state = serializers.CharField()
     running = serializers.ListField(child=serializers.CharField())
+    commands = DaemonCommandOutput(
+        many=True, help_text="Operators' orders for this daemon (daemon exec), each sent once."
+    )
+
+
+class ExecInput(StrictInput):
+    verb = serializers.ChoiceField(choices=["kill", "signal"])
+    job = serializers.IntegerField(min_value=1, max_value=INT_MAX, help_text="The invocation.")
+    signal = serializers.ChoiceField(
+        choices=["TERM", "INT", "KILL"],
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="For `signal`: TERM, INT or KILL (KILL follows a grace if it lives on).",
+    )
+
+    def validate(self, attrs):
+        if attrs["verb"] == "signal" and not attrs.get("signal"):
+            raise serializers.ValidationError({"signal": "required with verb signal"})
+        if attrs["verb"] == "kill" and attrs.get("signal") not in (None, "KILL"):
+            raise serializers.ValidationError({"signal": "kill always sends KILL"})
+        return attrs
+
+
+class ExecOutput(serializers.Serializer):
+    command = serializers.CharField()
+    daemon = serializers.CharField()
+    invocation = serializers.CharField()
+    verb = serializers.CharField()
+    signal = serializers.CharField()
+    state = serializers.CharField(help_text="The invocation's state now: killed.")
+    reason = serializers.CharField()
+
+
+class CommandDoneInput(StrictInput):
+    result = serializers.CharField(max_length=500, allow_blank=True)
+
+
+class CommandDoneOutput(serializers.Serializer):
+    id = serializers.CharField()
+    result = serializers.CharField()
+    done_at = serializers.DateTimeField()
 
 
 EXCHANGE_OUTCOMES_MAX = 1_000  # as many as a batch completion takes

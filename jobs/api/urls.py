@@ -24,6 +24,12 @@ urlpatterns = [
         views.DaemonExchange.as_view(),
         name="daemon-exchange",
     ),
+    path("daemons/<str:daemon_id>/exec/", views.DaemonExec.as_view(), name="daemon-exec"),
+    path(
+        "daemons/<str:daemon_id>/commands/<str:command_id>/done/",
+        views.DaemonCommandDone.as_view(),
+        name="daemon-command-done",
+    ),
     path(
         "daemons/<str:daemon_id>/deregister/",
         views.DaemonDeregister.as_view(),

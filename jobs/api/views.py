@@ -6,7 +6,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import DaemonProtocol
+from accounts.permissions import DaemonProtocol, Operate
 from accounts.roles import can_operate
 from jobs import services
 from jobs.api import serializers as s
@@ -256,3 +256,44 @@ class DaemonDeregister(APIView):
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
         return Response(services.daemon_deregister(daemon=daemon))
+
+
+class DaemonExec(APIView):
+    permission_classes = [Operate]
+
+    @extend_schema(
+        summary="Stop one running invocation on its daemon (kill, or a signal): operators",
+        request=s.ExecInput,
+        responses={201: s.ExecOutput, **errors(400, 403, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        daemon = daemon_get(daemon_id, with_provider=False)
+        data = s.ExecInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        answer = services.daemon_exec(
+            daemon=daemon,
+            verb=data.validated_data["verb"],
+            invocation_id=data.validated_data["job"],
+            signal=data.validated_data["signal"],
+        )
+        return Response(answer, status=status.HTTP_201_CREATED)
+
+
+class DaemonCommandDone(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon reports what it did with an order (daemon exec)",
+        request=s.CommandDoneInput,
+        responses={200: s.CommandDoneOutput, **errors(400, 404)},
+    )
+    def post(self, request, daemon_id, command_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.CommandDoneInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        command = services.daemon_command_done(
+            daemon=daemon, command_id=command_id, result=data.validated_data["result"]
+        )
+        return Response(
+            {"id": str(command.pk), "result": command.result, "done_at": command.done_at}
+        )

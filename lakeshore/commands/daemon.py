@@ -1,4 +1,4 @@
-"""`lakeshore daemon list|show` (`run` and `remove` come with the daemon protocol)."""
+"""`lakeshore daemon list|show|exec` (`run` and `remove` come with the daemon protocol)."""
 
 import click
 
@@ -73,3 +73,45 @@ def _print_daemon(d: dict) -> None:
             ("Created", when(d.get("created_at"))),
         ]
     )
+
+
+EXEC_SIGNALS = ["TERM", "INT", "KILL"]
+
+
+@daemon.command("exec")
+@click.argument("daemon_id", metavar="DAEMON")
+@click.argument("verb", type=click.Choice(["kill", "signal"]))
+@click.argument("job", metavar="JOB")
+@click.argument(
+    "sig",
+    metavar="[TERM|INT|KILL]",
+    required=False,
+    type=click.Choice(EXEC_SIGNALS, case_sensitive=False),
+)
+@json_option
+@pass_client
+def exec_(client: Client, daemon_id: str, verb: str, job: str, sig, as_json: bool) -> None:
+    """Stop a running job on its daemon (operators).
+
+    \b
+      lakeshore daemon exec DAEMON kill JOB          SIGKILL to the job's processes
+      lakeshore daemon exec DAEMON signal JOB TERM   TERM (or INT), then KILL after 10 s
+
+    The job ends killed at once, with the reason and who asked; the daemon stops its
+    processes at its next heartbeat. Only these verbs exist."""
+    if verb == "signal" and sig is None:
+        raise click.UsageError("signal needs a signal: TERM, INT or KILL")
+    if verb == "kill" and sig is not None and sig.upper() != "KILL":
+        raise click.UsageError("kill always sends KILL: use 'signal JOB TERM' for another")
+    body = {"verb": verb, "job": job}
+    if verb == "signal":
+        body["signal"] = sig.upper()
+    answer = client.post(path("daemons", daemon_id, "exec"), json=body)
+
+    def human(a):
+        click.echo(
+            f"job/{a['invocation']} killed on daemon {a['daemon']} ({a['verb']}: "
+            f"SIG{a['signal']}); the daemon stops its processes at its next heartbeat"
+        )
+
+    emit(answer, as_json, human)

@@ -67,3 +67,13 @@ def with_grandchild(ledger: str, seconds: float) -> None:
 def environment() -> dict:
     """The job's whole environment."""
     return dict(os.environ)
+
+
+def ignores_term(ledger: str, seconds: float) -> None:
+    """Ignores SIGTERM (and SIGINT), records `start <pid>`, then sleeps."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _append(ledger, f"start {os.getpid()} {time.time():.6f} overlap=")
+    time.sleep(seconds)

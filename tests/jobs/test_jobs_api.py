@@ -347,7 +347,7 @@ def test_the_daemon_protocol_round_trip(daemon_client):
     ).json()
     assert [c["id"] for c in claimed] == [str(inv.pk)] and claimed[0]["attempts"] == 1
     beat = daemon_client.post(f"/api/v1/daemons/{me['id']}/heartbeat/").json()
-    assert beat == {"state": "busy", "running": [str(inv.pk)]}
+    assert beat == {"state": "busy", "running": [str(inv.pk)], "commands": []}
     done = daemon_client.post(
         f"/api/v1/daemons/{me['id']}/complete/",
         {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": ["hi"]},

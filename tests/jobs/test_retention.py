@@ -20,7 +20,7 @@ from django.utils import timezone
 from jobs import tasks
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
 from jobs.retention import retention_sweep
-from queues.models import Daemon, EventAction, QueueEvent
+from queues.models import Daemon, DaemonCommand, EventAction, QueueEvent
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -84,6 +84,7 @@ def test_it_deletes_old_finished_invocations_and_keeps_the_rest():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     assert len(old) == 4
     left = set(Invocation.objects.values_list("pk", flat=True))
@@ -103,6 +104,7 @@ def test_it_deletes_old_result_frames_and_keeps_young_ones():
         "frames": 1,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     assert list(ResultFrame.objects.values_list("data", flat=True)) == [b"young"]
 
@@ -137,6 +139,7 @@ def test_it_deletes_old_samples_in_batches_and_keeps_young_ones():
             "frames": 0,
             "samples": 5,
             "audit": 0,
+            "commands": 0,
         }
     sample_deletes = [sql for sql in _deletes(ctx) if "queues_queuesample" in sql]
     assert len(sample_deletes) == 3  # 2 + 2 + 1
@@ -166,6 +169,7 @@ def test_it_deletes_old_events_and_keeps_young_ones():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     assert set(QueueEvent.objects.values_list("pk", flat=True)) == _ids(young)
     assert not _ids(old) & set(QueueEvent.objects.values_list("pk", flat=True))
@@ -181,6 +185,7 @@ def test_it_keeps_everything_at_the_default_cutoff_of_now():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
 
 
@@ -194,6 +199,7 @@ def test_it_reads_the_retention_days_setting(settings):
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     settings.LAKESHORE_RETENTION_DAYS = 2
     assert retention_sweep(now=NOW) == {
@@ -202,6 +208,7 @@ def test_it_reads_the_retention_days_setting(settings):
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
 
 
@@ -215,10 +222,11 @@ def test_it_deletes_in_batches_until_nothing_is_due():
             "frames": 0,
             "samples": 0,
             "audit": 0,
+            "commands": 0,
         }
     # 2 + 2 + 1 for each kind: the short third batch says nothing more is due (and one
-    # empty batch of frames, one of samples, one of the audit trail)
-    assert len(_deletes(ctx)) == 9
+    # empty batch of frames, one of samples, one of the audit trail, one of commands)
+    assert len(_deletes(ctx)) == 10
     assert all("LIMIT 2" in sql and "SKIP LOCKED" in sql for sql in _deletes(ctx))
     assert not Invocation.objects.exists() and not QueueEvent.objects.exists()
 
@@ -227,7 +235,14 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
     invocations = _invocations(5)
     events = _events(5)
     first = retention_sweep(now=NOW, batch_size=2, max_batches=1)
-    assert first == {"invocations": 2, "events": 2, "frames": 0, "samples": 0, "audit": 0}
+    assert first == {
+        "invocations": 2,
+        "events": 2,
+        "frames": 0,
+        "samples": 0,
+        "audit": 0,
+        "commands": 0,
+    }
     lowest = sorted(_ids(invocations))[:2]  # lowest ids first
     assert not Invocation.objects.filter(pk__in=lowest).exists()
     assert Invocation.objects.count() == 3 and QueueEvent.objects.count() == 3
@@ -240,6 +255,7 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     assert retention_sweep(now=NOW, batch_size=2, max_batches=1) == {
         "invocations": 0,
@@ -247,6 +263,7 @@ def test_it_stops_after_max_batches_and_the_next_run_goes_on():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
 
 
@@ -268,6 +285,7 @@ def test_it_clears_a_daemons_current_invocation_that_it_deletes():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     # the deferred foreign key is checked now, as at a real commit
     with connection.cursor() as cursor:
@@ -312,9 +330,12 @@ def test_only_the_daemons_current_invocation_references_invocations_and_none_eve
     ]
     assert incoming == [
         (Daemon, "current_invocation", Invocation, models.SET_NULL),
+        # no database constraint: swept by its own age (test below)
+        (DaemonCommand, "invocation", Invocation, models.DO_NOTHING),
         (Invocation, "retry_of", Invocation, models.SET_NULL),  # no database constraint
     ]
     assert not Invocation._meta.get_field("retry_of").db_constraint
+    assert not DaemonCommand._meta.get_field("invocation").db_constraint
     # the table and column names jobs/retention.py writes out
     assert (Invocation._meta.db_table, QueueEvent._meta.db_table) == (
         "jobs_invocation",
@@ -339,6 +360,7 @@ def test_the_beat_task_runs_the_sweep_hourly():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
 
 
@@ -354,6 +376,7 @@ def test_the_prune_command_prints_what_it_deleted():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
     assert Invocation.objects.count() == 1
 
@@ -400,6 +423,7 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
             "frames": 0,
             "samples": 0,
             "audit": 0,
+            "commands": 0,
         }
     finally:
         release.set()
@@ -414,6 +438,7 @@ def test_it_skips_rows_another_transaction_holds_without_waiting():
         "frames": 0,
         "samples": 0,
         "audit": 0,
+        "commands": 0,
     }
 
 
@@ -473,3 +498,18 @@ def test_it_fails_settings_loading_on_a_bad_retention_days(monkeypatch, tmp_path
 @pytest.mark.parametrize(("value", "days"), [(None, 30), ("", 30), ("1", 1), ("90", 90)])
 def test_it_reads_retention_days_from_the_environment(monkeypatch, tmp_path, value, days):
     assert _load_settings(monkeypatch, tmp_path, value)["LAKESHORE_RETENTION_DAYS"] == days
+
+
+def test_daemon_commands_go_with_the_invocations_age():
+    from queues import daemons
+
+    builders.queue(name="q")
+    daemon = builders.daemon(queues=["q"])
+    inv = _invocations(1)[0]
+    old = daemons.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="x")
+    new = daemons.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="y")
+    DaemonCommand.objects.filter(pk=old.pk).update(created_at=OLD)
+    DaemonCommand.objects.filter(pk=new.pk).update(created_at=YOUNG)
+
+    assert retention_sweep(now=NOW)["commands"] == 1
+    assert list(DaemonCommand.objects.values_list("pk", flat=True)) == [new.pk]

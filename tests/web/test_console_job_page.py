@@ -194,3 +194,39 @@ def test_a_busy_queue_s_pace_is_read_from_its_newest_finishes_only(viewer, monke
     pace = float(re.search(r"the queue finished ([\d.]+) a minute", body).group(1))
     assert 9.0 < pace <= 10.0  # from the newest 5 (5 in 30 s and a moment), not all 20
     assert not any("COUNT(" in q["sql"] and "finished_at" in q["sql"] for q in ctx.captured_queries)
+
+
+def _running_on_a_daemon():
+    builders.queue(name="q")
+    daemon = builders.daemon(queues=["q"])
+    inv, _ = services.invocation_submit(function="a.b", queue="q")
+    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv.pk]
+    return daemon, inv
+
+
+def test_an_operator_stops_a_running_job_on_its_daemon(operator):
+    from queues.models import DaemonCommand
+
+    daemon, inv = _running_on_a_daemon()
+    page = operator.get(f"/jobs/{inv.pk}/").content.decode()
+    assert "Stop on daemon" in page and f"Stop job {inv.pk} on daemon {daemon.pk}?" in page
+    assert f'id="kill-{inv.pk}"' not in page  # Kill is for queued jobs
+
+    body = operator.post(f"/jobs/{inv.pk}/stop/", follow=True).content.decode()
+    assert f"Job {inv.pk} killed; daemon {daemon.pk} stops its processes" in body
+    inv.refresh_from_db()
+    assert inv.state == "killed"
+    assert inv.reason == f"stopped on daemon {daemon.pk} by u-operator (daemon exec kill)"
+    assert DaemonCommand.objects.get().requested_by == "u-operator (console)"
+    assert "Stop on daemon" not in body  # it no longer runs
+
+    again = operator.post(f"/jobs/{inv.pk}/stop/", follow=True).content.decode()
+    assert f"Job {inv.pk} was not stopped: Invocation {inv.pk} is not running (killed)" in again
+    assert DaemonCommand.objects.count() == 1
+
+
+def test_a_viewer_sees_no_stop_button_and_cannot_stop(viewer):
+    daemon, inv = _running_on_a_daemon()
+    assert "Stop on daemon" not in viewer.get(f"/jobs/{inv.pk}/").content.decode()
+    assert viewer.post(f"/jobs/{inv.pk}/stop/").status_code == 403
+    assert Invocation.objects.get(pk=inv.pk).state == "running"

@@ -14,8 +14,13 @@ pytestmark = pytest.mark.django_db
 
 PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/", "/jobs/{job}/", "/events/"]
 FORMS = ["/queues/add/", "/queues/train/edit/"]  # for operators only, even to read
-ACTIONS = ["/queues/train/pause/", "/daemons/{daemon}/drop/", "/jobs/{job}/kill/"]
-POSTS = ("/pause/", "/drop/", "/kill/", "/retry/", "/bulk-cancel/")
+ACTIONS = [
+    "/queues/train/pause/",
+    "/daemons/{daemon}/drop/",
+    "/jobs/{job}/kill/",
+    "/jobs/{job}/stop/",
+]
+POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/")
 
 
 @pytest.fixture
