@@ -6,6 +6,7 @@ say `{"fail": "message"}` to make every launch fail with that message. `local` s
 real `lakeshore daemon run` processes on this host. `slurm` (queues/slurm.py) submits
 one batch job per daemon to a Slurm cluster."""
 
+import os
 import subprocess
 import uuid
 from datetime import timedelta
@@ -24,6 +25,16 @@ from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: publi
 )
 from queues.models import Daemon, DaemonState, Provider
 from queues.slurm import SlurmDriver
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class SimulatedDriver(Driver):
@@ -130,13 +141,18 @@ class LocalDriver(Driver):
             process.terminate()  # SIGTERM: it stops claiming and leaves
 
     def describe(self, *, provider):
-        running = Daemon.objects.live().filter(provider=provider, pk__in=list(self.processes))
-        return {
-            "processes": [
-                {"daemon": str(pk), "pid": self.processes[pk].pid}
-                for pk in running.values_list("pk", flat=True)
-            ]
-        }
+        """Its live daemons' processes on this host (the worker that started them holds
+        them; any process here can see whether each pid still runs)."""
+        processes = []
+        for pk, external in (
+            Daemon.objects.live()
+            .filter(provider=provider, external_id__startswith="pid:")
+            .order_by("pk")
+            .values_list("pk", "external_id")
+        ):
+            pid = int(external.removeprefix("pid:"))
+            processes.append({"daemon": str(pk), "pid": pid, "running": _pid_runs(pid)})
+        return {"processes": processes}
 
 
 DRIVERS: dict[str, Driver] = {

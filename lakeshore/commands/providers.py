@@ -86,9 +86,13 @@ def _print_provider(p: dict) -> None:
         _print_cluster(status)
     if status.get("processes") is not None:
         click.echo("")
-        click.echo(f"Processes: {len(status['processes'])} running")
-        for proc in status["processes"]:
-            click.echo(f"  daemon {proc['daemon']}: pid {proc['pid']}")
+        procs = status["processes"]
+        click.echo(f"Processes: {sum(1 for p in procs if p.get('running'))} running")
+        if procs:
+            table(
+                ["DAEMON", "PID", "RUNNING"],
+                [[p["daemon"], p["pid"], p.get("running")] for p in procs],
+            )
 
 
 def _print_cluster(status: dict) -> None:

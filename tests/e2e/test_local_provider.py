@@ -30,6 +30,16 @@ def local_provider(live_server, settings, tmp_path):
     DRIVERS["local"].processes.clear()
 
 
+def services_status(name: str) -> dict:
+    """What `lakeshore providers show NAME` prints from: the API's status (it may be
+    served by another process than the one that started the daemons)."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(**builders.auth(builders.token("viewer")))
+    return client.get(f"/api/v1/providers/{name}/").json()["status"]
+
+
 def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_provider, tmp_path):
     queue = builders.queue(
         name="train", provider="here", elasticity_spec={"kind": "fixed", "min": 1}
@@ -43,6 +53,8 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     )
     assert Daemon.objects.count() == 1  # it registered into the provider's row
     process = DRIVERS["local"].processes[daemon.pk]
+    shown = services_status("here")
+    assert shown == {"processes": [{"daemon": str(daemon.pk), "pid": process.pid, "running": True}]}
 
     inv, _ = services.invocation_submit(
         function="lakeshore.functions.echo", queue="train", args=["from a local daemon"]
