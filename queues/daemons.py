@@ -18,6 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from jobs import transitions
+from jobs.wakeup import CHANNEL as WORK_CHANNEL
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, Forbidden, Invalid, NotFound
 from queues.models import (
@@ -351,6 +352,7 @@ def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> l
             outcome = {"requeued": 0, "failed": 0}
             outcome["killed"] = transitions.kill_daemon_work(daemon_ids=ids, reason=reason)
         revoke_tokens(Daemon.objects.filter(pk__in=ids))
+        _wake_waiting_claims(ended)
         for daemon in ended:
             if daemon.provider_id:
                 transaction.on_commit(lambda d=daemon: _release(d))
@@ -364,6 +366,20 @@ def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> l
         }
         for pk in daemon_ids
     ]
+
+
+def _wake_waiting_claims(ended: list[Daemon]) -> None:
+    """A claim an ended daemon has waiting (a long-poll) wakes at commit, looks again,
+    and answers 409 daemon_terminated at once instead of when its wait is over. The
+    notification is the one new work sends on its queue (jobs/wakeup.py): the other
+    daemons of those queues look once more and wait again."""
+    names = sorted({name for daemon in ended for name in (daemon.queues or [""])})
+    if names:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_notify(%s, name) FROM unnest(%s::text[]) AS name",
+                [WORK_CHANNEL, names],
+            )
 
 
 def _release(daemon: Daemon) -> None:

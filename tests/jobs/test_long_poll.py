@@ -209,3 +209,19 @@ def test_released_waiters_answer_empty_at_once_without_another_query_and_later_w
     assert later.is_alive()  # a wait begun after the release is not cut short
     services.invocation_submit(function=ECHO, queue="idle")
     assert [inv.function for inv in later.result()] == [ECHO]
+
+
+def test_a_waiting_claim_of_a_dropped_daemon_answers_at_once():
+    """Its 409 comes at the drop, not when its 15 s wait is over: the daemon stops at
+    once (negative control: without the drop's notification, this waits 15 s)."""
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    claimer = Claimer(daemon, wait=15)
+    claimer.start()
+    time.sleep(0.5)  # it looked, found nothing, and sleeps
+    dropped = time.monotonic()
+    daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk))
+    claimer.join(60)
+    took = time.monotonic() - dropped
+    assert getattr(claimer.error, "code", None) == "daemon_terminated", claimer.error
+    assert took < 5, took
