@@ -18,6 +18,7 @@ from queues import controller
 from queues.models import Daemon, Queue, QueueEvent
 from queues.services import queue_patch
 from tests import builders
+from tests.e2e.test_daemon import _wait_for as daemon_wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,12 +30,7 @@ LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
 
 
 def _wait_for(condition, timeout=45.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    daemon_wait_for(condition, timeout=timeout, what=what)
 
 
 @pytest.fixture
@@ -157,17 +153,22 @@ def test_never_more_slurm_jobs_than_max(hpc, slurm_cluster):
     assert Daemon.objects.count() == 2  # no daemon was launched beyond the two
 
 
-def test_a_slurm_job_that_ends_under_its_daemon_marks_it_lost_at_once_and_the_work_reruns(
-    hpc, slurm_cluster
-):
+def _one_daemon_running_a_sleep(seconds: float) -> tuple[Daemon, Invocation]:
+    """Queue gpu with one Slurm daemon, running a sleep that may run twice."""
     builders.queue(name="gpu", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
     _tick("gpu")
     _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
-    first = Daemon.objects.get()
     inv, _ = services.invocation_submit(
-        function="lakeshore.functions.sleep", queue="gpu", args=[3], max_attempts=2
+        function="lakeshore.functions.sleep", queue="gpu", args=[seconds], max_attempts=2
     )
     _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    return Daemon.objects.get(), inv
+
+
+def test_a_slurm_job_that_ends_under_its_daemon_marks_it_lost_at_once_and_the_work_reruns(
+    hpc, slurm_cluster
+):
+    first, inv = _one_daemon_running_a_sleep(3)
 
     # kill -9 of the daemon inside the job (an OOM kill, a crash): it cannot say goodbye,
     # and its job ends FAILED
@@ -195,14 +196,7 @@ def test_an_external_scancel_ends_the_daemon_and_its_job_reruns(hpc, slurm_clust
     """scancel's SIGTERM reaches the daemon and its job process at once: the job's death
     is not reported as the invocation's failure; the daemon leaves, the server requeues
     the work, and the next tick replaces the daemon."""
-    builders.queue(name="gpu", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
-    _tick("gpu")
-    _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
-    first = Daemon.objects.get()
-    inv, _ = services.invocation_submit(
-        function="lakeshore.functions.sleep", queue="gpu", args=[60], max_attempts=2
-    )
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    first, inv = _one_daemon_running_a_sleep(60)
     slurm_cluster.run("scancel", first.external_id)
     _wait_for(lambda: first.external_id not in slurm_cluster.jobs(), what="the job to end")
     event = _tick("gpu")
