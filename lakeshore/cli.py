@@ -3,6 +3,7 @@
 import click
 
 from lakeshore import __version__
+from lakeshore.commands.apply import apply, export
 from lakeshore.commands.auth import auth
 from lakeshore.commands.daemon import daemon
 from lakeshore.commands.daemon_run import remove as daemon_remove
@@ -45,7 +46,7 @@ def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
     state.token = token or state.token
 
 
-for group in (queues, jobs, providers, daemon, auth):
+for group in (queues, jobs, providers, daemon, auth, apply, export):
     cli.add_command(group)
 daemon.add_command(daemon_run, name="run")
 daemon.add_command(daemon_remove, name="remove")

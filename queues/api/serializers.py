@@ -278,3 +278,93 @@ class DaemonRegister(StrictInput):
     queues = serializers.ListField(child=name_field(), allow_empty=True, default=list)
     provider = serializers.CharField(allow_blank=True, allow_null=True, default=None)
     instance_type = serializers.CharField(max_length=100, allow_blank=True, default="")
+
+
+# ---------------------------------------------------------------------------- lakeshore.yaml
+
+
+class Declared:
+    """An item of lakeshore.yaml keeps only the fields the file gives: a field missing
+    from the file is not managed by it (left alone on update, its default on create)."""
+
+    def to_internal_value(self, data):
+        values = super().to_internal_value(data)
+        return {key: value for key, value in values.items() if key in data}
+
+
+class DeclaredProvider(Declared, ProviderInput):
+    pass
+
+
+class DeclaredQueue(Declared, QueueInput):
+    pass
+
+
+class DeclaredDocument(StrictInput):
+    """lakeshore.yaml: the providers and queues it declares, with the API's field names."""
+
+    providers = DeclaredProvider(many=True, required=False)
+    queues = DeclaredQueue(many=True, required=False)
+
+
+class ApplyInput(StrictInput):
+    document = DeclaredDocument()
+    dry_run = serializers.BooleanField(
+        default=False, help_text="plan only: say what would change, change nothing"
+    )
+    prune = serializers.BooleanField(
+        default=False,
+        help_text="also remove the queues and providers the document does not declare",
+    )
+
+
+def document_paths(errors: dict) -> dict[str, str]:
+    """ApplyInput's errors, one message per path of the document itself
+    (`queues[1].elasticity.kind`, not `document.queues.1.elasticity.kind`): the CLI
+    maps these paths to lines of the file."""
+    flat: dict[str, str] = {}
+
+    def walk(detail, path: str) -> None:
+        if isinstance(detail, dict):
+            for key, inner in detail.items():
+                if isinstance(key, int):  # DRF keys a list's errors by index
+                    walk(inner, f"{path}[{key}]")
+                elif key == "non_field_errors":
+                    walk(inner, path)
+                else:
+                    walk(inner, f"{path}.{key}" if path else str(key))
+        elif isinstance(detail, list) and any(isinstance(i, dict | list) for i in detail):
+            for index, inner in enumerate(detail):
+                walk(inner, f"{path}[{index}]")
+        else:
+            messages = detail if isinstance(detail, list) else [detail]
+            flat[path or "__all__"] = " ".join(str(message) for message in messages)
+
+    walk(errors, "")
+    return {
+        (path.removeprefix("document.") if path != "document" else path): message
+        for path, message in flat.items()
+    }
+
+
+class ApplyChange(serializers.Serializer):
+    old = serializers.JSONField(allow_null=True)
+    new = serializers.JSONField(allow_null=True)
+
+
+class ApplyItem(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["provider", "queue"])
+    name = serializers.CharField()
+    action = serializers.ChoiceField(choices=["create", "update", "unchanged", "delete"])
+    changes = serializers.DictField(
+        child=ApplyChange(),
+        help_text="by field path (`elasticity.max`): old and new values; on create every "
+        "field's new value, on delete every field's old one",
+    )
+
+
+class ApplyResult(serializers.Serializer):
+    applied = serializers.BooleanField(help_text="this call changed something")
+    up_to_date = serializers.BooleanField(help_text="every item is unchanged")
+    dry_run = serializers.BooleanField()
+    items = ApplyItem(many=True)

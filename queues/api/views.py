@@ -2,15 +2,16 @@
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import DaemonProtocol
+from accounts.permissions import DaemonProtocol, ReadRole
+from accounts.roles import can_operate
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
-from queues import controller, daemons, services
+from queues import controller, daemons, declarative, services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
 from queues.models import Daemon, Provider, Queue, QueueEvent
@@ -270,3 +271,44 @@ class DaemonDetail(APIView):
     )
     def delete(self, request, daemon_id):
         return Response(daemons.daemon_drop(daemon=services.daemon_get(daemon_id)))
+
+
+# ---------------------------------------------------------------------------- lakeshore.yaml
+
+
+class Apply(APIView):
+    permission_classes = [ReadRole]
+
+    @extend_schema(
+        summary="Apply a lakeshore.yaml document, all or nothing (dry_run: plan only)",
+        description="Creates and updates the declared providers, then queues, through the "
+        "same rules as the other endpoints; with prune, removes the queues and then the "
+        "providers it does not declare (never forced). A field the document leaves out is "
+        "left alone. Errors name the document path in `fields` (`queues[1].elasticity.kind`)."
+        " A viewer may plan (dry_run); applying needs the operator role.",
+        request=s.ApplyInput,
+        responses={200: s.ApplyResult, **errors(400, 409)},
+    )
+    def post(self, request):
+        data = s.ApplyInput(data=request.data)
+        if not data.is_valid():
+            raise exceptions.ValidationError(s.document_paths(data.errors))
+        options = data.validated_data
+        if not options["dry_run"] and not can_operate(request.user):
+            raise exceptions.PermissionDenied(
+                "Applying needs the operator role; a viewer may plan it with dry_run."
+            )
+        return Response(
+            declarative.apply(
+                document=options["document"], prune=options["prune"], dry_run=options["dry_run"]
+            )
+        )
+
+
+class Export(APIView):
+    @extend_schema(
+        summary="Every provider and queue as a lakeshore.yaml document (every field)",
+        responses={200: s.DeclaredDocument, **errors()},
+    )
+    def get(self, request):
+        return Response(declarative.export())

@@ -13,6 +13,8 @@ pytestmark = pytest.mark.django_db
 
 ERROR_REF = "#/components/schemas/Error"
 METHODS = {
+    "/api/v1/apply/": {"post"},
+    "/api/v1/export/": {"get"},
     "/api/v1/queues/": {"get", "post"},
     "/api/v1/queues/{name}/": {"get", "patch", "delete"},
     "/api/v1/queues/{name}/events/": {"get"},
