@@ -36,6 +36,10 @@ QUEUE_PATCHABLE = (
     "temperature",
 )
 PROVIDER_PATCHABLE = ("description", "config")
+PRUNE_NEVER_FORCES = (
+    " (lakeshore apply --prune never forces: drain the queue first, or remove it by hand "
+    "with 'lakeshore queues rm NAME --force')"
+)
 
 
 # ---------------------------------------------------------------------------- export
@@ -179,7 +183,7 @@ def _queue(spec: dict, path: str) -> dict:
 
 def _delete_queue(queue: Queue) -> dict:
     before = queue_document(queue)
-    with _errors_of(None, f"queue {queue.name}"):
+    with _errors_of(None, f"queue {queue.name}", note=PRUNE_NEVER_FORCES):
         services.queue_delete(name=queue.name, force=False)
     return _item("queue", queue.name, DELETE, _diff(before, {}))
 
@@ -249,10 +253,10 @@ def _refuse_immutable_changes(providers: list[dict], queues: list[dict]) -> None
 
 
 @contextmanager
-def _errors_of(path: str | None, label: str):
+def _errors_of(path: str | None, label: str, *, note: str = ""):
     """A service's refusal of one item, re-raised with the item named: its message
-    prefixed with the item, its fields with the item's path in the document (`max` →
-    `queues[2].elasticity.max`), its code and status kept."""
+    prefixed with the item (and followed by `note`), its fields with the item's path in
+    the document (`max` → `queues[2].elasticity.max`), its code and status kept."""
     try:
         yield
     except DomainError as exc:
@@ -263,7 +267,7 @@ def _errors_of(path: str | None, label: str):
                 for key, message in exc.fields.items()
             } or {path: exc.message}
         again = DomainError(
-            f"{label}: {exc.message}", fields=fields, extra=exc.extra, code=exc.code
+            f"{label}: {exc.message}{note}", fields=fields, extra=exc.extra, code=exc.code
         )
         again.status = exc.status
         raise again from exc

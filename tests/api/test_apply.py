@@ -316,7 +316,9 @@ def test_prune_refuses_a_queue_in_use_and_rolls_back_the_whole_apply(operator):
 
     response = apply(operator, document, prune=True)
 
-    assert_error(response, 409, "queue_in_use", says=["queue busy:", "bound daemon"])
+    assert_error(
+        response, 409, "queue_in_use", says=["queue busy:", "bound daemon", "--prune never forces"]
+    )
     assert rows() == before
     assert Queue.objects.get(name="keep").description == "old"
     assert not Queue.objects.filter(name="fresh").exists()
