@@ -10,13 +10,19 @@ Claim, complete, kill, drop, deregister, reap and the controller all change
 invocations through the functions here, and nowhere else. Every change is one
 conditional statement (the state it starts from is in its WHERE clause), so two
 processes racing on a row can never both win; state names travel as parameters, not
-as strings inside SQL. Terminal states never change."""
+as strings inside SQL. Terminal states never change.
+
+Each function also counts what it changed for GET /metrics (lakeshore_admin/metrics.py),
+from the rows its statement returns, once the transaction commits."""
+
+from collections import Counter
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
+from lakeshore_admin import metrics
 from queues.models import (
     CLAIMING_DAEMON_STATES,
     DISPATCHING_QUEUE_STATES,
@@ -199,8 +205,9 @@ def claim(
         "wires": None if wires is None else [str(w) for w in wires],
     }
     sql = _CLAIM_SQL.format(order=sql_order, extra=extra)
-    rows = Invocation.objects.raw(sql, {**_STATES, **params})
-    return sorted(rows, key=key)
+    rows = sorted(Invocation.objects.raw(sql, {**_STATES, **params}), key=key)
+    metrics.claimed(rows)
+    return rows
 
 
 # ---------------------------------------------------------------------------- complete
@@ -264,7 +271,12 @@ def complete_many(*, daemon_id: int, outcomes: list[dict]) -> dict[int, Invocati
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }
-    rows = Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params})
+    rows = list(Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params}))
+    metrics.ended(
+        (row.queue, row.state, row.started_at, row.finished_at)
+        for row in rows
+        if row.state != QUEUED  # a failure with attempts left: requeued, not ended
+    )
     return {row.pk: row for row in rows}
 
 
@@ -320,13 +332,18 @@ UPDATE jobs_invocation
        error = CASE WHEN attempts < max_attempts THEN %(reason)s || '; requeued'
                     ELSE %(reason)s END
  WHERE state = %(running)s AND {where}
-RETURNING state
+RETURNING state, queue, started_at, finished_at
 """
 
 
 def _requeue(where: str, params: dict, reason: str) -> dict:
     rows = _execute(_REQUEUE_SQL.format(where=where), {**params, "reason": reason})
-    requeued = sum(1 for (state,) in rows if state == QUEUED)
+    requeued = sum(1 for (state, *_) in rows if state == QUEUED)
+    metrics.ended(
+        (queue, state, started, finished)
+        for state, queue, started, finished in rows
+        if state == FAILED
+    )
     return {"requeued": requeued, "failed": len(rows) - requeued}
 
 
@@ -373,37 +390,42 @@ def release_unheld(*, daemon_id: int, held: list[int], grace: float) -> int:
 
 def kill_queued(*, invocation_id: int, reason: str) -> bool:
     """queued → killed. False when it was not queued."""
-    return bool(
-        _rowcount(
-            """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
-                      finished_at = now(), scheduled_at = NULL
-                WHERE id = %(id)s AND state = %(queued)s""",
-            {"id": invocation_id, "reason": reason},
-        )
+    rows = _execute(
+        """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                  finished_at = now(), scheduled_at = NULL
+            WHERE id = %(id)s AND state = %(queued)s
+        RETURNING queue""",
+        {"id": invocation_id, "reason": reason},
     )
+    metrics.killed_queued((queue, 1) for (queue,) in rows)
+    return bool(rows)
 
 
 def kill_running(*, invocation_id: int, daemon_id: int, reason: str) -> bool:
     """running → killed for one invocation while it runs on `daemon_id` (an operator
     stopped it there: `daemon exec`). False when it no longer runs there."""
-    return bool(
-        _rowcount(
-            """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
-                      finished_at = now()
-                WHERE id = %(id)s AND state = %(running)s AND daemon_id = %(daemon)s""",
-            {"id": invocation_id, "daemon": daemon_id, "reason": reason},
-        )
+    rows = _execute(
+        """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                  finished_at = now()
+            WHERE id = %(id)s AND state = %(running)s AND daemon_id = %(daemon)s
+        RETURNING queue, started_at, finished_at""",
+        {"id": invocation_id, "daemon": daemon_id, "reason": reason},
     )
+    metrics.ended((queue, KILLED, started, finished) for queue, started, finished in rows)
+    return bool(rows)
 
 
 def kill_daemon_work(*, daemon_ids: list[int], reason: str) -> int:
     """running → killed for what these daemons run (an operator dropped them)."""
-    return _rowcount(
+    rows = _execute(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now()
-            WHERE daemon_id = ANY(%(ids)s) AND state = %(running)s""",
+            WHERE daemon_id = ANY(%(ids)s) AND state = %(running)s
+        RETURNING queue, started_at, finished_at""",
         {"ids": list(daemon_ids), "reason": reason},
     )
+    metrics.ended((queue, KILLED, started, finished) for queue, started, finished in rows)
+    return len(rows)
 
 
 BULK_BATCH = 5_000
@@ -421,11 +443,14 @@ def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_
                 SELECT id FROM jobs_invocation
                  WHERE state = %(queued)s {where}
                  ORDER BY id LIMIT %(batch)s
-                   FOR UPDATE SKIP LOCKED))"""  # noqa: S608 - no input in the format
+                   FOR UPDATE SKIP LOCKED))
+        RETURNING queue"""  # noqa: S608 - no input in the format
     total = 0
     while True:
         with transaction.atomic():
-            done = _rowcount(sql, {"queue": queue, "reason": reason, "batch": batch})
+            rows = _execute(sql, {"queue": queue, "reason": reason, "batch": batch})
+            metrics.killed_queued(Counter(name for (name,) in rows).items())
+        done = len(rows)
         total += done
         if done < batch:
             return total
@@ -433,12 +458,14 @@ def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_
 
 def kill_queued_of_queue(*, queue: str, reason: str) -> int:
     """queued → killed for one queue, inside the caller's transaction (queue removal)."""
-    return _rowcount(
+    killed = _rowcount(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now(), scheduled_at = NULL
             WHERE queue = %(queue)s AND state = %(queued)s""",
         {"queue": queue, "reason": reason},
     )
+    metrics.killed_queued([(queue, killed)])
+    return killed
 
 
 # ---------------------------------------------------------------------------- timeout
@@ -447,11 +474,14 @@ def kill_queued_of_queue(*, queue: str, reason: str) -> int:
 def timeout_overdue(*, now) -> int:
     """running → timeout for invocations past their timeout_s (the daemon normally stops
     them itself; this catches the ones whose daemon did not report)."""
-    return _rowcount(
+    rows = _execute(
         """UPDATE jobs_invocation
               SET state = %(timeout)s, finished_at = %(now)s,
                   error = 'exceeded timeout_s (' || timeout_s || ' s)'
             WHERE state = %(running)s AND timeout_s IS NOT NULL
-              AND started_at + make_interval(secs => timeout_s) < %(now)s""",
+              AND started_at + make_interval(secs => timeout_s) < %(now)s
+        RETURNING queue, started_at, finished_at""",
         {"now": now},
     )
+    metrics.ended((queue, TIMEOUT, started, finished) for queue, started, finished in rows)
+    return len(rows)

@@ -27,3 +27,21 @@ loglevel = os.environ.get("LAKESHORE_WEB_LOG_LEVEL", "warning")
 limit_request_line = 8190  # gunicorn's maximum: longer filter URLs reach the app
 limit_request_fields = 128  # Django refuses more than 100 itself
 limit_request_field_size = 16384  # the whole "Name: value" line; Django's check is 8190
+
+
+def on_starting(server):
+    """The master loads the settings once, before it starts workers: they decide
+    PROMETHEUS_MULTIPROC_DIR (settings.py), which the workers inherit and child_exit
+    below needs."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
+    from django.conf import settings
+
+    settings.LAKESHORE_METRICS_DIR  # noqa: B018 - loads the settings
+
+
+def child_exit(server, worker):
+    """A worker is gone: drop its live gauges' files (prometheus_client's multiprocess
+    bookkeeping). Its counters stay: they still count towards the totals."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

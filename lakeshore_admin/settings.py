@@ -299,6 +299,17 @@ LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"
 )
 
+# --- Metrics (GET /metrics, lakeshore_admin/metrics.py) -----------------------------------
+# Open to anyone with LAKESHORE_METRICS_PUBLIC=1; otherwise it needs a read role.
+LAKESHORE_METRICS_PUBLIC = env_bool("LAKESHORE_METRICS_PUBLIC", False)
+# Every process (gunicorn's workers, Celery) counts into files of its own in this directory
+# and a scrape adds them up: prometheus_client's multiprocess mode, which it chooses when it
+# is first imported, from PROMETHEUS_MULTIPROC_DIR. Every process loads these settings
+# before anything imports prometheus_client. An explicit PROMETHEUS_MULTIPROC_DIR wins.
+LAKESHORE_METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "metrics"))
+LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LAKESHORE_METRICS_DIR)
+
 # --- Celery: worker and beat ---------------------------------------------------------------
 # LAKESHORE_BROKER_URL (e.g. redis://127.0.0.1:6379/0) in production. Without it, a
 # filesystem broker under var/broker: no server to run, fine for one machine. The

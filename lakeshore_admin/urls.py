@@ -12,6 +12,7 @@ from accounts import views as account_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request
 from lakeshore_admin.health import healthz, readyz
+from lakeshore_admin.metrics import metrics_view
 from queues import daemon_views
 from queues import views as queue_views
 
@@ -117,6 +118,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("queues.api.urls")),
     path("api/v1/", include("jobs.api.urls")),

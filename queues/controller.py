@@ -125,7 +125,7 @@ def _try_lock(queue_id: int) -> bool:
 
 def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
     """One controller decision for one queue. None when another tick holds the queue."""
-    from queues.services import queue_signals
+    from queues.services import queue_event_now, queue_signals
 
     now = now or timezone.now()
     # What the provider runs is asked before the transaction: a slow shell-out or HTTP
@@ -157,18 +157,15 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
         elif decided.action == "terminate":
             action, delta, reason = _terminate(queue, driver, decided, now)
         hooks.point("tick.acted")
-        return QueueEvent.objects.create(
-            queue=queue,
-            at=now,
+        return queue_event_now(
+            queue,
             action=action,
-            reason=reason[:500],
-            daemons=signals.daemons,
-            busy=signals.busy,
-            pending=signals.pending,
-            utilization=round(signals.utilization, 4),
+            reason=reason,
+            delta=delta,
+            now=now,
+            signals=signals,
             desired=decided.desired,
             wanted=decided.wanted,
-            delta=delta,
         )
 
 
@@ -322,7 +319,7 @@ def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
     """In a transaction of its own (the tick's was rolled back): count the failure,
     back off like a failed launch, and write a `tick_failed` event with the reason and
     whatever signals can still be read (zeros if none)."""
-    from queues.services import queue_signals
+    from queues.services import queue_event_now, queue_signals
 
     try:
         with transaction.atomic():
@@ -343,18 +340,13 @@ def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
                 signals = elasticity.Signals(daemons=0, busy=0, pending=0)
             suffix = f"; {failures} failed tick(s) in a row: skipping this queue for {wait:.0f} s"
             cause = f"tick failed: {type(error).__name__}: {error}"
-            return QueueEvent.objects.create(
-                queue=queue,
-                at=now,
+            return queue_event_now(
+                queue,
                 action=EventAction.TICK_FAILED,
                 reason=cause[: 500 - len(suffix)] + suffix,
-                daemons=signals.daemons,
-                busy=signals.busy,
-                pending=signals.pending,
-                utilization=round(signals.utilization, 4),
-                desired=signals.daemons,
-                wanted=0,
                 delta=0,
+                now=now,
+                signals=signals,
             )
     except Exception:  # noqa: BLE001 - e.g. the database itself is failing: go on
         logger.exception("could not record the failed tick of queue %s", queue_id)

@@ -41,13 +41,27 @@ def provider_get(name: str) -> Provider:
         raise NotFound(f"Provider '{name}' does not exist.") from None
 
 
-def queue_event_now(queue: Queue, *, action: str, reason: str, delta: int, now=None):
-    """An event outside a tick's own decision (a failed launch found after commit, a
-    daemon its provider lost), carrying the queue's signals as they are now."""
+def queue_event_now(
+    queue: Queue,
+    *,
+    action: str,
+    reason: str,
+    delta: int,
+    now=None,
+    signals=None,
+    desired: int | None = None,
+    wanted: int = 0,
+):
+    """The one writer of a queue's events (QueueEvent): a tick's decision (with the
+    signals it saw and what its formula wanted), or something found outside one (a
+    failed launch after commit, a daemon its provider lost: the queue's signals now).
+    Counted in /metrics once the transaction commits."""
+    from lakeshore_admin import metrics
     from queues.models import QueueEvent
 
-    signals = queue_signals(queue)["signals"]
-    return QueueEvent.objects.create(
+    if signals is None:
+        signals = queue_signals(queue)["signals"]
+    event = QueueEvent.objects.create(
         queue=queue,
         at=now or timezone.now(),
         action=action,
@@ -56,10 +70,12 @@ def queue_event_now(queue: Queue, *, action: str, reason: str, delta: int, now=N
         busy=signals.busy,
         pending=signals.pending,
         utilization=round(signals.utilization, 4),
-        desired=signals.daemons,
-        wanted=0,
+        desired=signals.daemons if desired is None else desired,
+        wanted=wanted,
         delta=delta,
     )
+    metrics.controller_acted(event)
+    return event
 
 
 def provider_status(provider: Provider) -> dict:

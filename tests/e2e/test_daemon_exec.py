@@ -76,11 +76,10 @@ def test_kill_stops_the_jobs_process_within_seconds_and_the_job_ends_killed(
     assert not alive(pid)
 
 
+@pytest.mark.parametrize("isolation", ["pool"])  # the grace is the daemon's: once is enough
 def test_signal_term_that_the_job_ignores_is_followed_by_kill_after_the_grace(
-    daemons, live_server, tmp_path, isolation
+    daemons, live_server, tmp_path
 ):
-    if isolation != "pool":
-        pytest.skip("the grace is the daemon's, the same in both isolations: once is enough")
     proc, daemon, inv, pid = _running_job(daemons, tmp_path, "ignores_term", 120)
     out = _exec(live_server, tmp_path, str(daemon.pk), "signal", str(inv.pk), "TERM")
     assert out.returncode == 0, out.stderr

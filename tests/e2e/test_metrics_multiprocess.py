@@ -1,0 +1,276 @@
+"""GET /metrics under the production server: gunicorn with `make run`'s configuration (two
+worker processes) and a metrics directory of its own. Invocations are submitted,
+claimed, completed and killed through its HTTP API by concurrent clients, so both
+workers count; a separate `manage.py reap` process (what the Celery worker runs) times
+one out. Every scrape, whichever worker serves it, gives the database's totals; so it
+does after a worker is stopped and replaced. The negative control: each process's own
+files, read alone (a per-process counter), give a part of the totals, never all."""
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from django.db import connection
+from django.db.models import Sum
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs import transitions
+from jobs.models import Invocation
+from tests import builders
+from tests.e2e.test_burst import _database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+ECHO = "lakeshore.functions.echo"
+QUEUES = ["m", ""]  # a named queue and the default one
+SUBMITS = 40  # per queue
+DAEMONS = 8
+
+
+def _env(tmp_path) -> dict:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+        "DATABASE_URL": _database_url(),
+        "LAKESHORE_DB_POOL_MAX": "6",
+        "LAKESHORE_VAR_DIR": str(tmp_path),
+        "LAKESHORE_STATIC_FROM_FINDERS": "1",
+        "LAKESHORE_WEB_WORKERS": "2",
+        "LAKESHORE_WEB_THREADS": "16",
+        "LAKESHORE_RETRY_BACKOFF": "0",
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
+    }
+
+
+@pytest.fixture
+def server(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**_env(tmp_path), "PORT": str(port)}
+    log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "-c",
+            "python:lakeshore_admin.gunicorn_conf",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("gunicorn did not come up:\n" + (tmp_path / "gunicorn.log").read_text())
+    yield base, proc
+    proc.terminate()
+    proc.wait(30)
+    log.close()
+
+
+def call(base: str, token: str, method: str, path: str, body=None) -> httpx.Response:
+    """One request on a connection of its own: the kernel hands each to either worker."""
+    headers = {"Authorization": f"Bearer {token}", "Connection": "close"}
+    response = httpx.request(method, base + path, json=body, headers=headers, timeout=30)
+    assert response.status_code < 300, (path, response.status_code, response.text)
+    return response
+
+
+def outcome(invocation: dict) -> str:
+    n = invocation["args"][0] if invocation["args"] else 0
+    return {0: "failed", 1: "timeout"}.get(n % 5, "succeeded")
+
+
+def run_daemon(base: str, token: str, queue: str, index: int) -> None:
+    """Claim and complete until the queue is empty, like `lakeshore daemon run`."""
+    me = call(
+        base,
+        token,
+        "POST",
+        "/api/v1/daemons/register/",
+        {"name": f"d{index}", "queues": [queue] if queue else []},
+    ).json()["id"]
+    while True:
+        claimed = call(base, token, "POST", f"/api/v1/daemons/{me}/claim/", {"limit": 3}).json()
+        if not claimed:
+            return
+        outcomes = [
+            {
+                "invocation": c["id"],
+                "attempt": c["attempts"],
+                "state": outcome(c),
+                "result": c["args"],
+                "error": "on purpose",
+            }
+            for c in claimed
+        ]
+        call(base, token, "POST", f"/api/v1/daemons/{me}/complete/", outcomes)
+
+
+def parse(text: str) -> dict[tuple, float]:
+    return {
+        (sample.name, *sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def totals(samples: dict) -> dict:
+    """The counters and histogram counts of a scrape, by queue (and state)."""
+    found: dict = {"ended": Counter(), "claimed": Counter(), "waits": Counter(), "runs": Counter()}
+    names = {
+        "lakeshore_invocations_ended_total": "ended",
+        "lakeshore_invocations_claimed_total": "claimed",
+        "lakeshore_invocation_queue_wait_seconds_count": "waits",
+        "lakeshore_invocation_run_seconds_count": "runs",
+    }
+    for (name, *labels), value in samples.items():
+        if name in names and value:
+            labels = dict(labels)
+            key = (labels["queue"], labels["state"]) if "state" in labels else labels["queue"]
+            found[names[name]][key] += value
+    return found
+
+
+def in_database() -> dict:
+    ended = Invocation.objects.filter(state__in=transitions.TERMINAL)
+    attempts = Invocation.objects.order_by().values_list("queue").annotate(n=Sum("attempts"))
+    claimed = Counter({queue: n for queue, n in attempts if n})
+    ran = ended.filter(started_at__isnull=False)
+    return {
+        "ended": Counter(ended.values_list("queue", "state")),
+        "claimed": claimed,
+        "waits": claimed,
+        "runs": Counter(ran.values_list("queue", flat=True)),
+    }
+
+
+def scrape(base: str, token: str) -> dict:
+    response = call(base, token, "GET", "/metrics")
+    return parse(response.text)
+
+
+def pids_with_files(directory: Path) -> set[int]:
+    return {int(Path(f).stem.rsplit("_", 1)[1]) for f in glob.glob(str(directory / "*.db"))}
+
+
+def test_every_scrape_gives_the_databases_totals_whichever_worker_serves_it(server, tmp_path):
+    base, master = server
+    builders.queue(name="m")
+    operator, daemon, viewer = (builders.token(role) for role in ("operator", "daemon", "viewer"))
+    connection.close()  # the server's processes see the rows; this one needs no lock
+    workers = {child.pid for child in psutil.Process(master.pid).children()}
+    assert len(workers) == 2
+
+    assert totals(scrape(base, viewer)) == totals({})  # a fresh directory: nothing yet
+    # Submit concurrently, one by one and in batches; two attempts for half of them.
+    items = [
+        {"function": ECHO, "queue": q, "args": [i], "max_attempts": 1 + i % 2}
+        for q in QUEUES
+        for i in range(SUBMITS)
+    ]
+    with ThreadPoolExecutor(8) as pool:
+        singles = list(
+            pool.map(lambda item: call(base, operator, "POST", "/api/v1/jobs/", item), items[::2])
+        )
+        list(
+            pool.map(
+                lambda batch: call(base, operator, "POST", "/api/v1/jobs/", batch),
+                [items[1::4], items[3::4]],
+            )
+        )
+    # Kill a few while queued, in both queues.
+    for response in singles[:2] + singles[-2:]:
+        call(base, operator, "POST", f"/api/v1/jobs/{response.json()['id']}/kill/")
+    # One claimed by a daemon that never reports: the reaper will time it out.
+    holder = call(
+        base, daemon, "POST", "/api/v1/daemons/register/", {"name": "holder", "queues": ["m"]}
+    ).json()["id"]
+    [held] = call(base, daemon, "POST", f"/api/v1/daemons/{holder}/claim/", {"limit": 1}).json()
+    # Daemons on both queues, concurrently, until the queues are empty.
+    threads = [
+        threading.Thread(target=run_daemon, args=(base, daemon, QUEUES[i % 2], i))
+        for i in range(DAEMONS)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    Invocation.objects.filter(pk=int(held["id"])).update(timeout_s=1)
+    time.sleep(1.1)
+    reaper = subprocess.run(
+        [sys.executable, "manage.py", "reap"],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert reaper.returncode == 0, reaper.stderr
+    assert Invocation.objects.get(pk=int(held["id"])).state == "timeout"
+
+    expected = in_database()
+    assert expected["ended"][("m", "killed")] == expected["ended"][("", "killed")] == 2
+    assert not Invocation.objects.filter(state="queued").exists()
+    # Both workers counted (files of their own), and so did the reaper's process.
+    writers = pids_with_files(tmp_path / "metrics")
+    assert workers <= writers and len(writers) >= 3, (workers, writers)
+
+    for _ in range(10):
+        assert totals(scrape(base, viewer)) == expected
+
+    # A worker stopped and replaced: what it counted still counts.
+    os.kill(min(workers), signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = {child.pid for child in psutil.Process(master.pid).children()}
+        if len(now) == 2 and now != workers:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("gunicorn did not replace the stopped worker")
+    for _ in range(10):
+        assert totals(scrape(base, viewer)) == expected
+    assert "Traceback" not in (tmp_path / "gunicorn.log").read_text()
+
+    # The negative control: each process's files alone (what a per-process counter would
+    # answer, depending on which process serves the scrape) hold a part of the totals.
+    per_process = []
+    for pid in sorted(writers):
+        files = glob.glob(str(tmp_path / "metrics" / f"*_{pid}.db"))
+        merged = MultiProcessCollector.merge(files)
+        samples = {(s.name, *sorted(s.labels.items())): s.value for m in merged for s in m.samples}
+        per_process.append(totals(samples))
+    claims = [sum(found["claimed"].values()) for found in per_process]
+    all_claims = sum(expected["claimed"].values())
+    ended = sum(expected["ended"].values())
+    print(
+        f"\n{ended} ended, {all_claims} claims; claims counted per process "
+        f"(2 web workers, the reaper): {claims}; 20 scrapes, each with the totals"
+    )
+    assert sum(claims) == all_claims
+    assert sum(1 for n in claims if 0 < n < all_claims) >= 2, claims  # both workers claimed
+    assert all(found != expected for found in per_process)
