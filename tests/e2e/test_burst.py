@@ -4,9 +4,6 @@ after is answered normally. Runs `make run`'s gunicorn configuration against the
 database; prints p50/p99 and requests/s."""
 
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +13,7 @@ import pytest
 from django.db import connection
 
 from tests import builders
+from tests.e2e.servers import free_port, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -36,9 +34,7 @@ def _database_url() -> str:
 
 @pytest.fixture
 def server(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
@@ -48,30 +44,8 @@ def server(tmp_path):
         "LAKESHORE_STATIC_FROM_FINDERS": "1",
         "PORT": str(port),
     }
-    log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
-    gunicorn = Path(sys.executable).parent / "gunicorn"
-    proc = subprocess.Popen(
-        [str(gunicorn), "-c", "python:lakeshore_admin.gunicorn_conf"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("gunicorn did not come up:\n" + (tmp_path / "gunicorn.log").read_text())
-    yield base
-    proc.terminate()
-    proc.wait(30)
-    log.close()
+    with gunicorn(tmp_path, env) as (base, _):
+        yield base
 
 
 def _pct(values: list[float], p: float) -> float:

@@ -9,7 +9,6 @@ files, read alone (a per-process counter), give a part of the totals, never all.
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs import transitions
 from jobs.models import Invocation
 from tests import builders
+from tests.e2e.servers import free_port, gunicorn
 from tests.e2e.test_burst import _database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -58,37 +58,9 @@ def _env(tmp_path) -> dict:
 @pytest.fixture
 def server(tmp_path):
     (tmp_path / "metrics").mkdir()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**_env(tmp_path), "PORT": str(port)}
-    log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "gunicorn"),
-            "-c",
-            "python:lakeshore_admin.gunicorn_conf",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        pytest.fail("gunicorn did not come up:\n" + (tmp_path / "gunicorn.log").read_text())
-    yield base, proc
-    proc.terminate()
-    proc.wait(30)
-    log.close()
+    env = {**_env(tmp_path), "PORT": str(free_port())}
+    with gunicorn(tmp_path, env, ready="/readyz") as (base, proc):
+        yield base, proc
 
 
 def call(base: str, token: str, method: str, path: str, body=None) -> httpx.Response:
