@@ -214,14 +214,14 @@ class QueueCollector:
         )
         queues = list(
             Queue.objects.order_by("name").annotate(
-                metrics_pending=samples._capped_queued(),
+                metrics_pending=samples.capped_queued(),
                 metrics_oldest_age=_statement_time()
                 - Subquery(oldest, output_field=DateTimeField()),
                 metrics_decided=Subquery(decided),
             )
         )
         names = [queue.name for queue in queues]
-        running = samples._running(names)
+        running = samples.running_counts(names)
         live = samples.live_daemons(names)
 
         def family(name: str, text: str, labels=("queue",)) -> GaugeMetricFamily:
@@ -247,7 +247,7 @@ class QueueCollector:
         for queue in queues:
             counts = live.get(queue.name, {})
             signals = elasticity.Signals(
-                daemons=sum(counts.get(state, 0) for state in samples._WORKING),
+                daemons=sum(counts.get(state, 0) for state in samples.WORKING),
                 busy=counts.get(DaemonState.BUSY, 0),
                 pending=queue.metrics_pending,
             )

@@ -71,7 +71,7 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
-def _capped_queued():
+def capped_queued():
     """The queue's queued invocations, counted up to PENDING_CAP + 1 ("more"), as a
     subquery that reads the partial index of queued rows (a backlog may be millions)."""
     from jobs.models import Invocation, InvocationState
@@ -112,7 +112,7 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
         .exclude(Exists(QueueSample.objects.filter(queue=OuterRef("pk"), at=minute)))
         .order_by()
         .annotate(
-            fresh_pending=Case(When(fresh, then=_capped_queued()), default=None),
+            fresh_pending=Case(When(fresh, then=capped_queued()), default=None),
             last_desired=Case(
                 When(fresh & ~Q(elasticity_kind=""), then=Subquery(last_desired[:1])),
                 default=None,
@@ -122,7 +122,7 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
     )
     if not rows:
         return 0
-    running = _running([name for _, name, *_ in rows])
+    running = running_counts([name for _, name, *_ in rows])
     live = live_daemons([name for pk, name, *_ in rows if pk not in decided])
     keys = ("queue", "pending", "running", "daemons", "busy", "desired", "utilization")
     columns: dict[str, list] = {key: [] for key in keys}
@@ -135,7 +135,7 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
             desired = event.desired
         else:
             counts = live.get(name, {})
-            working = sum(counts.get(s, 0) for s in _WORKING)
+            working = sum(counts.get(s, 0) for s in WORKING)
             signals = elasticity.Signals(
                 daemons=working, busy=counts.get(DaemonState.BUSY, 0), pending=pending
             )
@@ -152,10 +152,10 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
         return cursor.rowcount
 
 
-_WORKING = (DaemonState.PROVISIONING, DaemonState.IDLE, DaemonState.BUSY)
+WORKING = (DaemonState.PROVISIONING, DaemonState.IDLE, DaemonState.BUSY)
 
 
-def _running(names: list[str]) -> dict[str, int]:
+def running_counts(names: list[str]) -> dict[str, int]:
     """Running invocations by queue, for all `names` in one grouped query (running rows
     are few: at most the daemons' slots), capped like the queue page's count."""
     from jobs.models import Invocation, InvocationState

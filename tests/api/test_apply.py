@@ -423,3 +423,23 @@ def test_the_schema_documents_apply_and_export(operator):
     assert {"200", "400", "401", "403", "409"} <= set(post["responses"])
     assert "requestBody" in post
     assert "200" in schema["paths"]["/api/v1/export/"]["get"]["responses"]
+
+
+def _export_queries(client) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(EXPORT).status_code == 200
+    return len(ctx.captured_queries)
+
+
+def test_export_costs_the_same_queries_for_1_or_20_providers_and_queues(viewer):
+    builders.provider(name="p0", kind="local")
+    builders.queue(name="q0", provider="p0")
+    _export_queries(viewer)  # the token's first use writes its last_used_at once
+    one = _export_queries(viewer)
+    for n in range(1, 20):
+        builders.provider(name=f"p{n}", kind="local")
+        builders.queue(name=f"q{n}", provider=f"p{n}")
+    assert _export_queries(viewer) == one
