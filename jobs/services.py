@@ -351,6 +351,7 @@ def invocation_claim(
     wait: float = 0.0,
     rng: random.Random | None = None,
     wires: list[str] | None = None,
+    touch_owed: bool = False,
 ) -> list[Invocation]:
     """Hand up to `limit` queued invocations of the daemon's queues to it, each to
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
@@ -358,7 +359,9 @@ def invocation_claim(
     daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
     NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection.
     `wires` says what the daemon can run: JSON invocations by default (this project's
-    daemon), the SDK's blobs for an SDK worker."""
+    daemon), the SDK's blobs for an SDK worker. `touch_owed`: outcomes were just
+    recorded without rewriting the daemon's busy/idle (an exchange), so the claim's
+    transaction does it whatever it finds."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
     deadline = time.monotonic() + wait
@@ -370,7 +373,8 @@ def invocation_claim(
         fresh = False
         listening = daemon.queues or [""]  # paused ones too: a resume wakes them
         seen = wakeup.listener.snapshot(listening) if wait else ()
-        claimed = _claim_once(daemon, limit, rng, wires)
+        claimed = _claim_once(daemon, limit, rng, wires, touch_owed)
+        touch_owed = False
         left = deadline - time.monotonic()
         if claimed or left <= 0:
             return claimed
@@ -380,9 +384,13 @@ def invocation_claim(
             return []
 
 
-def _claim_once(daemon: Daemon, limit: int, rng: random.Random, wires=None) -> list[Invocation]:
+def _claim_once(
+    daemon: Daemon, limit: int, rng: random.Random, wires=None, touch_owed: bool = False
+) -> list[Invocation]:
     claimed: list[Invocation] = []
     if daemon.state == DaemonState.DRAINING:
+        if touch_owed:
+            daemons.touch(daemon.pk)
         return claimed
     # One transaction for the claims and the touch: if anything in it fails (the
     # database restarting, say), nothing was taken, so no answer is lost with work in it.
@@ -406,7 +414,7 @@ def _claim_once(daemon: Daemon, limit: int, rng: random.Random, wires=None) -> l
                     limit=want,
                     wires=wires,
                 )
-        if claimed or daemons.heartbeat_due(daemon):
+        if claimed or touch_owed or daemons.heartbeat_due(daemon):
             daemons.touch(daemon.pk)
         hooks.point("claim.before_commit")
     return claimed
@@ -450,11 +458,14 @@ def invocation_complete(
     return invocation
 
 
-def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[dict]:
+def invocation_complete_batch(
+    *, daemon: Daemon, outcomes: list[dict], touch: bool = True
+) -> list[dict]:
     """Many outcomes in one request and one transaction, each fenced alone: a stale one
     is refused by itself and the others are recorded. A daemon that is no longer live
     records nothing: the whole batch gets its Conflict (daemon_terminated, daemon_lost),
-    unless the batch is a retry of reports already recorded, which still answer ok."""
+    unless the batch is a retry of reports already recorded, which still answer ok.
+    touch=False leaves the daemon's busy/idle to a claim that follows at once."""
     try:
         daemons.check_live(daemon)
     except Conflict as gone:
@@ -489,7 +500,8 @@ def invocation_complete_batch(*, daemon: Daemon, outcomes: list[dict]) -> list[d
                 answers.append(_refused(item, exc))
             else:
                 answers.append(_recorded(invocation))
-        daemons.touch(daemon.pk)
+        if touch:
+            daemons.touch(daemon.pk)
     return answers
 
 
@@ -505,7 +517,14 @@ def invocation_exchange(
     already recorded, answers them and the claim does not run. Outcomes commit before the
     claim starts: a claim that then fails (a Conflict, the database going away) leaves
     them recorded, and a retry of the same outcomes answers them as recorded."""
-    recorded = invocation_complete_batch(daemon=daemon, outcomes=outcomes) if outcomes else []
+    # With a claim to follow, its transaction rewrites the daemon's busy/idle once, for
+    # both: one statement (and one write of the daemon's row) fewer per exchange.
+    claim_follows = limit > 0
+    recorded = (
+        invocation_complete_batch(daemon=daemon, outcomes=outcomes, touch=not claim_follows)
+        if outcomes
+        else []
+    )
     try:
         daemons.check_live(daemon)
     except Conflict:
@@ -513,7 +532,11 @@ def invocation_exchange(
             raise
         return {"recorded": recorded, "claimed": []}
     claimed = (
-        invocation_claim(daemon=daemon, limit=limit, wait=wait, wires=wires) if limit > 0 else []
+        invocation_claim(
+            daemon=daemon, limit=limit, wait=wait, wires=wires, touch_owed=bool(recorded)
+        )
+        if claim_follows
+        else []
     )
     return {"recorded": recorded, "claimed": claimed}
 

@@ -6,9 +6,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
-from psycopg_pool import ConnectionPool
 
-from lakeshore_admin import embedded_db
+from lakeshore_admin import dbpool, embedded_db
 from lakeshore_admin.env import env_bool, env_list, env_number, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -126,7 +125,9 @@ if LAKESHORE_DB_POOL_MAX:
         "min_size": 1,
         "max_size": LAKESHORE_DB_POOL_MAX,
         "timeout": LAKESHORE_DB_POOL_TIMEOUT,
-        "check": ConnectionPool.check_connection,
+        # checked before each loan by its socket, not a round trip (lakeshore_admin/dbpool.py)
+        "check": dbpool.check,
+        "reset": dbpool.returned,
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

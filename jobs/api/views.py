@@ -13,6 +13,7 @@ from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation
 from lakeshore_admin.api_docs import errors
+from lakeshore_admin.lean_input import validated
 from lakeshore_admin.pagination import (
     MAX_OFFSET,
     bounded_int,
@@ -67,9 +68,7 @@ class JobList(APIView):
     def post(self, request):
         if isinstance(request.data, list):
             return self._batch(request.data)
-        data = s.SubmitInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        invocation, created = services.invocation_submit(**data.validated_data)
+        invocation, created = services.invocation_submit(**validated(s.SubmitInput, request.data))
         return Response(
             s.InvocationSerializer(invocation).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
@@ -79,9 +78,7 @@ class JobList(APIView):
         limit = services.BATCH_SUBMIT_MAX
         if not items or len(items) > limit:
             raise ValidationError({"__all__": f"a batch holds 1 to {limit:,} invocations."})
-        data = s.SubmitInput(data=items, many=True)
-        data.is_valid(raise_exception=True)
-        results = services.invocation_submit_batch(data.validated_data)
+        results = services.invocation_submit_batch(validated(s.SubmitInput, items, many=True))
         created = any(made for _, made in results)
         return Response(
             s.InvocationSerializer([inv for inv, _ in results], many=True).data,
@@ -163,9 +160,8 @@ class DaemonHeartbeat(APIView):
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
-        data = s.HeartbeatInput(data=request.data or {})
-        data.is_valid(raise_exception=True)
-        return Response(services.daemon_heartbeat(daemon=daemon, **data.validated_data))
+        fields = validated(s.HeartbeatInput, request.data or {})
+        return Response(services.daemon_heartbeat(daemon=daemon, **fields))
 
 
 class DaemonClaim(APIView):
@@ -178,9 +174,8 @@ class DaemonClaim(APIView):
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
-        data = s.ClaimInput(data=request.data or {})
-        data.is_valid(raise_exception=True)
-        claimed = services.invocation_claim(daemon=daemon, **data.validated_data)
+        fields = validated(s.ClaimInput, request.data or {})
+        claimed = services.invocation_claim(daemon=daemon, **fields)
         return Response(s.ClaimedSerializer(claimed, many=True).data)
 
 
@@ -201,14 +196,9 @@ class DaemonComplete(APIView):
         if isinstance(request.data, list):
             if not request.data or len(request.data) > BATCH_MAX:
                 raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
-            data = s.CompleteInput(data=request.data, many=True)
-            data.is_valid(raise_exception=True)
-            return Response(
-                services.invocation_complete_batch(daemon=daemon, outcomes=data.validated_data)
-            )
-        data = s.CompleteInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        fields = data.validated_data
+            outcomes = validated(s.CompleteInput, request.data, many=True)
+            return Response(services.invocation_complete_batch(daemon=daemon, outcomes=outcomes))
+        fields = validated(s.CompleteInput, request.data)
         invocation = services.invocation_complete(
             daemon=daemon,
             invocation_id=fields["invocation"],
@@ -238,9 +228,8 @@ class DaemonExchange(APIView):
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
-        data = s.ExchangeInput(data=request.data or {})
-        data.is_valid(raise_exception=True)
-        answer = services.invocation_exchange(daemon=daemon, **data.validated_data)
+        fields = validated(s.ExchangeInput, request.data or {})
+        answer = services.invocation_exchange(daemon=daemon, **fields)
         claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
         return Response({"recorded": answer["recorded"], "claimed": claimed})
 

@@ -329,14 +329,50 @@ def test_one_outcome_and_a_claim_of_one_cost_a_bounded_number_of_queries(
 ):
     me, held, queued = world
     _exchange(daemon_client, me, limit=0)  # warm: the queue rows' cache
-    # the token and its roles (2), the daemon (1); the batch: its UPDATE and the touch;
-    # the claim: its statement and the touch; each transaction a savepoint pair here (4:
-    # under a test's transaction; BEGIN/COMMIT, not statements, when served)
-    with django_assert_max_num_queries(11):
+    # the token and its roles (2), the daemon (1); the batch: its UPDATE; the claim: its
+    # statement and the one touch for both (busy/idle); each transaction a savepoint pair
+    # here (4: under a test's transaction; BEGIN/COMMIT, not statements, when served)
+    with django_assert_max_num_queries(10):
         response = _exchange(daemon_client, me, outcomes=_report(held[:1]), limit=1)
     assert response.status_code == 200
     assert [item["ok"] for item in response.json()["recorded"]] == [True]
     assert len(response.json()["claimed"]) == 1
+
+
+def _busy(me):
+    return Daemon.objects.values_list("state", "current_invocation_id").get(pk=me)
+
+
+def test_the_daemon_is_busy_with_what_it_claimed_and_idle_when_the_claim_finds_nothing(
+    daemon_client, world
+):
+    # the batch leaves busy/idle to the claim that follows: it must still come out right
+    me, held, queued = world
+    answer = _exchange(daemon_client, me, outcomes=_report(held), limit=1).json()
+    assert [int(i["id"]) for i in answer["claimed"]] == queued[:1]
+    assert _busy(me) == ("busy", queued[0])
+
+    answer = _exchange(daemon_client, me, outcomes=_report(queued[:1]), limit=1).json()
+    assert _busy(me) == ("busy", queued[1])
+
+    answer = _exchange(daemon_client, me, outcomes=_report(queued[1:]), limit=1).json()
+    assert answer["claimed"] == []
+    assert _busy(me) == ("idle", None)
+
+
+def test_outcomes_without_a_claim_still_make_the_daemon_idle(daemon_client, world):
+    me, held, queued = world
+    _exchange(daemon_client, me, outcomes=_report(held), limit=0)
+    assert _busy(me) == ("idle", None)
+
+
+def test_a_draining_daemons_exchange_records_and_goes_idle(daemon_client, world):
+    me, held, queued = world
+    Daemon.objects.filter(pk=me).update(state="draining")
+    answer = _exchange(daemon_client, me, outcomes=_report(held), limit=1).json()
+    assert [a["ok"] for a in answer["recorded"]] == [True] * 3
+    assert answer["claimed"] == []
+    assert _busy(me) == ("draining", None)
 
 
 def test_it_is_in_the_openapi_document(operator):

@@ -1,0 +1,36 @@
+"""The connection pool's check before it lends a connection, without a round trip.
+
+psycopg_pool's stock check sends an empty query on every loan: one round trip per
+request (a request borrows at its first query and returns at its end). This check asks
+the connection's socket instead. A healthy idle connection has nothing to read; a
+server that restarted or ended the backend (pg_terminate_backend, a crash, shutdown)
+has sent its goodbye or closed the socket, which makes it readable. Then, and for a
+connection idle longer than IDLE_CHECK_SECONDS (a quiet drop by a firewall sends
+nothing), the stock check runs and the pool replaces a connection that fails it."""
+
+import select
+import time
+
+from psycopg import OperationalError
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
+
+IDLE_CHECK_SECONDS = 30.0
+
+
+def returned(conn) -> None:
+    """The pool's reset callback: when the connection came back."""
+    conn.lakeshore_returned_at = time.monotonic()
+
+
+def check(conn) -> None:
+    """Raise when the connection is not fit to lend (the pool then replaces it)."""
+    if conn.closed or conn.broken:
+        raise OperationalError("the connection is closed")
+    idle = time.monotonic() - getattr(conn, "lakeshore_returned_at", float("-inf"))
+    if idle > IDLE_CHECK_SECONDS or conn.pgconn.transaction_status != TransactionStatus.IDLE:
+        ConnectionPool.check_connection(conn)
+        return
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    if readable:  # the server spoke unasked: most likely its goodbye
+        ConnectionPool.check_connection(conn)

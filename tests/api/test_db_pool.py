@@ -1,0 +1,99 @@
+"""The pool's check before a loan (lakeshore_admin/dbpool.py): no round trip for a
+healthy connection, and a connection whose backend the server ended is replaced, not
+lent. The server really ends it (pg_terminate_backend)."""
+
+import time
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+from psycopg_pool import ConnectionPool
+
+from lakeshore_admin import dbpool
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def make_pool():
+    pools = []
+
+    def make(**options):
+        kwargs = {**connection.get_connection_params(), "autocommit": True}
+        pool = ConnectionPool(kwargs=kwargs, min_size=1, max_size=1, open=True, **options)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+@pytest.fixture
+def stock_checks(monkeypatch):
+    calls = []
+    stock = ConnectionPool.check_connection
+
+    def counted(conn):
+        calls.append(conn)
+        stock(conn)
+
+    monkeypatch.setattr(ConnectionPool, "check_connection", staticmethod(counted))
+    return calls
+
+
+def _backend(pool) -> int:
+    with pool.connection() as conn:
+        return conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+
+def _terminate(pid: int) -> None:
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+    time.sleep(0.2)  # the server's goodbye reaches the socket
+
+
+def test_the_servers_pool_uses_it():
+    options = settings.DATABASES["default"]["OPTIONS"]["pool"]
+    assert options["check"] is dbpool.check
+    assert options["reset"] is dbpool.returned
+
+
+def test_a_healthy_connection_is_lent_without_a_round_trip(make_pool, stock_checks):
+    pool = make_pool(check=dbpool.check, reset=dbpool.returned)
+    first = _backend(pool)  # a new connection, never returned yet: the full check
+    stock_checks.clear()
+    for _ in range(5):
+        assert _backend(pool) == first  # the same connection, lent again
+    assert stock_checks == []
+
+
+def test_a_connection_the_server_ended_is_replaced_before_it_is_lent(make_pool, stock_checks):
+    pool = make_pool(check=dbpool.check, reset=dbpool.returned)
+    ended = _backend(pool)
+    _terminate(ended)
+
+    now = _backend(pool)  # a working connection, on a new backend
+
+    assert now != ended
+    assert len(stock_checks) >= 1  # the readable socket sent it to the full check
+
+
+def test_without_a_check_the_ended_connection_is_lent_and_fails(make_pool):
+    # negative control: what the check prevents
+    pool = make_pool(check=None)
+    ended = _backend(pool)
+    _terminate(ended)
+    with pytest.raises(psycopg.OperationalError):
+        _backend(pool)
+
+
+def test_a_connection_idle_for_long_gets_the_full_check(make_pool, stock_checks, monkeypatch):
+    pool = make_pool(check=dbpool.check, reset=dbpool.returned)
+    _backend(pool)
+    stock_checks.clear()
+    monkeypatch.setattr(dbpool, "IDLE_CHECK_SECONDS", 0.0)
+    time.sleep(0.01)
+    _backend(pool)
+    assert len(stock_checks) == 1
