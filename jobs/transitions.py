@@ -23,6 +23,7 @@ from django.db import connection, transaction
 
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
 from lakeshore_admin import metrics
+from lakeshore_admin.rows import model_rows
 from queues.models import (
     CLAIMING_DAEMON_STATES,
     DISPATCHING_QUEUE_STATES,
@@ -99,7 +100,7 @@ def insert_queued(items: list[dict]) -> list[Invocation]:
         "timeout_s": [i.get("timeout_s") for i in items],
         "key": [i.get("key") or "" for i in items],
     }
-    return list(Invocation.objects.raw(_INSERT_SQL, {**_STATES, **params}))
+    return model_rows(Invocation, _INSERT_SQL, {**_STATES, **params})
 
 
 # One invocation in one statement, only into a queue that admits work and has no
@@ -140,7 +141,7 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         "run_config": encode(item.get("run_config") or {}),
         "admitting": admitting,
     }
-    rows = list(Invocation.objects.raw(_INSERT_ADMITTED_SQL, {**_STATES, **params}))
+    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**_STATES, **params})
     return rows[0] if rows else None
 
 
@@ -205,7 +206,7 @@ def claim(
         "wires": None if wires is None else [str(w) for w in wires],
     }
     sql = _CLAIM_SQL.format(order=sql_order, extra=extra)
-    rows = sorted(Invocation.objects.raw(sql, {**_STATES, **params}), key=key)
+    rows = sorted(model_rows(Invocation, sql, {**_STATES, **params}), key=key)
     metrics.claimed(rows)
     return rows
 
@@ -271,7 +272,7 @@ def complete_many(*, daemon_id: int, outcomes: list[dict]) -> dict[int, Invocati
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }
-    rows = list(Invocation.objects.raw(_COMPLETE_SQL, {**_STATES, **params}))
+    rows = model_rows(Invocation, _COMPLETE_SQL, {**_STATES, **params})
     metrics.ended(
         (row.queue, row.state, row.started_at, row.finished_at)
         for row in rows

@@ -6,6 +6,8 @@ from django.db import connection, models
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
+from lakeshore_admin.rows import model_rows
+
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
 NAME_MAX_LENGTH = 63
 name_validator = RegexValidator(
@@ -97,24 +99,13 @@ class DaemonQuerySet(models.QuerySet):
         return self.select_related("provider")
 
     def by_pk(self, pk: int):
-        """One daemon by id, or None: every column in one indexed read, the row made
-        into a Daemon as the ORM would (its fields' converters applied) without
-        compiling a query. The daemon protocol reads its daemon on every request."""
+        """One daemon by id, or None, without compiling a query (lakeshore_admin/rows.py):
+        the daemon protocol reads its daemon on every request."""
         if not -(2**63) <= pk < 2**63:
             return None  # no bigint id: none such (the ORM's answer too)
-        fields = self.model._meta.concrete_fields
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
         table = connection.ops.quote_name(self.model._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT {columns} FROM {table} WHERE id = %s", [pk])  # noqa: S608
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        values = [
-            f.from_db_value(v, None, connection) if hasattr(f, "from_db_value") else v
-            for f, v in zip(fields, row, strict=True)
-        ]
-        return self.model.from_db(self.db, [f.attname for f in fields], values)
+        found = model_rows(self.model, f"SELECT * FROM {table} WHERE id = %s", [pk])  # noqa: S608
+        return found[0] if found else None
 
 
 class Daemon(models.Model):
