@@ -66,33 +66,39 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Malformed Authorization header: expected 'Bearer <token>'."
             )
-        digest = hash_token(header[1])
-        cached = token_cache.get(digest)
-        if cached is not None and cached.is_usable:
-            return cached.user, cached
-        token = ApiToken.objects.select_related("user").filter(digest=digest).first()
-        if token is None:
-            raise exceptions.AuthenticationFailed(
-                "Invalid token: create one with 'python manage.py create_token' or "
-                "'make token', then 'lakeshore auth login'."
-            )
-        if not token.is_usable:
-            state = "revoked" if token.revoked_at else "expired"
-            raise exceptions.AuthenticationFailed(
-                f"Token {token.prefix}… is {state}.", code=f"token_{state}"
-            )
-        if not token.user.is_active:
-            raise exceptions.AuthenticationFailed("The token's user is disabled.")
-        now = timezone.now()
-        if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
-            # At most one write a minute per token: reads stay reads.
-            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
-            token.last_used_at = now
-        token_cache.put(digest, token, settings.LAKESHORE_TOKEN_CACHE_SECONDS)
-        return token.user, token
+        return authenticate_token(header[1])
 
     def authenticate_header(self, request):
         return 'Bearer realm="lakeshore"'
+
+
+def authenticate_token(raw: str):
+    """(user, token) for a bearer token, or AuthenticationFailed saying why. DRF's
+    authentication above and the lean path (lakeshore_admin/fastpath.py) both ask here."""
+    digest = hash_token(raw)
+    cached = token_cache.get(digest)
+    if cached is not None and cached.is_usable:
+        return cached.user, cached
+    token = ApiToken.objects.select_related("user").filter(digest=digest).first()
+    if token is None:
+        raise exceptions.AuthenticationFailed(
+            "Invalid token: create one with 'python manage.py create_token' or "
+            "'make token', then 'lakeshore auth login'."
+        )
+    if not token.is_usable:
+        state = "revoked" if token.revoked_at else "expired"
+        raise exceptions.AuthenticationFailed(
+            f"Token {token.prefix}… is {state}.", code=f"token_{state}"
+        )
+    if not token.user.is_active:
+        raise exceptions.AuthenticationFailed("The token's user is disabled.")
+    now = timezone.now()
+    if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
+        # At most one write a minute per token: reads stay reads.
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    token_cache.put(digest, token, settings.LAKESHORE_TOKEN_CACHE_SECONDS)
+    return token.user, token
 
 
 def login_locked_out(request, original_response=None, credentials=None):

@@ -180,6 +180,21 @@ ORDERS = {
     "priority": ("priority DESC, id", lambda inv: (-inv.priority, inv.pk)),
 }
 
+# Where an id-ordered claim may start. A queue's oldest rows are mostly finished, and
+# the planner, when its statistics say most rows are queued (a backlog just filled),
+# walks the primary key from the table's first row through every finished one (2,200
+# finished rows: 1.2 ms a claim, growing as the queue drains). The queued rows' own
+# index (inv_queued_fifo) gives their first and last ids at once; starting the walk
+# there keeps a claim's cost flat. A bound over all queued rows of the queue holds for
+# any subset of them (a priority level, a wire, a back-off), and none queued: NULL, no row.
+_BOUNDS = {
+    "oldest": "AND id >= (SELECT min(id) FROM jobs_invocation"
+    " WHERE queue = %(queue)s AND state = %(queued)s)",
+    "newest": "AND id <= (SELECT max(id) FROM jobs_invocation"
+    " WHERE queue = %(queue)s AND state = %(queued)s)",
+    "priority": "",  # its own index (inv_queued_priority) gives the order
+}
+
 
 def claim(
     *,
@@ -205,7 +220,7 @@ def claim(
         "level": priority,
         "wires": None if wires is None else [str(w) for w in wires],
     }
-    sql = _CLAIM_SQL.format(order=sql_order, extra=extra)
+    sql = _CLAIM_SQL.format(order=sql_order, extra=f"{extra} {_BOUNDS[order]}")
     rows = sorted(model_rows(Invocation, sql, {**_STATES, **params}), key=key)
     metrics.claimed(rows)
     return rows

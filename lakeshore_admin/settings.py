@@ -194,6 +194,9 @@ LAKESHORE_BAD_TOKEN_WINDOW = env_number("LAKESHORE_BAD_TOKEN_WINDOW", 60, minimu
 LAKESHORE_TOKEN_CACHE_SECONDS = env_number(
     "LAKESHORE_TOKEN_CACHE_SECONDS", 5, minimum=0, kind=float
 )
+# The lean path (lakeshore_admin/fastpath.py): the daemon protocol and submit served
+# without the middleware stack and DRF's dispatch, with the same answers. 0: off.
+LAKESHORE_LEAN_PATH = env_bool("LAKESHORE_LEAN_PATH", True)
 # An optional rate for every API request, per user (per address when anonymous), in
 # DRF's notation: "600/min", "20/s". Unset: no rate limit.
 LAKESHORE_API_RATE = env_str("LAKESHORE_API_RATE").strip() or None

@@ -66,24 +66,69 @@ class JobList(APIView):
         },
     )
     def post(self, request):
-        if isinstance(request.data, list):
-            return self._batch(request.data)
-        invocation, created = services.invocation_submit(**validated(s.SubmitInput, request.data))
-        return Response(
-            s.InvocationSerializer(invocation).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-        )
+        return Response(*submit_answer(request, request.data))
 
-    def _batch(self, items):
+
+# The daemon protocol's and submit's answers: (payload, status) from the request's
+# user and its parsed body. The DRF views below serve them, and so does the lean path
+# (lakeshore_admin/fastpath.py) that skips the middleware and DRF's dispatch for them.
+
+
+def submit_answer(request, data):
+    if isinstance(data, list):
         limit = services.BATCH_SUBMIT_MAX
-        if not items or len(items) > limit:
+        if not data or len(data) > limit:
             raise ValidationError({"__all__": f"a batch holds 1 to {limit:,} invocations."})
-        results = services.invocation_submit_batch(validated(s.SubmitInput, items, many=True))
+        results = services.invocation_submit_batch(validated(s.SubmitInput, data, many=True))
         created = any(made for _, made in results)
-        return Response(
-            s.InvocationSerializer([inv for inv, _ in results], many=True).data,
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-        )
+        payload = s.InvocationSerializer([inv for inv, _ in results], many=True).data
+    else:
+        invocation, created = services.invocation_submit(**validated(s.SubmitInput, data))
+        payload = s.InvocationSerializer(invocation).data
+    return payload, status.HTTP_201_CREATED if created else status.HTTP_200_OK
+
+
+def heartbeat_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.HeartbeatInput, data or {})
+    return services.daemon_heartbeat(daemon=daemon, **fields), status.HTTP_200_OK
+
+
+def claim_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.ClaimInput, data or {})
+    claimed = services.invocation_claim(daemon=daemon, **fields)
+    return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK
+
+
+def complete_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    if isinstance(data, list):
+        if not data or len(data) > BATCH_MAX:
+            raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
+        outcomes = validated(s.CompleteInput, data, many=True)
+        answers = services.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
+        return answers, status.HTTP_200_OK
+    fields = validated(s.CompleteInput, data)
+    invocation = services.invocation_complete(
+        daemon=daemon,
+        invocation_id=fields["invocation"],
+        attempt=fields["attempt"],
+        outcome=fields["state"],
+        result=fields["result"],
+        error=fields["error"],
+        result_blob=fields["result_blob"],
+        retry=fields["retry"],
+    )
+    return s.InvocationSerializer(invocation).data, status.HTTP_200_OK
+
+
+def exchange_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.ExchangeInput, data or {})
+    answer = services.invocation_exchange(daemon=daemon, **fields)
+    claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
+    return {"recorded": answer["recorded"], "claimed": claimed}, status.HTTP_200_OK
 
 
 class JobDetail(APIView):
@@ -159,9 +204,7 @@ class DaemonHeartbeat(APIView):
         responses={200: s.HeartbeatOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        daemon = own_daemon(request, daemon_id)
-        fields = validated(s.HeartbeatInput, request.data or {})
-        return Response(services.daemon_heartbeat(daemon=daemon, **fields))
+        return Response(*heartbeat_answer(request, daemon_id, request.data))
 
 
 class DaemonClaim(APIView):
@@ -173,10 +216,7 @@ class DaemonClaim(APIView):
         responses={200: s.ClaimedSerializer(many=True), **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        daemon = own_daemon(request, daemon_id)
-        fields = validated(s.ClaimInput, request.data or {})
-        claimed = services.invocation_claim(daemon=daemon, **fields)
-        return Response(s.ClaimedSerializer(claimed, many=True).data)
+        return Response(*claim_answer(request, daemon_id, request.data))
 
 
 class DaemonComplete(APIView):
@@ -192,24 +232,7 @@ class DaemonComplete(APIView):
         },
     )
     def post(self, request, daemon_id):
-        daemon = own_daemon(request, daemon_id)
-        if isinstance(request.data, list):
-            if not request.data or len(request.data) > BATCH_MAX:
-                raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
-            outcomes = validated(s.CompleteInput, request.data, many=True)
-            return Response(services.invocation_complete_batch(daemon=daemon, outcomes=outcomes))
-        fields = validated(s.CompleteInput, request.data)
-        invocation = services.invocation_complete(
-            daemon=daemon,
-            invocation_id=fields["invocation"],
-            attempt=fields["attempt"],
-            outcome=fields["state"],
-            result=fields["result"],
-            error=fields["error"],
-            result_blob=fields["result_blob"],
-            retry=fields["retry"],
-        )
-        return Response(s.InvocationSerializer(invocation).data)
+        return Response(*complete_answer(request, daemon_id, request.data))
 
 
 class DaemonExchange(APIView):
@@ -227,11 +250,7 @@ class DaemonExchange(APIView):
         responses={200: s.ExchangeOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        daemon = own_daemon(request, daemon_id)
-        fields = validated(s.ExchangeInput, request.data or {})
-        answer = services.invocation_exchange(daemon=daemon, **fields)
-        claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
-        return Response({"recorded": answer["recorded"], "claimed": claimed})
+        return Response(*exchange_answer(request, daemon_id, request.data))
 
 
 class DaemonDeregister(APIView):

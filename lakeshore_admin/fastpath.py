@@ -1,0 +1,268 @@
+"""The lean path: the daemon protocol's hot requests and submit, served without
+Django's middleware stack and DRF's dispatch.
+
+A daemon claims, reports and heartbeats many times a second; an idle one long-polls.
+Thirteen middlewares, URL resolving and DRF's request wrapping cost about 1.5 ms of
+CPU per request, more than the work itself. This WSGI wrapper (lakeshore_admin/wsgi.py)
+serves these requests itself:
+
+    POST /api/v1/jobs/                                   submit, batch submit
+    POST /api/v1/daemons/<id>/claim|exchange|complete|heartbeat/
+
+through the same answer functions as the DRF views (jobs/api/views.py: the rules,
+the validation, the services, the serializers, the error bodies of api_errors). It
+takes a request only when it is sure to answer as the full stack would, and hands
+everything else to Django, unchanged:
+
+- JSON only (msgpack and forms go to DRF's parsers), a Host in ALLOWED_HOSTS, headers
+  within RequestHeaderLimitMiddleware's limits, a body within Django's limit and JSON
+  nesting limit, no API rate limit configured (LAKESHORE_API_RATE: DRF throttles), and
+  over HTTPS when LAKESHORE_HTTPS redirects plain HTTP;
+- a bearer token that authenticates (accounts/authentication.authenticate_token, the
+  rule DRF's authentication uses): a bad one goes the full way, which counts bad
+  tokens and answers 401 or 429;
+- the role the view's permission class asks for (else DRF says 403).
+
+Its answers carry the headers the middleware would add (tests/api/test_fastpath.py
+compares both ways request by request). It sends Django's request_started and
+request_finished signals, so database connections go back to the pool as after any
+request, and it keeps the request where the audit trail reads who acts.
+LAKESHORE_LEAN_PATH=0 turns it off."""
+
+import functools
+import io
+import json
+import logging
+import re
+from http import HTTPStatus
+
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpHeaders
+from django.http.request import split_domain_port, validate_host
+from django.utils.csp import build_policy
+from rest_framework import exceptions
+from rest_framework.renderers import JSONRenderer
+
+from accounts import audit
+from accounts.authentication import authenticate_token
+from lakeshore_admin.api_errors import exception_handler
+from lakeshore_admin.middleware import header_problem
+from lakeshore_admin.parsers import json_depth
+
+log = logging.getLogger("django.request")
+
+_DAEMON = re.compile(r"^/api/v1/daemons/([0-9]{1,19})/(claim|exchange|complete|heartbeat)/$")
+_SUBMIT = "/api/v1/jobs/"
+
+
+def _routes():
+    """route → (its DRF view, the answer function the view serves)."""
+    from jobs.api import views
+
+    return {
+        "claim": (views.DaemonClaim, views.claim_answer),
+        "exchange": (views.DaemonExchange, views.exchange_answer),
+        "complete": (views.DaemonComplete, views.complete_answer),
+        "heartbeat": (views.DaemonHeartbeat, views.heartbeat_answer),
+        "submit": (views.JobList, views.submit_answer),
+    }
+
+
+class LeanRequest:
+    """What the answer functions, permission classes and the audit trail read of a
+    request: its user, method, path and headers."""
+
+    method = "POST"
+
+    def __init__(self, environ, user, token):
+        self.environ = environ
+        self.path = environ.get("PATH_INFO", "")
+        self.user = user
+        self.auth = token
+        self._headers = None
+
+    @property
+    def headers(self):
+        if self._headers is None:
+            self._headers = HttpHeaders(self.environ)
+        return self._headers
+
+
+class LeanPath:
+    def __init__(self, app):
+        self.app = app
+        self._routes = None
+        self._renderer = JSONRenderer()
+        self._headers = None
+
+    def __call__(self, environ, start_response):
+        if environ.get("REQUEST_METHOD") != "POST" or not settings.LAKESHORE_LEAN_PATH:
+            return self.app(environ, start_response)
+        path = environ.get("PATH_INFO", "")
+        if path == _SUBMIT:
+            route, args = "submit", ()
+        elif (found := _DAEMON.match(path)) is not None:
+            route, args = found.group(2), (found.group(1),)
+        else:
+            return self.app(environ, start_response)
+        taken = self._take(environ)
+        if taken is None:
+            return self.app(environ, start_response)
+        raw, data, secure = taken
+        signals.request_started.send(sender=self.__class__, environ=environ)
+        try:
+            user, token = authenticate_token(raw)
+        except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
+            return self.app(environ, start_response)
+        if self._routes is None:
+            self._routes = _routes()
+        view, answer = self._routes[route]
+        request = LeanRequest(environ, user, token)
+        for permission in view.permission_classes:  # the view's own
+            if not permission().has_permission(request, None):
+                return self.app(environ, start_response)  # DRF says 403, and why
+        allow = _allow(view)
+        return self._serve(environ, start_response, request, answer, args, data, secure, allow)
+
+    # ------------------------------------------------------------------ who may take it
+
+    def _take(self, environ):
+        """(bearer token, parsed body, secure) when the lean path may answer, else None;
+        a body it read is put back for Django."""
+        if not environ.get("CONTENT_TYPE", "").startswith("application/json"):
+            return None
+        if settings.LAKESHORE_API_RATE:
+            return None
+        secure = _secure(environ)
+        if settings.SECURE_SSL_REDIRECT and not secure:
+            return None
+        if not _host_allowed(environ) or header_problem(environ) is not None:
+            return None
+        header = environ.get("HTTP_AUTHORIZATION", "").split()
+        if len(header) != 2 or header[0].lower() != "bearer":
+            return None
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return None
+        if length < 0 or length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            return None
+        raw = environ["wsgi.input"].read(length) if length else b""
+        if length:
+            environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it again if it must
+        try:
+            text = raw.decode("utf-8")
+            if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
+                settings.LAKESHORE_JSON_MAX_DEPTH
+            ):
+                return None
+            data = json.loads(text) if text.strip() else {}
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return header[1], data, secure
+
+    # ------------------------------------------------------------------ the answer
+
+    def _serve(self, environ, start_response, request, answer, args, data, secure, allow):
+        kept = audit._request.set(request)
+        try:
+            try:
+                payload, status = answer(request, *args, data)
+            except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
+                payload, status, extra = self._error(exc, request)
+            else:
+                extra = ()
+            if status != 500:  # Django's own 500 page comes without DRF's Allow
+                extra = (("Allow", allow), *extra)
+            body = self._renderer.render(payload)
+        finally:
+            audit._request.reset(kept)
+            signals.request_finished.send(sender=self.__class__)
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            *self._static_headers(),
+            *extra,
+        ]
+        if secure and settings.SECURE_HSTS_SECONDS:
+            headers.append(("Strict-Transport-Security", _hsts()))
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+        return [body]
+
+    def _error(self, exc, request):
+        if isinstance(exc, DjangoValidationError):
+            exc = exceptions.ValidationError(
+                exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+            )
+        response = exception_handler(exc, {"request": request, "view": None})
+        if response is None:  # not the API's kind of error: Django's 500, logged
+            from lakeshore_admin.urls import handler500
+
+            log.error(
+                "Internal Server Error: %s", request.path, exc_info=exc, extra={"status_code": 500}
+            )
+            return json.loads(handler500(request).content), 500, ()
+        if response.status_code >= 400:
+            reason = HTTPStatus(response.status_code).phrase
+            level = log.error if response.status_code >= 500 else log.warning
+            level("%s: %s", reason, request.path, extra={"status_code": response.status_code})
+        extra = tuple((k, v) for k, v in response.items() if k.lower() != "content-type")
+        return response.data, response.status_code, extra
+
+    def _static_headers(self):
+        """What the middleware adds to an API answer. Made once: they depend only on
+        settings."""
+        if self._headers is None:
+            headers = []
+            if settings.X_FRAME_OPTIONS:
+                headers.append(("X-Frame-Options", settings.X_FRAME_OPTIONS))
+            headers.append(("Vary", "HX-Request, HX-Target"))
+            if settings.SECURE_CSP:
+                headers.append(("Content-Security-Policy", build_policy(settings.SECURE_CSP)))
+            if settings.SECURE_CONTENT_TYPE_NOSNIFF:
+                headers.append(("X-Content-Type-Options", "nosniff"))
+            if settings.SECURE_REFERRER_POLICY:
+                headers.append(("Referrer-Policy", settings.SECURE_REFERRER_POLICY))
+            if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
+                headers.append(
+                    ("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY)
+                )
+            self._headers = headers
+        return self._headers
+
+
+@functools.cache
+def _allow(view) -> str:
+    """DRF's Allow header for the view (Django's setup adds HEAD to a view with GET)."""
+    instance = view()
+    instance.setup(None)
+    return ", ".join(instance.allowed_methods)
+
+
+def _secure(environ) -> bool:
+    if environ.get("wsgi.url_scheme") == "https":
+        return True
+    header = settings.SECURE_PROXY_SSL_HEADER
+    return bool(header) and environ.get(header[0]) == header[1]
+
+
+def _host_allowed(environ) -> bool:
+    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+    if settings.USE_X_FORWARDED_HOST and "HTTP_X_FORWARDED_HOST" in environ:
+        return False  # Django's way of reading it: leave it to Django
+    domain, _port = split_domain_port(host)
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    return bool(domain) and validate_host(domain, allowed)
+
+
+def _hsts() -> str:
+    value = f"max-age={settings.SECURE_HSTS_SECONDS}"
+    if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
+        value += "; includeSubDomains"
+    if settings.SECURE_HSTS_PRELOAD:
+        value += "; preload"
+    return value
