@@ -370,11 +370,12 @@ def invocation_claim(
         if not fresh:
             daemons.refresh_live(daemon)
         daemons.check_live(daemon)
-        fresh = False
         listening = daemon.queues or [""]  # paused ones too: a resume wakes them
         seen = wakeup.listener.snapshot(listening) if wait else ()
-        claimed = _claim_once(daemon, limit, rng, wires, touch_owed)
-        touch_owed = False
+        # a long-poll first asks whether anything is queued at all (one indexed read in
+        # place of a transaction) unless it was just woken because something was
+        claimed = _claim_once(daemon, limit, rng, wires, touch_owed, probe=wait > 0 and fresh)
+        touch_owed = fresh = False
         left = deadline - time.monotonic()
         if claimed or left <= 0:
             return claimed
@@ -385,18 +386,33 @@ def invocation_claim(
 
 
 def _claim_once(
-    daemon: Daemon, limit: int, rng: random.Random, wires=None, touch_owed: bool = False
+    daemon: Daemon,
+    limit: int,
+    rng: random.Random,
+    wires=None,
+    touch_owed: bool = False,
+    *,
+    probe: bool = False,
 ) -> list[Invocation]:
     claimed: list[Invocation] = []
     if daemon.state == DaemonState.DRAINING:
         if touch_owed:
             daemons.touch(daemon.pk)
         return claimed
+    queues = _queues_of(daemon.queues)
+    if probe and not touch_owed and not daemons.heartbeat_due(daemon):
+        # An idle daemon's long-poll: when none of its queues holds a queued row there
+        # is nothing to take, and the transaction below would only say so. (A row queued
+        # after this look wakes the wait: the caller's snapshot was taken before it.)
+        names = [q if isinstance(q, str) else q.name for q in queues]
+        if not transitions.any_queued(names):
+            hooks.point("claim.probed_empty")
+            return claimed
     # One transaction for the claims and the touch: if anything in it fails (the
     # database restarting, say), nothing was taken, so no answer is lost with work in it.
     with transaction.atomic():
         hooks.point("claim.before_statement")
-        for queue in _queues_of(daemon.queues):
+        for queue in queues:
             want = limit - len(claimed)
             if want <= 0:
                 break

@@ -226,6 +226,20 @@ def claim(
     return rows
 
 
+def any_queued(queues: list[str]) -> bool:
+    """Whether any of these queues holds a queued invocation (claimable now or not): an
+    index-only look at the queued rows' own index."""
+    if not queues:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM jobs_invocation"
+            " WHERE queue = ANY(%(queues)s) AND state = %(queued)s)",
+            {"queues": queues, "queued": QUEUED},
+        )
+        return cursor.fetchone()[0]
+
+
 # ---------------------------------------------------------------------------- complete
 
 # A failed attempt with attempts left goes back to the queue after a back-off (with
