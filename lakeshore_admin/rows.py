@@ -18,9 +18,10 @@ def model_rows(model, sql: str, params) -> list:
     model's (SELECT * or RETURNING *)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if cursor.description is None:
+        description = cursor.description  # built anew on each access: read it once
+        if description is None:
             return []
-        names = tuple(column.name for column in cursor.description)
+        names = tuple(column.name for column in description)
         rows = cursor.fetchall()
     if not rows:
         return []

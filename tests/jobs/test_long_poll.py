@@ -232,9 +232,9 @@ def test_work_queued_between_the_look_and_the_wait_wakes_it():
     """A long-poll looks (nothing queued), then waits; a submit in between is not
     missed: the wait's snapshot was taken before the look. Forced: the submit runs in
     the gap (negative control: a snapshot taken after the look sleeps out the wait)."""
-    from lakeshore_admin import hooks
-
     from django.utils import timezone
+
+    from lakeshore_admin import hooks
 
     builders.queue(name="gap")
     # its heartbeat is fresh: an idle long-poll that has nothing to rewrite
