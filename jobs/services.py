@@ -430,6 +430,7 @@ def _claim_once(
                     limit=want,
                     wires=wires,
                 )
+        hooks.point("claim.before_touch")
         if claimed or touch_owed or daemons.heartbeat_due(daemon):
             daemons.touch(daemon.pk)
         hooks.point("claim.before_commit")

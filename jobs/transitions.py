@@ -147,15 +147,20 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
 
 # ---------------------------------------------------------------------------- claim
 
-# The daemon's liveness is part of the statement: its row is share-locked, and only a
+# The daemon's liveness is part of the statement: its row is locked, and only a
 # daemon that may take work (not draining, terminated or lost) gets anything. A drop,
 # deregister or reap that commits first leaves this claim empty; one that comes later
-# waits for this claim to commit and then sees (and ends) what it took.
+# waits for this claim to commit and then sees (and ends) what it took. The lock is the
+# one the claim's touch (busy/idle, in the same transaction) needs to write the row
+# anyway: with a share lock, two claims of one daemon each held one and waited for the
+# other's to write theirs (a deadlock, broken by PostgreSQL after a second); now the
+# second waits for the first to commit. Its invocations' foreign keys only need a key
+# share, which this lock leaves free.
 _CLAIM_SQL = """
 WITH me AS (
     SELECT id FROM queues_daemon
      WHERE id = %(daemon)s AND state = ANY(%(claiming)s)
-       FOR SHARE
+       FOR NO KEY UPDATE
 )
 UPDATE jobs_invocation
    SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,

@@ -44,6 +44,7 @@ from django.http.request import split_domain_port, validate_host
 from django.utils.csp import build_policy
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
+from rest_framework.utils import json as drf_json
 
 from accounts import audit
 from accounts.authentication import authenticate_token
@@ -131,8 +132,12 @@ class LeanPath:
     def _take(self, environ):
         """(bearer token, parsed body, secure) when the lean path may answer, else None;
         a body it read is put back for Django."""
-        if not environ.get("CONTENT_TYPE", "").startswith("application/json"):
-            return None
+        media, _, params = environ.get("CONTENT_TYPE", "").partition(";")
+        if media.strip().lower() != "application/json" or params.strip().lower() not in (
+            "",
+            "charset=utf-8",
+        ):
+            return None  # another type or charset: DRF's parsers read it
         if "HTTP_TRANSFER_ENCODING" in environ:
             return None  # a body without a length: Django's way of reading it
         if settings.LAKESHORE_API_RATE:
@@ -160,7 +165,7 @@ class LeanPath:
                 settings.LAKESHORE_JSON_MAX_DEPTH
             ):
                 return None
-            data = json.loads(text) if text.strip() else {}
+            data = drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
         except (UnicodeDecodeError, ValueError):
             return None
         return header[1], data, secure

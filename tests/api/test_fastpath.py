@@ -33,8 +33,9 @@ class Counting:
         return self.app(environ, start_response)
 
 
-def call(app, path, body=None, *, token, content_type="application/json", extra=None):
-    raw = b"" if body is None else json.dumps(body).encode()
+def call(app, path, body=None, *, token, content_type="application/json", extra=None, raw=None):
+    if raw is None:
+        raw = b"" if body is None else json.dumps(body).encode()
     environ = {
         "REQUEST_METHOD": "POST",
         "PATH_INFO": path,
@@ -214,6 +215,31 @@ def test_what_it_may_not_answer_goes_to_django(world):
     # and the viewer's answer is DRF's
     status, _, answer = call(lean, "/api/v1/jobs/", {"function": ECHO}, token=viewer)
     assert status == 403 and "operator" in answer["error"]["message"]
+
+
+def test_json_drf_refuses_is_refused_the_same(world):
+    django, lean, me, daemon, operator = world
+    for path, text in [
+        ("/api/v1/jobs/", '{"function": "lakeshore.functions.echo", "priority": NaN}'),
+        (f"/api/v1/daemons/{me}/claim/", '{"limit": Infinity}'),
+        (f"/api/v1/daemons/{me}/claim/", '{"limit": 1'),
+    ]:
+        token = operator if path == "/api/v1/jobs/" else daemon
+        answers = [call(app, path, token=token, raw=text.encode()) for app in (lean, django)]
+        assert answers[0] == answers[1] and answers[0][0] == 400, (text, answers[0])
+
+
+def test_another_charset_goes_to_django(world):
+    django, lean, me, daemon, _ = world
+    before = django.calls
+    status, _, _ = call(
+        lean,
+        f"/api/v1/daemons/{me}/claim/",
+        {},
+        token=daemon,
+        content_type="application/json; charset=latin-1",
+    )
+    assert django.calls == before + 1 and status == 200
 
 
 def test_nesting_past_the_limit_goes_to_django_which_refuses_it(world, settings):

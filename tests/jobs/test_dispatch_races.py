@@ -2,6 +2,7 @@
 hook (lakeshore_admin.hooks) and a second connection, with a negative control showing
 that the old way loses."""
 
+import contextlib
 import threading
 
 import pytest
@@ -126,7 +127,7 @@ def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
 
 def _wait_until_blocked_on_a_lock(timeout: float = 10.0):
     """Until another backend of this database waits on a lock (the drop, queued behind
-    the claim's share lock on the daemon's row)."""
+    the claim's lock on the daemon's row)."""
     import time
 
     deadline = time.monotonic() + timeout
@@ -427,3 +428,45 @@ def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
     assert 5 <= waits[0] < 10  # 10 × [0.5, 1)
     assert 10 <= waits[1] < 20  # 20 × [0.5, 1)
     assert 12.5 <= waits[2] < 25  # 40, capped at 25
+
+
+def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
+    """Both claims are in their transaction when their touches (busy/idle) would write
+    the daemon's row. Forced: each waits at the touch until the other is there too, or
+    until it is clear the other cannot get there (it waits for this one's lock). With
+    share locks both got there, then each waited for the other's lock: PostgreSQL broke
+    the deadlock by failing one (negative control: FOR SHARE in the claim fails this)."""
+    builders.queue(name="w")
+    ids = [services.invocation_submit(function=ECHO, queue="w")[0].pk for _ in range(2)]
+    daemon = builders.daemon(queues=["w"])  # no heartbeat yet: both claims touch
+    both_there = threading.Barrier(2)
+
+    def meet_at_the_touch():
+        # a broken barrier: the other one waits for this claim's lock; go on and commit
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_there.wait(timeout=3)
+
+    results, errors = {}, []
+
+    def claim(name):
+        try:
+            got = services.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk))
+            results[name] = [inv.pk for inv in got]
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    hooks.register("claim.before_touch", meet_at_the_touch)
+    try:
+        threads = [threading.Thread(target=claim, args=(n,)) for n in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        hooks.clear()
+
+    assert errors == []
+    assert sorted(results["a"] + results["b"]) == ids  # each took one, none twice
+    assert Daemon.objects.get(pk=daemon.pk).state == "busy"
