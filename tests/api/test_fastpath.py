@@ -291,3 +291,28 @@ def test_it_can_be_turned_off(world, settings):
     before = django.calls
     call(lean, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)
     assert django.calls == before + 1
+
+
+def test_it_costs_the_queries_the_full_stack_costs(world):
+    """The same answer function behind both doors: no query more (or fewer) either way."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    django, lean, me, daemon, operator = world
+    call(django, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)  # warm: the queue's row
+    services.invocation_submit(function=ECHO, queue="w")
+    services.invocation_submit(function=ECHO, queue="w")
+    counts = {}
+    for name, app in (("lean", lean), ("full", django)):
+        with CaptureQueriesContext(connection) as claim:
+            status, _, got = call(app, f"/api/v1/daemons/{me}/claim/", {"limit": 1}, token=daemon)
+        assert status == 200 and len(got) == 1
+        outcome = {"invocation": int(got[0]["id"]), "attempt": 1, "state": "succeeded"}
+        with CaptureQueriesContext(connection) as complete:
+            status, _, _ = call(app, f"/api/v1/daemons/{me}/complete/", outcome, token=daemon)
+        assert status == 200
+        counts[name] = (len(claim), len(complete))
+    assert counts["lean"] == counts["full"]
+    # the token and its roles (no token cache in tests), the daemon, and the claim's
+    # transaction: BEGIN, the claim, the touch (busy), COMMIT
+    assert counts["lean"][0] == 7
