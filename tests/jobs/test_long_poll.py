@@ -243,11 +243,14 @@ def test_work_queued_between_the_look_and_the_wait_wakes_it():
 
     def submit_in_the_gap():
         hooks.clear()  # once
-        done = threading.Thread(
-            target=lambda: submitted.append(
-                services.invocation_submit(function=ECHO, queue="gap")[0].pk
-            )
-        )
+
+        def submit():
+            try:
+                submitted.append(services.invocation_submit(function=ECHO, queue="gap")[0].pk)
+            finally:
+                connection.close()  # this thread's connection: back to the pool
+
+        done = threading.Thread(target=submit)
         done.start()
         done.join(10)
 
