@@ -31,6 +31,9 @@ def check(conn) -> None:
     if idle > IDLE_CHECK_SECONDS or conn.pgconn.transaction_status != TransactionStatus.IDLE:
         ConnectionPool.check_connection(conn)
         return
-    readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
-    if readable:  # the server spoke unasked: most likely its goodbye
+    # poll, not select: a worker holding hundreds of daemons' sockets has descriptors
+    # past select()'s 1024, where it raises (and every loan would fail its check)
+    poller = select.poll()
+    poller.register(conn.pgconn.socket, select.POLLIN)
+    if poller.poll(0):  # the server spoke unasked (most likely its goodbye), or hung up
         ConnectionPool.check_connection(conn)

@@ -102,3 +102,22 @@ def test_a_connection_idle_for_long_gets_the_full_check(make_pool, stock_checks,
     time.sleep(0.01)
     _backend(pool)
     assert len(stock_checks) == 1
+
+
+def test_a_connection_past_descriptor_1024_is_checked_without_a_round_trip(make_pool, stock_checks):
+    """A gunicorn worker serving hundreds of daemons holds that many sockets, so its
+    database connections get descriptors past 1024 (where select() cannot look)."""
+    import os
+
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        pool = make_pool(check=dbpool.check, reset=dbpool.returned)
+        with pool.connection() as conn:
+            assert conn.pgconn.socket > 1024
+        stock_checks.clear()
+        first = _backend(pool)
+        assert _backend(pool) == first  # lent again, healthy
+        assert stock_checks == []
+    finally:
+        for fd in held:
+            os.close(fd)
