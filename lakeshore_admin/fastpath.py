@@ -2,8 +2,9 @@
 Django's middleware stack and DRF's dispatch.
 
 A daemon claims, reports and heartbeats many times a second; an idle one long-polls.
-Thirteen middlewares, URL resolving and DRF's request wrapping cost about 1.5 ms of
-CPU per request, more than the work itself. This WSGI wrapper (lakeshore_admin/wsgi.py)
+Thirteen middlewares, URL resolving and DRF's request wrapping cost 0.5–1.2 ms of
+server CPU per request (measured when this came in, over HTTP: submit 2.9 → 2.4 ms,
+an exchange 5.5 → 4.3 ms). This WSGI wrapper (lakeshore_admin/wsgi.py)
 serves these requests itself:
 
     POST /api/v1/jobs/                                   submit, batch submit

@@ -242,6 +242,16 @@ def test_another_charset_goes_to_django(world):
     assert django.calls == before + 1 and status == 200
 
 
+def test_a_host_not_allowed_goes_to_django_which_refuses_it(world):
+    django, lean, me, daemon, _ = world
+    before = django.calls
+    status, _, answer = call(
+        lean, f"/api/v1/daemons/{me}/claim/", {}, token=daemon, extra={"HTTP_HOST": "evil.example"}
+    )
+    assert django.calls == before + 1
+    assert status == 400 and answer["error"]["code"] == "bad_host"
+
+
 def test_nesting_past_the_limit_goes_to_django_which_refuses_it(world, settings):
     django, lean, me, daemon, _ = world
     settings.LAKESHORE_JSON_MAX_DEPTH = 3
