@@ -83,7 +83,7 @@ def test_an_sdk_invocation_shows_its_function_and_priority_as_people_read_them(a
     assert (
         '<td data-label="Priority">5.5</td>' in body
         and '<td data-label="Priority">5</td>' in body
-        and "5.0" not in body
+        and '<td data-label="Priority">5.0</td>' not in body
     )
 
 
