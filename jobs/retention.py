@@ -9,10 +9,9 @@ the other (nor on a request that holds one of the rows). A run stops after
 `max_batches` batches of each kind; the next run goes on from there.
 
 Queued and running invocations are never deleted, whatever their age; a finished one
-without finished_at is kept too. `Daemon.current_invocation` may still point at a
-finished invocation: Django's SET_NULL is emulated in Python, so the same statement
-that deletes an invocation first clears that column on the daemons pointing at it
-(the database's constraint is only checked at commit).
+without finished_at is kept too. No other table holds a database foreign key to
+invocations (a retry's `retry_of` and a daemon command's invocation have none), so a
+batch deletes them with nothing else to clear.
 """
 
 import logging
@@ -31,7 +30,7 @@ MAX_BATCHES = 20  # per kind and run: 100,000 rows of each an hour at the defaul
 
 
 # Written out like the SQL in jobs/services.py; tests/jobs/test_retention.py checks that
-# Daemon.current_invocation is still the only foreign key to either table.
+# no foreign key with a database constraint points at either table.
 _INVOCATIONS_SQL = """
 WITH doomed AS MATERIALIZED (
     SELECT id FROM jobs_invocation
@@ -39,9 +38,6 @@ WITH doomed AS MATERIALIZED (
      ORDER BY id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
-), released AS (
-    UPDATE queues_daemon SET current_invocation_id = NULL
-     WHERE current_invocation_id = ANY(ARRAY(SELECT id FROM doomed))
 )
 DELETE FROM jobs_invocation WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """

@@ -351,7 +351,6 @@ def invocation_claim(
     wait: float = 0.0,
     rng: random.Random | None = None,
     wires: list[str] | None = None,
-    touch_owed: bool = False,
 ) -> list[Invocation]:
     """Hand up to `limit` queued invocations of the daemon's queues to it, each to
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
@@ -359,9 +358,7 @@ def invocation_claim(
     daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
     NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection.
     `wires` says what the daemon can run: JSON invocations by default (this project's
-    daemon), the SDK's blobs for an SDK worker. `touch_owed`: outcomes were just
-    recorded without rewriting the daemon's busy/idle (an exchange), so the claim's
-    transaction does it whatever it finds."""
+    daemon), the SDK's blobs for an SDK worker."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
     deadline = time.monotonic() + wait
@@ -374,8 +371,8 @@ def invocation_claim(
         seen = wakeup.listener.snapshot(listening) if wait else ()
         # a long-poll first asks whether anything is queued at all (one indexed read in
         # place of a transaction) unless it was just woken because something was
-        claimed = _claim_once(daemon, limit, rng, wires, touch_owed, probe=wait > 0 and fresh)
-        touch_owed = fresh = False
+        claimed = _claim_once(daemon, limit, rng, wires, probe=wait > 0 and fresh)
+        fresh = False
         left = deadline - time.monotonic()
         if claimed or left <= 0:
             return claimed
@@ -390,17 +387,16 @@ def _claim_once(
     limit: int,
     rng: random.Random,
     wires=None,
-    touch_owed: bool = False,
     *,
     probe: bool = False,
 ) -> list[Invocation]:
     claimed: list[Invocation] = []
     if daemon.state == DaemonState.DRAINING:
-        if touch_owed:
+        if daemons.heartbeat_due(daemon):
             daemons.touch(daemon.pk)
         return claimed
     queues = _queues_of(daemon.queues)
-    if probe and not touch_owed and not daemons.heartbeat_due(daemon):
+    if probe and not daemons.idle_owed(daemon):
         # An idle daemon's long-poll: when none of its queues holds a queued row there
         # is nothing to take, and the transaction below would only say so. (A row queued
         # after this look wakes the wait: the caller's snapshot was taken before it.)
@@ -410,6 +406,8 @@ def _claim_once(
             return claimed
     # One transaction for the claims and the touch: if anything in it fails (the
     # database restarting, say), nothing was taken, so no answer is lost with work in it.
+    # A claim that takes work marks its daemon busy in its own statement; one that
+    # finds nothing touches a busy daemon (back to idle unless it still runs something).
     with transaction.atomic():
         hooks.point("claim.before_statement")
         for queue in queues:
@@ -431,7 +429,7 @@ def _claim_once(
                     wires=wires,
                 )
         hooks.point("claim.before_touch")
-        if claimed or touch_owed or daemons.heartbeat_due(daemon):
+        if daemons.heartbeat_due(daemon) or (not claimed and daemons.idle_owed(daemon)):
             daemons.touch(daemon.pk)
         hooks.point("claim.before_commit")
     return claimed
@@ -468,21 +466,40 @@ def invocation_complete(
     worker says when a failure is final)."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
-    invocation = _complete_one(
-        daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
-    )
-    daemons.touch(daemon.pk)
+    with transaction.atomic():  # the outcome and busy/idle together
+        invocation = _complete_one(
+            daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
+        )
+        _completed(daemon)
     return invocation
 
 
+def _completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
+    """Busy/idle after a completion. With a claim to follow (an exchange), or while
+    the daemon's queues hold work (its next claim comes at once: it has a free slot),
+    that claim says busy or idle, so a daemon working through a backlog writes its row
+    at neither; only a heartbeat that is due is renewed. Otherwise (the daemon
+    long-polls an empty queue while this report goes on its own) it becomes idle now
+    if it runs nothing more."""
+    if (
+        claim_follows
+        or daemon.state != DaemonState.BUSY
+        or transitions.any_queued(daemon.queues or [""])
+    ):
+        if daemons.heartbeat_due(daemon):
+            daemons.touch(daemon.pk)
+        return
+    daemons.touch(daemon.pk)
+
+
 def invocation_complete_batch(
-    *, daemon: Daemon, outcomes: list[dict], touch: bool = True
+    *, daemon: Daemon, outcomes: list[dict], claim_follows: bool = False
 ) -> list[dict]:
     """Many outcomes in one request and one transaction, each fenced alone: a stale one
     is refused by itself and the others are recorded. A daemon that is no longer live
     records nothing: the whole batch gets its Conflict (daemon_terminated, daemon_lost),
     unless the batch is a retry of reports already recorded, which still answer ok.
-    touch=False leaves the daemon's busy/idle to a claim that follows at once."""
+    `claim_follows`: a claim comes next (an exchange), which says busy or idle."""
     try:
         daemons.check_live(daemon)
     except Conflict as gone:
@@ -517,8 +534,7 @@ def invocation_complete_batch(
                 answers.append(_refused(item, exc))
             else:
                 answers.append(_recorded(invocation))
-        if touch:
-            daemons.touch(daemon.pk)
+        _completed(daemon, claim_follows=claim_follows)
     return answers
 
 
@@ -534,11 +550,8 @@ def invocation_exchange(
     already recorded, answers them and the claim does not run. Outcomes commit before the
     claim starts: a claim that then fails (a Conflict, the database going away) leaves
     them recorded, and a retry of the same outcomes answers them as recorded."""
-    # With a claim to follow, its transaction rewrites the daemon's busy/idle once, for
-    # both: one statement (and one write of the daemon's row) fewer per exchange.
-    claim_follows = limit > 0
     recorded = (
-        invocation_complete_batch(daemon=daemon, outcomes=outcomes, touch=not claim_follows)
+        invocation_complete_batch(daemon=daemon, outcomes=outcomes, claim_follows=limit > 0)
         if outcomes
         else []
     )
@@ -548,13 +561,7 @@ def invocation_exchange(
         if not recorded:
             raise
         return {"recorded": recorded, "claimed": []}
-    claimed = (
-        invocation_claim(
-            daemon=daemon, limit=limit, wait=wait, wires=wires, touch_owed=bool(recorded)
-        )
-        if claim_follows
-        else []
-    )
+    claimed = invocation_claim(daemon=daemon, limit=limit, wait=wait, wires=wires) if limit else []
     return {"recorded": recorded, "claimed": claimed}
 
 

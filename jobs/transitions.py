@@ -49,6 +49,7 @@ _STATES = {
     "claiming": [str(s) for s in CLAIMING_DAEMON_STATES],
     "live": [str(s) for s in LIVE_DAEMON_STATES],
     "dispatching": [str(s) for s in DISPATCHING_QUEUE_STATES],
+    "busy": DaemonState.BUSY.value,
 }
 
 
@@ -150,33 +151,42 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
 # The daemon's liveness is part of the statement: its row is locked, and only a
 # daemon that may take work (not draining, terminated or lost) gets anything. A drop,
 # deregister or reap that commits first leaves this claim empty; one that comes later
-# waits for this claim to commit and then sees (and ends) what it took. The lock is the
-# one the claim's touch (busy/idle, in the same transaction) needs to write the row
-# anyway: with a share lock, two claims of one daemon each held one and waited for the
-# other's to write theirs (a deadlock, broken by PostgreSQL after a second); now the
-# second waits for the first to commit. Its invocations' foreign keys only need a key
-# share, which this lock leaves free.
+# waits for this claim to commit and then sees (and ends) what it took. A claim that
+# takes work marks a daemon that is not busy yet busy, in the same statement (`marked`):
+# the daemon's row is written when busy/idle changes, not on every claim (idle comes
+# back lazily: queues/daemons.py, touch). A scale-down that waits on this lock sees the
+# daemon busy when it gets it. The lock is the one that write needs: with a share
+# lock, two claims of one daemon each held one and waited for the other's to write
+# (a deadlock, broken by PostgreSQL after a second); now the second waits for the
+# first to commit. Its invocations' foreign keys only need a key share, which this
+# lock leaves free.
 _CLAIM_SQL = """
 WITH me AS (
-    SELECT id FROM queues_daemon
+    SELECT id, state FROM queues_daemon
      WHERE id = %(daemon)s AND state = ANY(%(claiming)s)
        FOR NO KEY UPDATE
+), taken AS (
+    UPDATE jobs_invocation
+       SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,
+           started_at = now(), finished_at = NULL, scheduled_at = NULL, error = ''
+     WHERE id = ANY(ARRAY(
+            SELECT id FROM jobs_invocation
+             WHERE queue = %(queue)s AND state = %(queued)s
+               AND (scheduled_at IS NULL OR scheduled_at <= now())
+               AND EXISTS (SELECT 1 FROM me) {extra}
+               AND (%(queue)s = ''
+                    OR EXISTS (SELECT 1 FROM queues_queue q
+                                WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)))
+             ORDER BY {order}
+             LIMIT %(limit)s
+               FOR UPDATE SKIP LOCKED))
+    RETURNING *
+), marked AS (
+    UPDATE queues_daemon d SET state = %(busy)s, updated_at = now()
+      FROM me
+     WHERE d.id = me.id AND me.state <> %(busy)s AND EXISTS (SELECT 1 FROM taken)
 )
-UPDATE jobs_invocation
-   SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,
-       started_at = now(), finished_at = NULL, scheduled_at = NULL, error = ''
- WHERE id = ANY(ARRAY(
-        SELECT id FROM jobs_invocation
-         WHERE queue = %(queue)s AND state = %(queued)s
-           AND (scheduled_at IS NULL OR scheduled_at <= now())
-           AND EXISTS (SELECT 1 FROM me) {extra}
-           AND (%(queue)s = ''
-                OR EXISTS (SELECT 1 FROM queues_queue q
-                            WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)))
-         ORDER BY {order}
-         LIMIT %(limit)s
-           FOR UPDATE SKIP LOCKED))
-RETURNING *
+SELECT * FROM taken
 """
 
 ORDERS = {

@@ -165,51 +165,79 @@ def refresh_live(daemon: Daemon) -> Daemon:
     return check_live(daemon)
 
 
-# Busy/idle follow what the daemon runs; the heartbeat time is rewritten only when it is
-# older than LAKESHORE_HEARTBEAT_WRITE_SECONDS, so idle polling does not rewrite the row.
-# The update re-checks the state it computed from: a drop or retire that commits
-# meanwhile is never overwritten.
+# Busy/idle follow what the daemon runs, lazily, so that the daemon's row is not written
+# on every call: a claim that takes work marks it busy in its own statement (when it is
+# not busy already: jobs/transitions.py), and it goes back to idle here, at its next
+# claim that finds nothing or its next heartbeat, whichever comes first. A completion
+# writes nothing, so a daemon that completes and claims again with work queued stays
+# busy without a write. Busy therefore means "it claimed work and has not since asked
+# for more in vain" — at worst it says busy a moment too long, never idle while it runs
+# something (scale-down re-checks what it runs anyway: daemons_retire). The heartbeat
+# time is rewritten only when it is older than LAKESHORE_HEARTBEAT_WRITE_SECONDS. The
+# update re-checks the state it computed from: a drop or retire that commits meanwhile
+# is never overwritten.
 _TOUCH_SQL = """
-WITH cur AS (
-    SELECT id FROM jobs_invocation
-     WHERE daemon_id = %(daemon)s AND state = %(running)s
-     ORDER BY id DESC LIMIT 1
-), want AS (
+WITH want AS (
     SELECT d.id, d.state AS seen,
            CASE WHEN d.state = ANY(%(working)s)
-                THEN CASE WHEN EXISTS (SELECT 1 FROM cur) THEN %(busy)s ELSE %(idle)s END
-                ELSE d.state END AS state,
-           (SELECT id FROM cur) AS current
+                THEN CASE WHEN EXISTS (SELECT 1 FROM jobs_invocation
+                                        WHERE daemon_id = %(daemon)s AND state = %(running)s)
+                          THEN %(busy)s ELSE %(idle)s END
+                ELSE d.state END AS state
       FROM queues_daemon d
      WHERE d.id = %(daemon)s AND d.state = ANY(%(live)s)
 )
 UPDATE queues_daemon d
-   SET state = want.state, current_invocation_id = want.current,
-       last_heartbeat_at = now(), updated_at = now()
+   SET state = want.state, last_heartbeat_at = now(), updated_at = now()
   FROM want
  WHERE d.id = want.id AND d.state = want.seen
    AND (d.last_heartbeat_at IS NULL
         OR d.last_heartbeat_at < now() - make_interval(secs => %(every)s)
-        OR d.state <> want.state
-        OR d.current_invocation_id IS DISTINCT FROM want.current)
+        OR d.state <> want.state)
 """
 
 
 def touch(daemon_id: int) -> None:
-    """Heartbeat and busy/idle in one statement, which writes only when something
-    changed or the heartbeat is getting old."""
-    every = _write_every()
-    params = {
+    """Heartbeat and busy/idle in one statement, which writes only when busy/idle
+    changed or the heartbeat is getting old. It first takes the daemon's row lock (in a
+    claim's transaction, which holds it already, that costs one short statement), so
+    that what it reads of the daemon's invocations includes any claim that committed
+    while it waited: in one statement its snapshot would predate that claim, and it
+    would write idle under work just taken."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM queues_daemon WHERE id = %s FOR NO KEY UPDATE", [daemon_id])
+        cursor.execute(_TOUCH_SQL, touch_params(daemon_id))
+
+
+def touch_params(daemon_id: int) -> dict:
+    return {
         "daemon": daemon_id,
         "running": transitions.RUNNING,
         "working": [str(s) for s in CLAIMING_DAEMON_STATES],
         "live": [str(s) for s in LIVE_DAEMON_STATES],
         "busy": DaemonState.BUSY.value,
         "idle": DaemonState.IDLE.value,
-        "every": every,
+        "every": _write_every(),
     }
-    with connection.cursor() as cursor:
-        cursor.execute(_TOUCH_SQL, params)
+
+
+def current_invocation_id(daemon_id: int) -> int | None:
+    """The newest invocation the daemon runs (Daemon.objects.for_list() reads the same
+    for many daemons at once)."""
+    from jobs.models import Invocation
+
+    return (
+        Invocation.objects.filter(daemon_id=daemon_id, state=transitions.RUNNING)
+        .order_by("-id")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def idle_owed(daemon: Daemon) -> bool:
+    """Whether a claim that took nothing should touch its daemon: it was busy (it goes
+    back to idle unless it still runs something), or its heartbeat is due."""
+    return daemon.state == DaemonState.BUSY or heartbeat_due(daemon)
 
 
 def _write_every() -> float:
@@ -220,9 +248,7 @@ def _write_every() -> float:
 
 
 def heartbeat_due(daemon: Daemon) -> bool:
-    """Whether its heartbeat time is old enough that touch would rewrite it. A claim
-    that took nothing changes nothing else touch looks at (what the daemon runs), so
-    it touches only then: an idle long-poll costs one statement fewer."""
+    """Whether its heartbeat time is old enough that touch would rewrite it."""
     seen = daemon.last_heartbeat_at
     return seen is None or (timezone.now() - seen).total_seconds() >= _write_every()
 
@@ -343,9 +369,7 @@ def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> l
             .select_related("provider")
         )
         ids = [d.pk for d in ended]
-        Daemon.objects.filter(pk__in=ids).update(
-            state=DaemonState.TERMINATED, current_invocation=None, updated_at=now
-        )
+        Daemon.objects.filter(pk__in=ids).update(state=DaemonState.TERMINATED, updated_at=now)
         if requeue:
             outcome = transitions.requeue_daemon_work(daemon_ids=ids, reason=reason)
         else:
@@ -422,9 +446,7 @@ def daemons_provider_lost(*, daemon_ids: list[int], reason: str, release: bool) 
             .select_related("provider")
         )
         ids = [d.pk for d in lost]
-        Daemon.objects.filter(pk__in=ids).update(
-            state=DaemonState.LOST, current_invocation=None, updated_at=timezone.now()
-        )
+        Daemon.objects.filter(pk__in=ids).update(state=DaemonState.LOST, updated_at=timezone.now())
         transitions.requeue_daemon_work(daemon_ids=ids, reason=f"daemon lost ({reason})")
         revoke_tokens(Daemon.objects.filter(pk__in=ids))
         for daemon in lost:
@@ -518,7 +540,5 @@ def daemons_mark_lost(*, now=None) -> list[int]:
         with connection.cursor() as cursor:
             cursor.execute(_SILENT_SQL, params)
             lost = [row[0] for row in cursor.fetchall()]
-        Daemon.objects.filter(pk__in=lost).update(
-            state=DaemonState.LOST, current_invocation=None, updated_at=now
-        )
+        Daemon.objects.filter(pk__in=lost).update(state=DaemonState.LOST, updated_at=now)
     return lost

@@ -96,7 +96,16 @@ class DaemonQuerySet(models.QuerySet):
         return self.filter(queues__contains=[queue_name])
 
     def for_list(self):
-        return self.select_related("provider")
+        """With its provider, and `current_invocation_id`: the newest invocation it runs
+        (read from the invocations, so the daemon's row is not written on every claim)."""
+        from jobs.models import Invocation, InvocationState
+
+        running = Invocation.objects.filter(
+            daemon_id=models.OuterRef("pk"), state=InvocationState.RUNNING
+        ).order_by("-id")
+        return self.select_related("provider").annotate(
+            current_invocation_id=models.Subquery(running.values("id")[:1])
+        )
 
     def by_pk(self, pk: int):
         """One daemon by id, or None, without compiling a query (lakeshore_admin/rows.py):
@@ -150,9 +159,6 @@ class Daemon(models.Model):
         unique=True,
         help_text="An SDK worker's own id (hostname-ULID): it registered by polling "
         "/v1/daemon/poll, and it sends no heartbeat (a lease keeps its work instead).",
-    )
-    current_invocation = models.ForeignKey(
-        "jobs.Invocation", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -2,6 +2,7 @@ from rest_framework import serializers
 
 from lakeshore_admin.output import BuiltOnceFields
 from queues import elasticity
+from queues.daemons import current_invocation_id
 from queues.models import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
@@ -134,6 +135,9 @@ class ElasticityOutput(serializers.Serializer):
     threshold = serializers.FloatField(allow_null=True)
 
 
+_UNREAD = object()
+
+
 class DaemonSerializer(BuiltOnceFields, serializers.ModelSerializer):
     id = serializers.CharField(read_only=True)
     provider = serializers.SlugRelatedField(slug_field="name", read_only=True)
@@ -156,7 +160,11 @@ class DaemonSerializer(BuiltOnceFields, serializers.ModelSerializer):
         ]
 
     def get_current_invocation(self, daemon) -> str | None:
-        pk = daemon.current_invocation_id
+        """The newest invocation it runs: annotated by Daemon.objects.for_list(), or
+        read here for a daemon loaded otherwise."""
+        pk = getattr(daemon, "current_invocation_id", _UNREAD)
+        if pk is _UNREAD:
+            pk = current_invocation_id(daemon.pk)
         return None if pk is None else str(pk)
 
 

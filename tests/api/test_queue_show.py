@@ -22,17 +22,25 @@ def test_it_shows_a_queue_and_its_member_daemons(operator):
         provider="gpu-cloud",
         elasticity_spec={"kind": "fixed", "min": 2},
     )
-    job = Invocation.objects.create(
-        queue="training-h100", function="lakeshore.functions.echo", state="running"
-    )
     beat = timezone.now()
     member = builders.daemon(
         queues=["training-h100", "other"],
         state=DaemonState.BUSY,
         provider=gpu,
         instance_type="p4d.24xlarge",
-        current_invocation=job,
         last_heartbeat_at=beat,
+    )
+    Invocation.objects.create(  # an older one it ran, and the one it runs now
+        queue="training-h100",
+        function="lakeshore.functions.echo",
+        state="succeeded",
+        daemon=member,
+    )
+    job = Invocation.objects.create(
+        queue="training-h100",
+        function="lakeshore.functions.echo",
+        state="running",
+        daemon=member,
     )
 
     response = operator.get("/api/v1/queues/training-h100/")
@@ -107,9 +115,9 @@ def test_it_runs_the_same_number_of_queries_for_1_and_50_members(operator):
     with CaptureQueriesContext(connection) as one:
         assert len(operator.get("/api/v1/queues/q/").json()["daemons"]) == 1
     for _ in range(49):
-        job = Invocation.objects.create(queue="q", function="lakeshore.functions.echo")
-        builders.daemon(
-            queues=["q"], provider=provider, state=DaemonState.BUSY, current_invocation=job
+        member = builders.daemon(queues=["q"], provider=provider, state=DaemonState.BUSY)
+        Invocation.objects.create(
+            queue="q", function="lakeshore.functions.echo", state="running", daemon=member
         )
     with CaptureQueriesContext(connection) as fifty:
         body = operator.get("/api/v1/queues/q/").json()

@@ -470,3 +470,49 @@ def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
     assert errors == []
     assert sorted(results["a"] + results["b"]) == ids  # each took one, none twice
     assert Daemon.objects.get(pk=daemon.pk).state == "busy"
+
+
+def _heartbeat_during_a_claim_of_a_busy_daemon():
+    """A daemon still marked busy from its last job (it runs nothing) claims a new one;
+    its heartbeat arrives while the claim holds the daemon's row and commits under it.
+    Forced: the heartbeat starts at the claim's commit and is seen waiting on the lock."""
+    builders.queue(name="w")
+    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+    daemon = builders.daemon(queues=["w"], state="busy")  # no heartbeat yet: it writes
+    beat_errors = []
+
+    def beat():
+        try:
+            daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            beat_errors.append(exc)
+        finally:
+            connection.close()
+
+    beater = threading.Thread(target=beat)
+
+    def start_the_heartbeat_and_see_it_wait():
+        beater.start()
+        _wait_until_blocked_on_a_lock()
+
+    hooks.register("claim.before_commit", start_the_heartbeat_and_see_it_wait)
+    claimed = services.invocation_claim(daemon=daemon)
+    beater.join(30)
+    assert beat_errors == []
+    assert [i.pk for i in claimed] == [inv.pk]
+    return Daemon.objects.get(pk=daemon.pk).state
+
+
+def test_a_heartbeat_that_waits_on_a_claim_sees_what_it_took():
+    assert _heartbeat_during_a_claim_of_a_busy_daemon() == "busy"
+
+
+def test_negative_control_a_touch_in_one_statement_writes_idle_under_the_claimed_job(
+    monkeypatch,
+):
+    def touch_in_one_statement(daemon_id):  # its snapshot predates the claim's commit
+        with connection.cursor() as cursor:
+            cursor.execute(daemons._TOUCH_SQL, daemons.touch_params(daemon_id))
+
+    monkeypatch.setattr(daemons, "touch", touch_in_one_statement)
+    assert _heartbeat_during_a_claim_of_a_busy_daemon() == "idle"

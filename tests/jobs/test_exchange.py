@@ -330,9 +330,10 @@ def test_one_outcome_and_a_claim_of_one_cost_a_bounded_number_of_queries(
     me, held, queued = world
     _exchange(daemon_client, me, limit=0)  # warm: the queue rows' cache
     # the token and its roles (2), the daemon (1); the batch: its UPDATE; the claim: its
-    # statement and the one touch for both (busy/idle); each transaction a savepoint pair
-    # here (4: under a test's transaction; BEGIN/COMMIT, not statements, when served)
-    with django_assert_max_num_queries(10):
+    # statement, which marks a daemon busy itself (busy already here: no write); each
+    # transaction a savepoint pair here (4: under a test's transaction; BEGIN/COMMIT, not
+    # statements, when served)
+    with django_assert_max_num_queries(9):
         response = _exchange(daemon_client, me, outcomes=_report(held[:1]), limit=1)
     assert response.status_code == 200
     assert [item["ok"] for item in response.json()["recorded"]] == [True]
@@ -340,13 +341,13 @@ def test_one_outcome_and_a_claim_of_one_cost_a_bounded_number_of_queries(
 
 
 def _busy(me):
-    return Daemon.objects.values_list("state", "current_invocation_id").get(pk=me)
+    return Daemon.objects.for_list().values_list("state", "current_invocation_id").get(pk=me)
 
 
 def test_the_daemon_is_busy_with_what_it_claimed_and_idle_when_the_claim_finds_nothing(
     daemon_client, world
 ):
-    # the batch leaves busy/idle to the claim that follows: it must still come out right
+    # the batch writes no busy/idle; the claim that follows must still come out right
     me, held, queued = world
     answer = _exchange(daemon_client, me, outcomes=_report(held), limit=1).json()
     assert [int(i["id"]) for i in answer["claimed"]] == queued[:1]
@@ -360,9 +361,20 @@ def test_the_daemon_is_busy_with_what_it_claimed_and_idle_when_the_claim_finds_n
     assert _busy(me) == ("idle", None)
 
 
-def test_outcomes_without_a_claim_still_make_the_daemon_idle(daemon_client, world):
+def test_outcomes_alone_make_the_daemon_idle_once_nothing_is_queued_for_it(daemon_client, world):
     me, held, queued = world
     _exchange(daemon_client, me, outcomes=_report(held), limit=0)
+    assert _busy(me) == ("busy", None)  # work is queued: its next claim follows at once
+    _exchange(daemon_client, me, outcomes=[], limit=len(queued))
+    _exchange(daemon_client, me, outcomes=_report(queued), limit=0)
+    assert _busy(me) == ("idle", None)  # nothing left for it: idle now
+
+
+def test_a_heartbeat_makes_a_daemon_that_runs_nothing_idle(daemon_client, world):
+    me, held, queued = world
+    _exchange(daemon_client, me, outcomes=_report(held), limit=0)
+    response = daemon_client.post(f"/api/v1/daemons/{me}/heartbeat/", {}, format="json")
+    assert response.json()["state"] == "idle"
     assert _busy(me) == ("idle", None)
 
 

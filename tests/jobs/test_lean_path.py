@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs import services
 from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
 from queues import services as queue_services
+from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -54,24 +55,36 @@ def test_the_slow_path_still_answers_what_the_fast_one_cannot():
         services.invocation_submit(function=ECHO, queue="bounded", block_timeout=0)
 
 
-def test_a_warm_claim_and_its_completion_cost_two_statements_each():
+def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_daemon():
+    from django.utils import timezone
+
     builders.queue(name="w")
-    daemon = builders.daemon(queues=["w"])
+    daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
     invocation, _ = services.invocation_submit(function=ECHO, queue="w")
+    services.invocation_submit(function=ECHO, queue="w")  # a backlog
 
     claimed, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
     assert [i.pk for i in claimed] == [invocation.pk]
-    # the claim (daemon liveness and queue state inside) and touch, in one transaction
-    assert len(_work(sql)) == 2
+    # the claim: daemon liveness, queue state and marking the daemon busy all inside
+    assert len(_work(sql)) == 1
+    assert Daemon.objects.values_list("state", flat=True).get(pk=daemon.pk) == "busy"
 
+    daemon.refresh_from_db()
     done, sql = _statements(
         lambda: services.invocation_complete(
             daemon=daemon, invocation_id=invocation.pk, attempt=1, outcome="succeeded"
         )
     )
     assert done.state == "succeeded"
-    assert len(_work(sql)) == len(sql) == 2  # the fenced update and touch
+    # the fenced update and a look at the queue (work is queued: the daemon's next claim
+    # follows and says busy or idle), no write of the daemon's row
+    assert [q.split()[0] for q in _work(sql)] == ["UPDATE", "SELECT"]
+    assert "queues_daemon" not in " ".join(sql)
+
+    claimed, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    assert len(claimed) == 1
+    assert len(_work(sql)) == 1  # busy already: the claim writes nothing of the daemon
 
 
 def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
@@ -127,8 +140,6 @@ def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
 
     from django.utils import timezone
 
-    from queues.models import Daemon
-
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
@@ -140,17 +151,20 @@ def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
     Daemon.objects.filter(pk=daemon.pk).update(last_heartbeat_at=old)
     daemon.refresh_from_db()
     _, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
-    assert len(_work(sql)) == 2  # and the touch, which keeps it from being reaped
+    assert len(_work(sql)) == 3  # and the touch (its row lock, its update): not reaped
     daemon.refresh_from_db()
     assert daemon.last_heartbeat_at > old
 
 
 def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
+    from django.utils import timezone
+
     builders.queue(name="w")
-    daemon = builders.daemon(queues=["w"])
+    daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     for n in range(10):
         services.invocation_submit(function=ECHO, queue="w", args=[n], max_attempts=2)
     claimed = services.invocation_claim(daemon=daemon, limit=10)
+    daemon.refresh_from_db()  # busy, as a request would load it
     outcomes = [
         {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [inv.pk]}
         for inv in claimed[:8]
@@ -163,5 +177,7 @@ def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
     )
     assert [a["ok"] for a in answers] == [True] * 10
     assert [a["state"] for a in answers] == ["succeeded"] * 8 + ["queued", "failed"]
-    assert len([q for q in _work(sql) if "UPDATE jobs_invocation" in q]) == 1
-    assert len(_work(sql)) == 2  # and touch
+    # its UPDATE, and a look at the queue: two failures went back to it, so the daemon's
+    # next claim follows and says busy or idle (no write of the daemon's row here)
+    assert [q.split()[0] for q in _work(sql)] == ["UPDATE", "SELECT"]
+    assert "UPDATE jobs_invocation" in _work(sql)[0]

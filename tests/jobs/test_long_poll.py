@@ -172,18 +172,33 @@ def test_a_heartbeat_rewrites_the_daemon_row_at_most_every_few_seconds(settings)
     assert Daemon.objects.values_list("updated_at", flat=True).get(pk=daemon.pk) > written
 
 
-def test_a_state_change_is_written_at_once_whatever_the_heartbeat_interval(settings):
+def test_busy_and_idle_are_written_at_once_whatever_the_heartbeat_interval(settings):
+    """Busy with the claim that takes work; idle when it is done and nothing is queued
+    for it. Between jobs of a backlog the daemon's row is not written at all."""
     settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS = 30
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"])
     daemons.daemon_heartbeat(daemon=daemon)
-    inv, _ = services.invocation_submit(function=ECHO, queue="w")
+
+    def seen():
+        return (
+            Daemon.objects.for_list()
+            .values_list("state", "current_invocation_id", "updated_at")
+            .get(pk=daemon.pk)
+        )
+
+    first, _ = services.invocation_submit(function=ECHO, queue="w")
+    second, _ = services.invocation_submit(function=ECHO, queue="w")
     services.invocation_claim(daemon=daemon)
     daemon.refresh_from_db()
-    assert (daemon.state, daemon.current_invocation_id) == ("busy", inv.pk)
-    services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1, result=1)
-    daemon.refresh_from_db()
-    assert (daemon.state, daemon.current_invocation_id) == ("idle", None)
+    state, current, written = seen()
+    assert (state, current) == ("busy", first.pk)
+    services.invocation_complete(daemon=daemon, invocation_id=first.pk, attempt=1, result=1)
+    assert seen() == ("busy", None, written)  # the second is queued: not written
+    services.invocation_claim(daemon=daemon)
+    assert seen() == ("busy", second.pk, written)  # busy already: not written
+    services.invocation_complete(daemon=daemon, invocation_id=second.pk, attempt=1, result=1)
+    assert seen()[:2] == ("idle", None)
 
 
 def test_released_waiters_answer_empty_at_once_without_another_query_and_later_waits_still_wait():

@@ -13,7 +13,7 @@ from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.db import IntegrityError, connection, models, transaction
+from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -274,27 +274,21 @@ def test_it_checks_its_bounds():
         retention_sweep(max_batches=0)
 
 
-def test_it_clears_a_daemons_current_invocation_that_it_deletes():
+def test_it_deletes_what_a_daemon_ran_and_the_daemon_still_shows_what_it_runs():
     (done,) = _invocations(1)
     (young,) = _invocations(1, finished_at=YOUNG)
-    pointing = builders.daemon(state="terminated", current_invocation=done)
-    elsewhere = builders.daemon(current_invocation=young)
-    assert retention_sweep(now=NOW) == {
-        "invocations": 1,
-        "events": 0,
-        "frames": 0,
-        "samples": 0,
-        "audit": 0,
-        "commands": 0,
-    }
-    # the deferred foreign key is checked now, as at a real commit
+    daemon = builders.daemon()
+    Invocation.objects.filter(pk=done.pk).update(daemon=daemon)
+    running = Invocation.objects.create(
+        queue="", function="m.f", state="running", daemon=daemon, created_at=OLD
+    )
+    assert retention_sweep(now=NOW)["invocations"] == 1
     with connection.cursor() as cursor:
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-    pointing.refresh_from_db()
-    elsewhere.refresh_from_db()
-    assert pointing.current_invocation_id is None
-    assert elsewhere.current_invocation_id == young.pk
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # as at a real commit
     assert not Invocation.objects.filter(pk=done.pk).exists()
+    assert Invocation.objects.filter(pk__in=[young.pk, running.pk]).count() == 2
+    shown = Daemon.objects.for_list().get(pk=daemon.pk)
+    assert shown.current_invocation_id == running.pk
 
 
 def test_a_retry_outlives_the_invocation_it_retried():
@@ -310,18 +304,9 @@ def test_a_retry_outlives_the_invocation_it_retried():
     assert retry.retry_of_id == done.pk and not Invocation.objects.filter(pk=done.pk).exists()
 
 
-def test_a_raw_delete_without_clearing_the_daemon_fails_at_the_constraint_check():
-    """Negative control for the test above: the deferred foreign key is real."""
-    (done,) = _invocations(1)
-    builders.daemon(state="terminated", current_invocation=done)
-    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("DELETE FROM jobs_invocation WHERE id = %s", [done.pk])
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-
-
-def test_only_the_daemons_current_invocation_references_invocations_and_none_events():
-    """The sweep deletes with raw SQL and clears Daemon.current_invocation itself; a new
-    foreign key to Invocation or QueueEvent must be handled in jobs/retention.py."""
+def test_no_foreign_key_with_a_constraint_references_invocations_or_events():
+    """The sweep deletes with raw SQL and clears nothing; a new foreign key to
+    Invocation or QueueEvent must be handled in jobs/retention.py."""
     incoming = [
         (model, field.name, field.related_model, field.remote_field.on_delete)
         for model in apps.get_models(include_auto_created=True)
@@ -329,7 +314,6 @@ def test_only_the_daemons_current_invocation_references_invocations_and_none_eve
         if field.is_relation and field.related_model in (Invocation, QueueEvent)
     ]
     assert incoming == [
-        (Daemon, "current_invocation", Invocation, models.SET_NULL),
         # no database constraint: swept by its own age (test below)
         (DaemonCommand, "invocation", Invocation, models.DO_NOTHING),
         (Invocation, "retry_of", Invocation, models.SET_NULL),  # no database constraint
@@ -340,10 +324,6 @@ def test_only_the_daemons_current_invocation_references_invocations_and_none_eve
     assert (Invocation._meta.db_table, QueueEvent._meta.db_table) == (
         "jobs_invocation",
         "queues_queueevent",
-    )
-    assert (Daemon._meta.db_table, Daemon._meta.get_field("current_invocation").column) == (
-        "queues_daemon",
-        "current_invocation_id",
     )
 
 

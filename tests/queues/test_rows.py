@@ -21,7 +21,6 @@ def _fields(row) -> dict:
 def test_it_reads_what_the_orm_reads():
     provider = builders.provider(name="p")
     builders.queue(name="a")
-    running = services.invocation_submit(function="lakeshore.functions.echo", queue="a")[0]
     daemon = builders.daemon(
         queues=["a", "b"],
         state="busy",
@@ -29,7 +28,6 @@ def test_it_reads_what_the_orm_reads():
         instance_type="gpu-1",
         external_id="123",
         last_heartbeat_at=timezone.now(),
-        current_invocation=running,
     )
     plain = builders.daemon(queues=[])
 
