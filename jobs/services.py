@@ -279,10 +279,12 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
 
 def _claim_boltzmann(
     daemon_id: int, queue: Queue, limit: int, rng: random.Random, wires=None
-) -> list[Invocation]:
+) -> tuple[list[Invocation], bool]:
+    """What it claimed, and whether it ran a claim statement at all (which locks the
+    daemon's row) or found no level with work."""
     levels = _levels_for(queue)
     claimed: list[Invocation] = []
-    recounted = False
+    recounted = ran = False
     while len(claimed) < limit:
         if not levels:
             if recounted:
@@ -290,6 +292,7 @@ def _claim_boltzmann(
             levels, recounted = _levels_for(queue, fresh=True), True
             continue
         level = boltzmann_pick(levels, queue.temperature, rng)
+        ran = True
         got = transitions.claim(
             daemon_id=daemon_id,
             queue=queue.name,
@@ -306,7 +309,7 @@ def _claim_boltzmann(
     with _levels_lock:  # what this claim learnt, for the next one in this process
         if queue.pk in _levels_cache:
             _levels_cache[queue.pk] = (_levels_cache[queue.pk][0], levels)
-    return claimed
+    return claimed, ran
 
 
 QUEUE_ROWS_TTL = 2.0  # seconds a process reuses a queue's row (kind, temperature)
@@ -410,6 +413,7 @@ def _claim_once(
     # finds nothing touches a busy daemon (back to idle unless it still runs something).
     with transaction.atomic():
         hooks.point("claim.before_statement")
+        locked = False  # whether a claim statement ran: it locks the daemon's row
         for queue in queues:
             want = limit - len(claimed)
             if want <= 0:
@@ -418,8 +422,11 @@ def _claim_once(
                 claimed += transitions.claim(
                     daemon_id=daemon.pk, queue=queue, order="oldest", limit=want, wires=wires
                 )
+                locked = True
             elif queue.kind == QueueKind.BOLTZMANN:
-                claimed += _claim_boltzmann(daemon.pk, queue, want, rng, wires)
+                got, ran = _claim_boltzmann(daemon.pk, queue, want, rng, wires)
+                claimed += got
+                locked = locked or ran
             else:
                 claimed += transitions.claim(
                     daemon_id=daemon.pk,
@@ -428,9 +435,10 @@ def _claim_once(
                     limit=want,
                     wires=wires,
                 )
+                locked = True
         hooks.point("claim.before_touch")
         if daemons.heartbeat_due(daemon) or (not claimed and daemons.idle_owed(daemon)):
-            daemons.touch(daemon.pk)
+            daemons.touch(daemon.pk, locked=locked)
         hooks.point("claim.before_commit")
     return claimed
 
@@ -470,26 +478,8 @@ def invocation_complete(
         invocation = _complete_one(
             daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
         )
-        _completed(daemon)
+        daemons.completed(daemon)
     return invocation
-
-
-def _completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
-    """Busy/idle after a completion. With a claim to follow (an exchange), or while
-    the daemon's queues hold work (its next claim comes at once: it has a free slot),
-    that claim says busy or idle, so a daemon working through a backlog writes its row
-    at neither; only a heartbeat that is due is renewed. Otherwise (the daemon
-    long-polls an empty queue while this report goes on its own) it becomes idle now
-    if it runs nothing more."""
-    if (
-        claim_follows
-        or daemon.state != DaemonState.BUSY
-        or transitions.any_queued(daemon.queues or [""])
-    ):
-        if daemons.heartbeat_due(daemon):
-            daemons.touch(daemon.pk)
-        return
-    daemons.touch(daemon.pk)
 
 
 def invocation_complete_batch(
@@ -534,7 +524,7 @@ def invocation_complete_batch(
                 answers.append(_refused(item, exc))
             else:
                 answers.append(_recorded(invocation))
-        _completed(daemon, claim_follows=claim_follows)
+        daemons.completed(daemon, claim_follows=claim_follows)
     return answers
 
 

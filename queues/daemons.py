@@ -167,12 +167,12 @@ def refresh_live(daemon: Daemon) -> Daemon:
 
 # Busy/idle follow what the daemon runs, lazily, so that the daemon's row is not written
 # on every call: a claim that takes work marks it busy in its own statement (when it is
-# not busy already: jobs/transitions.py), and it goes back to idle here, at its next
-# claim that finds nothing or its next heartbeat, whichever comes first. A completion
-# writes nothing, so a daemon that completes and claims again with work queued stays
-# busy without a write. Busy therefore means "it claimed work and has not since asked
-# for more in vain" — at worst it says busy a moment too long, never idle while it runs
-# something (scale-down re-checks what it runs anyway: daemons_retire). The heartbeat
+# not busy already: jobs/transitions.py), and it goes back to idle here (touch), at its
+# next claim that finds nothing, at a completion when nothing is queued for it
+# (completed), or at its next heartbeat, whichever comes first. So a daemon working
+# through a backlog, completing and claiming again, writes its row at neither. At worst
+# busy lasts a moment too long (until the daemon asks for more), never idle while it
+# runs something (scale-down re-checks what it runs anyway: daemons_retire). The heartbeat
 # time is rewritten only when it is older than LAKESHORE_HEARTBEAT_WRITE_SECONDS. The
 # update re-checks the state it computed from: a drop or retire that commits meanwhile
 # is never overwritten.
@@ -197,13 +197,17 @@ UPDATE queues_daemon d
 """
 
 
-def touch(daemon_id: int) -> None:
+def touch(daemon_id: int, *, locked: bool = False) -> None:
     """Heartbeat and busy/idle in one statement, which writes only when busy/idle
-    changed or the heartbeat is getting old. It first takes the daemon's row lock (in a
-    claim's transaction, which holds it already, that costs one short statement), so
+    changed or the heartbeat is getting old. It first takes the daemon's row lock, so
     that what it reads of the daemon's invocations includes any claim that committed
     while it waited: in one statement its snapshot would predate that claim, and it
-    would write idle under work just taken."""
+    would write idle under work just taken. `locked`: the caller's transaction holds
+    that lock already (a claim statement ran in it)."""
+    if locked:
+        with connection.cursor() as cursor:
+            cursor.execute(_TOUCH_SQL, touch_params(daemon_id))
+        return
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM queues_daemon WHERE id = %s FOR NO KEY UPDATE", [daemon_id])
         cursor.execute(_TOUCH_SQL, touch_params(daemon_id))
@@ -232,6 +236,23 @@ def current_invocation_id(daemon_id: int) -> int | None:
         .values_list("id", flat=True)
         .first()
     )
+
+
+def completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
+    """Busy/idle after a completion, in its transaction. With a claim to follow (an
+    exchange), or while the daemon's queues hold work (its next claim comes at once: it
+    has a free slot), that claim says busy or idle, and only a heartbeat that is due is
+    renewed. Otherwise (the daemon long-polls an empty queue while this report goes on
+    its own) it becomes idle now if it runs nothing more."""
+    if (
+        claim_follows
+        or daemon.state != DaemonState.BUSY
+        or transitions.any_queued(daemon.queues or [""])
+    ):
+        if heartbeat_due(daemon):
+            touch(daemon.pk)
+        return
+    touch(daemon.pk)
 
 
 def idle_owed(daemon: Daemon) -> bool:

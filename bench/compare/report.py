@@ -179,6 +179,14 @@ PROFILED = [
     "now starts at the queued rows' first id, read from their own index: 0.6 ms, flat. "
     "The redundant index on the daemon column (inv_daemon_id covers it) is gone: one "
     "index write fewer per insert, claim and completion.",
+    "- **The daemon's row**: every claim marked its daemon busy (with its current job) and "
+    "every completion marked it idle, each a statement of its own and a write of the row "
+    "(0.6–0.9 ms each). A claim now marks its daemon busy inside the claim statement, and "
+    "only when it was not busy; a completion writes nothing while work is queued for the "
+    "daemon (its next claim follows); idle comes back with the next claim that finds "
+    "nothing, or the heartbeat. A daemon working through a backlog writes its row only "
+    "with its heartbeat. Claim, then complete, one daemon, limit 1: 8.8 → 6.4 ms a pair in "
+    "process; 69 → 93 jobs/s over HTTP (0.22× → 0.31× of the worker at concurrency 1).",
     "- **What is left**: an HTTP request costs about 0.5 ms in gunicorn and 0.9 ms in the "
     "httpx client before any work (a hello-world WSGI app answers 587 requests/s to one "
     "httpx client here, 0.63× of procrastinate's `defer`), and each commit is a WAL flush "

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from jobs import services, transitions
 from jobs.models import Invocation
@@ -478,7 +479,8 @@ def _heartbeat_during_a_claim_of_a_busy_daemon():
     Forced: the heartbeat starts at the claim's commit and is seen waiting on the lock."""
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
-    daemon = builders.daemon(queues=["w"], state="busy")  # no heartbeat yet: it writes
+    # its heartbeat is fresh: the claim writes nothing of its row, only locks it
+    daemon = builders.daemon(queues=["w"], state="busy", last_heartbeat_at=timezone.now())
     beat_errors = []
 
     def beat():
@@ -510,7 +512,7 @@ def test_a_heartbeat_that_waits_on_a_claim_sees_what_it_took():
 def test_negative_control_a_touch_in_one_statement_writes_idle_under_the_claimed_job(
     monkeypatch,
 ):
-    def touch_in_one_statement(daemon_id):  # its snapshot predates the claim's commit
+    def touch_in_one_statement(daemon_id, **_):  # its snapshot predates the claim's commit
         with connection.cursor() as cursor:
             cursor.execute(daemons._TOUCH_SQL, daemons.touch_params(daemon_id))
 
