@@ -474,11 +474,10 @@ def invocation_complete(
     worker says when a failure is final)."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
-    with transaction.atomic():  # the outcome and busy/idle together
-        invocation = _complete_one(
-            daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
-        )
-        daemons.completed(daemon)
+    invocation = _complete_one(
+        daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
+    )
+    daemons.completed(daemon)
     return invocation
 
 

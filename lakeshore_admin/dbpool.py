@@ -18,16 +18,20 @@ from psycopg_pool import ConnectionPool
 IDLE_CHECK_SECONDS = 30.0
 
 
-def returned(conn) -> None:
-    """The pool's reset callback: when the connection came back."""
-    conn.lakeshore_returned_at = time.monotonic()
-
-
 def check(conn) -> None:
-    """Raise when the connection is not fit to lend (the pool then replaces it)."""
+    """Raise when the connection is not fit to lend (the pool then replaces it).
+
+    How long it sat unused is counted from its previous loan (stamped here), not from
+    its return: a pool with a reset callback hands every returned connection to its
+    worker thread (a thread switch per request, and the connection is not free again
+    until that thread has run). Counting from the loan overstates the idle time by the
+    length of the previous request, so at worst a connection gets the full check a
+    little early."""
     if conn.closed or conn.broken:
         raise OperationalError("the connection is closed")
-    idle = time.monotonic() - getattr(conn, "lakeshore_returned_at", float("-inf"))
+    now = time.monotonic()
+    idle = now - getattr(conn, "lakeshore_lent_at", float("-inf"))
+    conn.lakeshore_lent_at = now
     if idle > IDLE_CHECK_SECONDS or conn.pgconn.transaction_status != TransactionStatus.IDLE:
         ConnectionPool.check_connection(conn)
         return

@@ -127,7 +127,6 @@ if LAKESHORE_DB_POOL_MAX:
         "timeout": LAKESHORE_DB_POOL_TIMEOUT,
         # checked before each loan by its socket, not a round trip (lakeshore_admin/dbpool.py)
         "check": dbpool.check,
-        "reset": dbpool.returned,
     }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -95,35 +95,45 @@ def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
     daemon = builders.daemon(queues=["w"])
-    drop_result, drop_errors = {}, []
-
-    def drop():
-        try:
-            drop_result.update(daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            drop_errors.append(exc)
-        finally:
-            connection.close()
-
-    dropper = threading.Thread(target=drop)
-
-    def start_drop_and_see_it_wait():
-        dropper.start()
-        try:
-            _wait_until_blocked_on_a_lock()
-        except AssertionError as exc:
-            raise AssertionError(f"{exc} {drop_result} {drop_errors}") from None
-
-    hooks.register("claim.before_commit", start_drop_and_see_it_wait)
+    drop = _BehindTheClaim(lambda: daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
+    hooks.register("claim.before_commit", drop.start_and_see_it_wait)
     claimed = services.invocation_claim(daemon=daemon)  # commits; the drop then goes on
-    dropper.join(30)
+    drop.join()
 
-    assert drop_errors == []
+    assert drop.errors == []
     assert [i.pk for i in claimed] == [inv.pk]
-    assert drop_result["terminated"] is True
+    assert drop.result["terminated"] is True
     inv.refresh_from_db()
     assert (inv.state, inv.reason) == ("killed", "daemon removed")
     assert _running_on_dead_daemons() == 0
+
+
+class _BehindTheClaim:
+    """`action` on another thread (its own connection), started from a claim's hook and
+    seen waiting on a lock the claim holds before the claim goes on to commit."""
+
+    def __init__(self, action):
+        self.result, self.errors = None, []
+        self.thread = threading.Thread(target=self._run, args=(action,))
+
+    def _run(self, action):
+        try:
+            self.result = action()
+        except BaseException as exc:  # noqa: BLE001 - asserted by the test
+            self.errors.append(exc)
+        finally:
+            connection.close()
+
+    def start_and_see_it_wait(self):
+        self.thread.start()
+        try:
+            _wait_until_blocked_on_a_lock()
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} {self.result} {self.errors}") from None
+
+    def join(self):
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the other thread did not finish"
 
 
 def _wait_until_blocked_on_a_lock(timeout: float = 10.0):
@@ -481,26 +491,13 @@ def _heartbeat_during_a_claim_of_a_busy_daemon():
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
     # its heartbeat is fresh: the claim writes nothing of its row, only locks it
     daemon = builders.daemon(queues=["w"], state="busy", last_heartbeat_at=timezone.now())
-    beat_errors = []
-
-    def beat():
-        try:
-            daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            beat_errors.append(exc)
-        finally:
-            connection.close()
-
-    beater = threading.Thread(target=beat)
-
-    def start_the_heartbeat_and_see_it_wait():
-        beater.start()
-        _wait_until_blocked_on_a_lock()
-
-    hooks.register("claim.before_commit", start_the_heartbeat_and_see_it_wait)
+    beat = _BehindTheClaim(
+        lambda: daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
+    )
+    hooks.register("claim.before_commit", beat.start_and_see_it_wait)
     claimed = services.invocation_claim(daemon=daemon)
-    beater.join(30)
-    assert beat_errors == []
+    beat.join()
+    assert beat.errors == []
     assert [i.pk for i in claimed] == [inv.pk]
     return Daemon.objects.get(pk=daemon.pk).state
 
