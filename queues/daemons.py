@@ -226,24 +226,22 @@ def touch_params(daemon_id: int) -> dict:
 
 
 def current_invocation_id(daemon_id: int) -> int | None:
-    """The newest invocation the daemon runs (Daemon.objects.for_list() reads the same
-    for many daemons at once)."""
-    from jobs.models import Invocation
-
+    """The newest invocation the daemon runs, by the rule Daemon.objects.for_list()
+    annotates many daemons with."""
     return (
-        Invocation.objects.filter(daemon_id=daemon_id, state=transitions.RUNNING)
-        .order_by("-id")
-        .values_list("id", flat=True)
+        Daemon.objects.for_list()
+        .filter(pk=daemon_id)
+        .values_list("current_invocation_id", flat=True)
         .first()
     )
 
 
 def completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
-    """Busy/idle after a completion, in its transaction. With a claim to follow (an
-    exchange), or while the daemon's queues hold work (its next claim comes at once: it
-    has a free slot), that claim says busy or idle, and only a heartbeat that is due is
-    renewed. Otherwise (the daemon long-polls an empty queue while this report goes on
-    its own) it becomes idle now if it runs nothing more."""
+    """Busy/idle once outcomes are recorded (in a batch, in its transaction). With a
+    claim to follow (an exchange), or while the daemon's queues hold work (its next
+    claim comes at once: it has a free slot), that claim says busy or idle, and only a
+    heartbeat that is due is renewed. Otherwise (the daemon long-polls an empty queue
+    while this report goes on its own) it becomes idle now if it runs nothing more."""
     if (
         claim_follows
         or daemon.state != DaemonState.BUSY

@@ -213,3 +213,20 @@ def test_it_runs_the_same_number_of_queries_for_1_and_50_daemons(operator):
         assert len(operator.get(URL).json()) == 50
 
     assert len(fifty) == len(one)
+
+
+def test_a_daemon_loaded_without_the_list_query_still_shows_what_it_runs():
+    """The serializer reads the current invocation itself for a daemon that was not
+    loaded through Daemon.objects.for_list() (which annotates it)."""
+    from jobs.models import Invocation
+    from queues.api.serializers import DaemonSerializer
+
+    daemon = builders.daemon(state=DaemonState.BUSY)
+    Invocation.objects.create(function="m.f", state="succeeded", daemon=daemon)
+    running = Invocation.objects.create(function="m.f", state="running", daemon=daemon)
+    Invocation.objects.create(function="m.f", state="queued")
+
+    plain = Daemon.objects.get(pk=daemon.pk)
+    listed = Daemon.objects.for_list().get(pk=daemon.pk)
+    assert DaemonSerializer(plain).data["current_invocation"] == str(running.pk)
+    assert DaemonSerializer(listed).data == DaemonSerializer(plain).data
