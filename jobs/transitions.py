@@ -112,12 +112,12 @@ _INSERT_ADMITTED_SQL = """
 INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
                              max_attempts, timeout_s, key, reason, error, created_at,
                              wire, args_blob, run_config)
-SELECT %(queue)s, %(function)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+SELECT %(queue)s::text, %(function)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
        %(queued)s, 0, %(max_attempts)s, %(timeout_s)s, %(key)s, '', '', now(),
        %(wire)s, %(args_blob)s::bytea, %(run_config)s::jsonb
- WHERE %(queue)s = ''
+ WHERE %(queue)s::text = ''
     OR EXISTS (SELECT 1 FROM queues_queue q
-                WHERE q.name = %(queue)s AND q.state = ANY(%(admitting)s)
+                WHERE q.name = %(queue)s::text AND q.state = ANY(%(admitting)s)
                   AND COALESCE(q.max_depth, 0) = 0)
     ON CONFLICT (queue, key) WHERE NOT (key = '') DO NOTHING
 RETURNING *
@@ -142,7 +142,7 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         "run_config": encode(item.get("run_config") or {}),
         "admitting": admitting,
     }
-    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**_STATES, **params})
+    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**_STATES, **params}, prepared=True)
     return rows[0] if rows else None
 
 

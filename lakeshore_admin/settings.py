@@ -128,6 +128,10 @@ if LAKESHORE_DB_POOL_MAX:
         # checked before each loan by its socket, not a round trip (lakeshore_admin/dbpool.py)
         "check": dbpool.check,
     }
+# Django's cursors bind parameters on the client and are never prepared. The few hot
+# statements sent through lakeshore_admin/rows.prepared_cursor bind on the server and
+# are prepared on their first use on each connection; None here would forbid even that.
+_db.setdefault("OPTIONS", {}).setdefault("prepare_threshold", 0)
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

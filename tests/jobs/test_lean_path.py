@@ -6,7 +6,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import services
+from jobs.models import Invocation
 from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
+from lakeshore_admin.rows import model_rows
 from queues import services as queue_services
 from queues.models import Daemon
 from tests import builders
@@ -34,7 +36,41 @@ def test_a_submit_into_an_open_queue_is_one_statement():
         lambda: services.invocation_submit(function=ECHO, queue="open", args=[1], key="k1")
     )
     assert created and invocation.state == "queued" and invocation.args == [1]
-    assert len(sql) == 1 and sql[0].lstrip().startswith("INSERT INTO jobs_invocation")
+    # a prepared statement is logged as 'QUERY = "…" - PARAMS = …'
+    assert len(sql) == 1 and sql[0].removeprefix('QUERY = "').lstrip("\\n").startswith(
+        "INSERT INTO jobs_invocation"
+    )
+
+
+def _prepared_inserts() -> list[tuple[int, int]]:
+    """(generic plans, custom plans) of this session's prepared INSERTs of invocations."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%INSERT INTO jobs_invocation%"],
+        )
+        return cursor.fetchall()
+
+
+def test_the_submit_insert_is_prepared_once_per_connection_and_used_again():
+    builders.queue(name="open")
+    assert _prepared_inserts() == []
+    for n in range(3):
+        services.invocation_submit(function=ECHO, queue="open", args=[n])
+    [(generic, custom)] = _prepared_inserts()  # one statement, not one a call
+    assert generic + custom == 3
+
+
+def test_negative_control_statements_through_djangos_own_cursor_are_not_prepared():
+    builders.queue(name="open")
+    sql = "SELECT * FROM jobs_invocation WHERE queue = %s"
+    model_rows(Invocation, sql, ["open"])
+    model_rows(Invocation, sql, ["open"])
+    assert _prepared_inserts() == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (0,)
 
 
 def test_the_slow_path_still_answers_what_the_fast_one_cannot():
