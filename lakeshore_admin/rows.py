@@ -41,10 +41,12 @@ def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:
     model's (SELECT * or RETURNING *)."""
     with prepared_cursor() if prepared else connection.cursor() as cursor:
         cursor.execute(sql, params)
-        description = cursor.description  # built anew on each access: read it once
-        if description is None:
+        # the result's column names, not cursor.description: that builds a Column object
+        # per column on every access
+        result = cursor.cursor.pgresult
+        if result is None or not result.nfields:
             return []
-        names = tuple(column.name for column in description)
+        names = tuple(result.fname(i).decode() for i in range(result.nfields))
         rows = cursor.fetchall()
     if not rows:
         return []
