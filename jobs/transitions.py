@@ -316,7 +316,7 @@ def complete_many(*, daemon_id: int, outcomes: list[dict]) -> dict[int, Invocati
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }
-    rows = model_rows(Invocation, _COMPLETE_SQL, {**_STATES, **params})
+    rows = model_rows(Invocation, _COMPLETE_SQL, {**_STATES, **params}, prepared=True)
     metrics.ended(
         (row.queue, row.state, row.started_at, row.finished_at)
         for row in rows
