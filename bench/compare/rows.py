@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 
 from bench.compare.infra import stop_process
 from bench.compare.lines import LineClient
-from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL
+from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
 
 LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
 SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE)
@@ -30,6 +30,7 @@ JOBS_PER_S = "jobs/s"
 class Budget:
     rounds: int = 3
     submit_seconds: float = 3.0  # submit one at a time, per measurement
+    floor_seconds: float = 2.0  # the floor under it (floor_app.py), per measurement
     batch_seconds: float = 2.0  # batches (at least one), per measurement
     batch_sizes: tuple[int, ...] = (10_000, 1_000)  # the largest the server takes is used
     claim_seconds: float = 1.5  # claim + complete, per measurement
@@ -52,6 +53,7 @@ class Budget:
         return cls(
             rounds=1,
             submit_seconds=0.5,
+            floor_seconds=0.3,
             batch_seconds=0.5,
             claim_seconds=0.5,
             claim_backlog={LAKESHORE: 3_000, RAW: 10_000},
@@ -278,6 +280,7 @@ class Rows:
         self.batch_size = budget.batch_sizes[-1]
         self.list_rows = 0
         self.cursor: dict[str, object] = {}  # per system: the keyset cursor at depth
+        self.seen: dict[str, list[float]] = {}  # figures a note quotes (_seen)
 
     def _runs(self, **by_system: Callable[[], float]) -> dict[str, Callable[[], float]]:
         """The measurements of the systems present (procrastinate may be missing)."""
@@ -310,9 +313,11 @@ class Rows:
                     JOBS_PER_S,
                     True,
                     self._runs(
-                        lakeshore=self.lakeshore_submit_one,
+                        lakeshore=self._seen("submit", self.lakeshore_submit_one),
                         raw=self.raw_submit_one,
-                        procrastinate=lambda: self.pc.rate("defer_one", seconds=b.submit_seconds),
+                        procrastinate=self._seen(
+                            "defer", lambda: self.pc.rate("defer_one", seconds=b.submit_seconds)
+                        ),
                     ),
                 ),
                 Row(
@@ -333,7 +338,60 @@ class Rows:
             finish=self.reset_all,
         )
         section.notes.append(lambda: f"batches of {self.batch_size:,} per request/call")
+        section.notes.append(self.submit_floor)
         return section
+
+    def _seen(self, name: str, run: Callable[[], float]) -> Callable[[], float]:
+        """`run`, its figures kept under `name` for a note."""
+
+        def measure() -> float:
+            value = run()
+            self.seen.setdefault(name, []).append(value)
+            return value
+
+        return measure
+
+    def submit_floor(self) -> str:
+        """The floor under "submit one at a time", measured in this run: the same
+        gunicorn configuration and httpx client, with a hello world and then with the
+        submit's own INSERT but no Django (bench/compare/floor_app.py)."""
+        b = self.budget
+        server, url = self.ls.serve("bench.compare.floor_app:app")
+        rates: dict[str, list[float]] = {"/hello": [], "/insert": []}
+        try:
+            for _ in range(b.rounds):
+                for path, values in rates.items():
+                    values.append(self._post_rate(url, path, b.floor_seconds))
+        finally:
+            stop_gunicorn(server)
+            self.ls.reset()
+        hello, insert = (statistics.median(values) for values in rates.values())
+        text = (
+            "the floor of one submit over HTTP, measured now (medians of "
+            f"{b.rounds}): under Lakeshore's gunicorn configuration, from the same httpx "
+            f"client, a hello world answers {hello:,.0f} POSTs/s; the submit's own INSERT "
+            f"without Django (bench/compare/floor_app.py) {insert:,.0f} jobs/s"
+        )
+        if self.seen.get("defer"):
+            text += f" ({insert / statistics.median(self.seen['defer']):.2f}× defer)"
+        if self.seen.get("submit"):
+            ours = statistics.median(self.seen["submit"])
+            text += f"; Lakeshore's submit is {ours / insert:.2f}× that floor"
+        return text
+
+    def _post_rate(self, url: str, path: str, seconds: float) -> float:
+        """POSTs/s of one client sending the submit row's body to `path`, one at a time."""
+        counter = itertools.count()
+        headers = {"Authorization": f"Bearer {self.ls.tokens['operator']}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
+            client.post(path, json={"function": NOOP, "queue": "bench", "args": [0]})
+
+            def step() -> int:
+                body = {"function": NOOP, "queue": "bench", "args": [next(counter)]}
+                client.post(path, json=body).raise_for_status()
+                return 1
+
+            return throughput([step], seconds)
 
     def find_batch_size(self) -> None:
         """The largest batch the server takes (1,000 today; maybe 10,000 soon), tried

@@ -34,6 +34,16 @@ from bench.compare.lines import LineClient
 NOOP = "lakeshore.functions.echo"  # the cheapest function a daemon runs
 
 
+def stop_gunicorn(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.send_signal(signal.SIGINT)  # quick shutdown: no 25 s grace
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(5)
+
+
 class Lakeshore:
     name = "Lakeshore"
     database = "lakeshore_bench"
@@ -90,35 +100,44 @@ class Lakeshore:
         return done.stdout
 
     def start_server(self) -> None:
+        self.server, self.base_url = self.serve()
+
+    def serve(self, app: str | None = None) -> tuple[subprocess.Popen, str]:
+        """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (a WSGI
+        app's dotted path: the floor reference, bench/compare/floor_app.py); it and its
+        base URL once it answers."""
         port = free_port()
-        self.base_url = f"http://127.0.0.1:{port}"
+        base_url = f"http://127.0.0.1:{port}"
         env = {**self.env, "PORT": str(port), "LAKESHORE_BIND": "127.0.0.1"}
         command = [str(BIN / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"]
         command += ["--access-logfile", "/dev/null"]
-        with open(self.logs / "gunicorn.log", "wb") as log:  # this run's
-            self.server = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        name = "gunicorn.log" if app is None else "gunicorn-floor.log"
+        with open(self.logs / name, "wb") as log:  # this run's
+            server = subprocess.Popen(
+                [*command, *([app] if app else [])],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
+        probe = "/healthz" if app is None else "/hello"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"gunicorn exited; see {self.logs / 'gunicorn.log'}")
+            if server.poll() is not None:
+                raise RuntimeError(f"gunicorn exited; see {self.logs / name}")
             try:
-                if httpx.get(f"{self.base_url}/healthz", timeout=2).status_code == 200:
-                    return
+                if httpx.get(f"{base_url}{probe}", timeout=2).status_code == 200:
+                    return server, base_url
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError("gunicorn did not answer /healthz within 60 s")
+        server.kill()
+        server.wait(5)
+        raise RuntimeError(f"gunicorn did not answer {probe} within 60 s")
 
     def stop_server(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            self.server.send_signal(signal.SIGINT)  # quick shutdown: no 25 s grace
-            try:
-                self.server.wait(30)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait(5)
+        if self.server is not None:
+            stop_gunicorn(self.server)
         self.server = None
 
     def close(self) -> None:

@@ -1,0 +1,74 @@
+"""The floor under the "submit one at a time over HTTP" row: what the same HTTP server
+and client cost before any of Lakeshore's own work. `make bench` serves this WSGI app
+under the same gunicorn configuration as Lakeshore and sends it the same requests:
+
+    POST /hello    answers {} (a hello world: the HTTP round trip alone)
+    POST /insert   runs the submit's own INSERT (jobs/transitions.py, read from its
+                   source: the same text, prepared, committed durably) and answers the
+                   new row as JSON (its 20 columns)
+
+No Django: no token, no validation, no rules beyond the statement's, no model, no
+serializer, no middleware, and one connection per thread instead of a pool. What
+Lakeshore's submit costs above /insert is its own request path."""
+
+import ast
+import json
+import os
+import threading
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _statement() -> str:
+    tree = ast.parse((ROOT / "jobs" / "transitions.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(target, "id", None) == "_INSERT_ADMITTED_SQL" for target in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("jobs/transitions.py has no _INSERT_ADMITTED_SQL")
+
+
+SQL = _statement()
+_local = threading.local()
+
+
+def _connection() -> psycopg.Connection:
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, prepare_threshold=0)
+        _local.conn = conn
+    return conn
+
+
+def app(environ, start_response):
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    if environ.get("PATH_INFO") == "/hello":
+        answer, status = b"{}", "200 OK"
+    else:
+        data = json.loads(body)
+        params = {
+            "queue": data["queue"],
+            "function": data["function"],
+            "args": json.dumps(data.get("args", [])),
+            "kwargs": "{}",
+            "priority": 0,
+            "queued": "queued",
+            "max_attempts": 1,
+            "timeout_s": None,
+            "key": "",
+            "wire": "",
+            "args_blob": None,
+            "run_config": "{}",
+            "admitting": ["active", "paused"],
+        }
+        cursor = _connection().execute(SQL, params, prepare=True)
+        names = [column.name for column in cursor.description]
+        answer = json.dumps(dict(zip(names, cursor.fetchone(), strict=True)), default=str)
+        answer, status = answer.encode(), "201 Created"
+    headers = [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))]
+    start_response(status, headers)
+    return [answer]
