@@ -11,8 +11,11 @@ field's converters applied, as the ORM does (tests/queues/test_rows.py compares)
 With prepared=True the statement goes to the server as a prepared statement, its
 parameters bound by the server: parsed and planned once per pooled connection, not on
 every call (an admitted submit's INSERT: 0.84 → 0.65 ms on these machines). Such a
-statement's parameters must have one type each: cast a parameter used twice."""
+statement's parameters must have one type each: cast a parameter used twice. With
+LAKESHORE_DB_PREPARED=0 (a pooler that cannot keep prepared statements) it goes through
+Django's own cursor like any other."""
 
+from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql.base import ServerBindingCursor
 
@@ -39,6 +42,7 @@ def prepared_cursor():
 def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:
     """Every row of `sql` as an instance of `model`; its columns must all be the
     model's (SELECT * or RETURNING *)."""
+    prepared = prepared and settings.LAKESHORE_DB_PREPARED
     with prepared_cursor() if prepared else connection.cursor() as cursor:
         cursor.execute(sql, params)
         # the result's column names, not cursor.description: that builds a Column object
