@@ -23,11 +23,24 @@ _plans: dict = {}
 
 
 class _PreparedCursor(ServerBindingCursor):
-    """psycopg's server-binding cursor, every statement prepared (Django leaves the
-    connection's prepare_threshold at None: psycopg would never prepare by itself)."""
+    """psycopg's server-binding cursor, every statement prepared.
+
+    Django leaves the connection's prepare_threshold at None, and psycopg then prepares
+    nothing, not even when asked. It is set to 0 only while this cursor executes: with
+    a threshold, psycopg would also count every other statement on the connection, and
+    a client-bound statement carries its values in its text (a 10,000-item batch: some
+    megabytes), which it would keep, up to 100 of them per connection. psycopg forgets
+    its prepared statements at a rollback (it deallocates them); PostgreSQL keeps them
+    through a rollback to a savepoint."""
 
     def execute(self, query, params=None, *, prepare=None, binary=None):
-        return super().execute(query, params, prepare=True, binary=binary)
+        conn = self.connection
+        kept = conn.prepare_threshold
+        conn.prepare_threshold = 0
+        try:
+            return super().execute(query, params, prepare=True, binary=binary)
+        finally:
+            conn.prepare_threshold = kept
 
 
 def prepared_cursor():

@@ -128,13 +128,11 @@ if LAKESHORE_DB_POOL_MAX:
         # checked before each loan by its socket, not a round trip (lakeshore_admin/dbpool.py)
         "check": dbpool.check,
     }
-# Django's cursors bind parameters on the client and are never prepared. The few hot
-# statements sent through lakeshore_admin/rows.prepared_cursor bind on the server and
-# are prepared on their first use on each connection; None here would forbid even that.
+# The few hot statements sent through lakeshore_admin/rows.prepared_cursor are prepared
+# on the server, once per connection (Django's own cursors never prepare).
 # LAKESHORE_DB_PREPARED=0 sends them like any other (behind a pooler such as PgBouncer in
 # transaction mode, which cannot keep a session's prepared statements).
 LAKESHORE_DB_PREPARED = env_bool("LAKESHORE_DB_PREPARED", True)
-_db.setdefault("OPTIONS", {})["prepare_threshold"] = 0 if LAKESHORE_DB_PREPARED else None
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -313,7 +313,7 @@ class Rows:
                     JOBS_PER_S,
                     True,
                     self._runs(
-                        lakeshore=self._seen("submit", self.lakeshore_submit_one),
+                        lakeshore=self.lakeshore_submit_one,
                         raw=self.raw_submit_one,
                         procrastinate=self._seen(
                             "defer", lambda: self.pc.rate("defer_one", seconds=b.submit_seconds)
@@ -354,37 +354,48 @@ class Rows:
     def submit_floor(self) -> str:
         """The floor under "submit one at a time", measured in this run: the same
         gunicorn configuration and httpx client, with a hello world and then with the
-        submit's own INSERT but no Django (bench/compare/floor_app.py)."""
+        submit's own INSERT but no Django (bench/compare/floor_app.py), in rounds with
+        Lakeshore's own submit, so that the two are compared at the same moments."""
         b = self.budget
         server, url = self.ls.serve("bench.compare.floor_app:app")
-        rates: dict[str, list[float]] = {"/hello": [], "/insert": []}
+        targets = {
+            "hello": (url, "/hello"),
+            "floor": (url, "/insert"),
+            "lakeshore": (self.ls.base_url, "/api/v1/jobs/"),
+        }
+        rates: dict[str, list[float]] = {name: [] for name in targets}
         try:
-            for _ in range(b.rounds):
-                for path, values in rates.items():
-                    values.append(self._post_rate(url, path, b.floor_seconds))
+            for turn in range(b.rounds):
+                names = list(targets)
+                for name in names[turn % 3 :] + names[: turn % 3]:
+                    rates[name].append(self._post_rate(*targets[name], b.floor_seconds))
         finally:
             stop_gunicorn(server)
             self.ls.reset()
-        hello, insert = (statistics.median(values) for values in rates.values())
+        hello, floor, ours = (statistics.median(rates[name]) for name in targets)
+        paired = statistics.median(
+            mine / base for mine, base in zip(rates["lakeshore"], rates["floor"], strict=True)
+        )
         text = (
-            "the floor of one submit over HTTP, measured now (medians of "
-            f"{b.rounds}): under Lakeshore's gunicorn configuration, from the same httpx "
-            f"client, a hello world answers {hello:,.0f} POSTs/s; the submit's own INSERT "
-            f"without Django (bench/compare/floor_app.py) {insert:,.0f} jobs/s"
+            f"the floor of one submit over HTTP, measured now ({b.rounds} rounds, each "
+            "taking the three in turn; medians): under Lakeshore's gunicorn configuration, "
+            f"from the same httpx client, a hello world answers {hello:,.0f} POSTs/s; the "
+            "submit's own INSERT without Django (bench/compare/floor_app.py) "
+            f"{floor:,.0f} jobs/s"
         )
         if self.seen.get("defer"):
-            text += f" ({insert / statistics.median(self.seen['defer']):.2f}× defer)"
-        if self.seen.get("submit"):
-            ours = statistics.median(self.seen["submit"])
-            text += f"; Lakeshore's submit is {ours / insert:.2f}× that floor"
-        return text
+            text += f" ({floor / statistics.median(self.seen['defer']):.2f}× the row's defer)"
+        return text + (
+            f"; Lakeshore's submit in the same rounds {ours:,.0f} jobs/s, {paired:.2f}× "
+            "that floor (the median of the rounds' ratios)"
+        )
 
     def _post_rate(self, url: str, path: str, seconds: float) -> float:
         """POSTs/s of one client sending the submit row's body to `path`, one at a time."""
         counter = itertools.count()
         headers = {"Authorization": f"Bearer {self.ls.tokens['operator']}"}
         with httpx.Client(base_url=url, headers=headers, timeout=120) as client:
-            client.post(path, json={"function": NOOP, "queue": "bench", "args": [0]})
+            client.post(path, json={"function": NOOP, "queue": "bench", "args": [0]})  # warm
 
             def step() -> int:
                 body = {"function": NOOP, "queue": "bench", "args": [next(counter)]}

@@ -4,7 +4,7 @@ each costs, and that what it skips (a transaction, a queue lookup) changes no ru
 import ast
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs import services
@@ -66,6 +66,29 @@ def test_the_submit_insert_is_prepared_once_per_connection_and_used_again():
         services.invocation_submit(function=ECHO, queue="open", args=[n])
     [(generic, custom)] = _prepared_inserts()  # one statement, not one a call
     assert generic + custom == 3
+
+
+def test_preparing_one_statement_leaves_the_connection_preparing_nothing_else():
+    builders.queue(name="open")
+    services.invocation_submit(function=ECHO, queue="open", args=[1])
+    assert connection.connection.prepare_threshold is None  # as Django set it
+    for _ in range(3):  # an ORM statement, again and again: never prepared
+        assert Invocation.objects.filter(queue="open").count() == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (1,)
+
+
+def test_a_prepared_insert_outlives_a_savepoint_rolled_back_after_it():
+    builders.queue(name="open")
+    services.invocation_submit(function=ECHO, queue="open", args=[1])
+    with pytest.raises(RuntimeError), transaction.atomic():  # a savepoint: the test's
+        services.invocation_submit(function=ECHO, queue="open", args=[2])
+        raise RuntimeError
+    services.invocation_submit(function=ECHO, queue="open", args=[3])
+    [(generic, custom)] = _prepared_inserts()  # still the one statement, used 3 times
+    assert generic + custom == 3
+    assert sorted(i.args for i in Invocation.objects.filter(queue="open")) == [[1], [3]]
 
 
 def test_negative_control_with_prepared_statements_off_the_insert_is_sent_plain(settings):
