@@ -280,7 +280,6 @@ class Rows:
         self.batch_size = budget.batch_sizes[-1]
         self.list_rows = 0
         self.cursor: dict[str, object] = {}  # per system: the keyset cursor at depth
-        self.seen: dict[str, list[float]] = {}  # figures a note quotes (_seen)
 
     def _runs(self, **by_system: Callable[[], float]) -> dict[str, Callable[[], float]]:
         """The measurements of the systems present (procrastinate may be missing)."""
@@ -315,9 +314,7 @@ class Rows:
                     self._runs(
                         lakeshore=self.lakeshore_submit_one,
                         raw=self.raw_submit_one,
-                        procrastinate=self._seen(
-                            "defer", lambda: self.pc.rate("defer_one", seconds=b.submit_seconds)
-                        ),
+                        procrastinate=lambda: self.pc.rate("defer_one", seconds=b.submit_seconds),
                     ),
                 ),
                 Row(
@@ -341,53 +338,56 @@ class Rows:
         section.notes.append(self.submit_floor)
         return section
 
-    def _seen(self, name: str, run: Callable[[], float]) -> Callable[[], float]:
-        """`run`, its figures kept under `name` for a note."""
-
-        def measure() -> float:
-            value = run()
-            self.seen.setdefault(name, []).append(value)
-            return value
-
-        return measure
-
     def submit_floor(self) -> str:
         """The floor under "submit one at a time", measured in this run: the same
         gunicorn configuration and httpx client, with a hello world and then with the
         submit's own INSERT but no Django (bench/compare/floor_app.py), in rounds with
-        Lakeshore's own submit, so that the two are compared at the same moments."""
+        Lakeshore's own submit and procrastinate's defer, each round taking them in turn,
+        so that the ratios compare figures of the same moments."""
         b = self.budget
         server, url = self.ls.serve("bench.compare.floor_app:app")
-        targets = {
-            "hello": (url, "/hello"),
-            "floor": (url, "/insert"),
-            "lakeshore": (self.ls.base_url, "/api/v1/jobs/"),
+        runs: dict[str, Callable[[], float]] = {
+            "hello": lambda: self._post_rate(url, "/hello", b.floor_seconds),
+            "floor": lambda: self._post_rate(url, "/insert", b.floor_seconds),
+            "lakeshore": lambda: self._post_rate(
+                self.ls.base_url, "/api/v1/jobs/", b.floor_seconds
+            ),
         }
-        rates: dict[str, list[float]] = {name: [] for name in targets}
+        if self.pc is not None:
+            runs["defer"] = lambda: self.pc.rate("defer_one", seconds=b.floor_seconds)
+        rates: dict[str, list[float]] = {name: [] for name in runs}
         try:
             for turn in range(b.rounds):
-                names = list(targets)
-                for name in names[turn % 3 :] + names[: turn % 3]:
-                    rates[name].append(self._post_rate(*targets[name], b.floor_seconds))
+                names = list(runs)
+                for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                    rates[name].append(runs[name]())
         finally:
             stop_gunicorn(server)
-            self.ls.reset()
-        hello, floor, ours = (statistics.median(rates[name]) for name in targets)
-        paired = statistics.median(
-            mine / base for mine, base in zip(rates["lakeshore"], rates["floor"], strict=True)
-        )
+            self.reset_all()
+
+        def median(name: str) -> float:
+            return statistics.median(rates[name])
+
+        def paired(top: str, bottom: str) -> float:
+            """The median of the rounds' ratios."""
+            return statistics.median(a / b for a, b in zip(rates[top], rates[bottom], strict=True))
+
         text = (
             f"the floor of one submit over HTTP, measured now ({b.rounds} rounds, each "
-            "taking the three in turn; medians): under Lakeshore's gunicorn configuration, "
-            f"from the same httpx client, a hello world answers {hello:,.0f} POSTs/s; the "
-            "submit's own INSERT without Django (bench/compare/floor_app.py) "
-            f"{floor:,.0f} jobs/s"
+            f"taking the {len(runs)} in turn; medians, and ratios as the median of the "
+            "rounds' ratios): under Lakeshore's gunicorn configuration, from the same httpx "
+            f"client, a hello world answers {median('hello'):,.0f} POSTs/s; the submit's own "
+            "INSERT without Django (bench/compare/floor_app.py) "
+            f"{median('floor'):,.0f} jobs/s"
         )
-        if self.seen.get("defer"):
-            text += f" ({floor / statistics.median(self.seen['defer']):.2f}× the row's defer)"
+        if "defer" in rates:
+            text += (
+                f", {paired('floor', 'defer'):.2f}× defer ({median('defer'):,.0f} jobs/s in "
+                "the same rounds)"
+            )
         return text + (
-            f"; Lakeshore's submit in the same rounds {ours:,.0f} jobs/s, {paired:.2f}× "
-            "that floor (the median of the rounds' ratios)"
+            f"; Lakeshore's submit {median('lakeshore'):,.0f} jobs/s, "
+            f"{paired('lakeshore', 'floor'):.2f}× that floor"
         )
 
     def _post_rate(self, url: str, path: str, seconds: float) -> float:
