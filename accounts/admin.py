@@ -8,15 +8,27 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_display = [
         "prefix",
         "user",
+        "role",
         "name",
+        "queues",
+        "bound",
         "created_at",
         "expires_at",
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = ["revoked_at", "expires_at"]
+    list_filter = ["role", "bound", "revoked_at", "expires_at"]
     search_fields = ["prefix", "name", "user__username"]
-    readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
+    # What a token may do is fixed when it is made: a wider role or scope is a new token.
+    readonly_fields = [
+        "prefix",
+        "role",
+        "queues",
+        "bound",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_select_related = ["user"]
     actions = ["revoke"]
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from accounts.models import ApiToken, hash_token
-from accounts.roles import roles_of
+from accounts.roles import bind_token
 from accounts.throttles import BadTokenThrottle
 
 
@@ -32,7 +32,6 @@ class _TokenCache:
     def put(self, digest: str, token: ApiToken, ttl: float) -> None:
         if ttl <= 0:
             return
-        roles_of(token.user)  # computed once, cached on the user object with it
         with self._lock:
             if len(self._entries) > 10_000:
                 self._entries.clear()
@@ -92,6 +91,7 @@ def authenticate_token(raw: str):
         )
     if not token.user.is_active:
         raise exceptions.AuthenticationFailed("The token's user is disabled.")
+    bind_token(token.user, token)  # the request acts with the token's role, not the user's
     now = timezone.now()
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         # At most one write a minute per token: reads stay reads.

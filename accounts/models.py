@@ -2,6 +2,7 @@ import hashlib
 import secrets
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -40,6 +41,23 @@ class ApiToken(models.Model):
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    role = models.CharField(
+        max_length=16,
+        choices=Role.choices,
+        help_text="What this token may do, never more than its user may (accounts/roles.py).",
+    )
+    queues = ArrayField(
+        models.CharField(max_length=63),
+        null=True,
+        blank=True,
+        help_text="A daemon token scoped to queues registers daemons on these only; "
+        "empty (null) means any queue.",
+    )
+    bound = models.BooleanField(
+        default=False,
+        help_text="A daemon's own credential: it acts only for the daemon whose token it "
+        "is (queues.Daemon.token), and registers no other daemon.",
+    )
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -57,12 +75,35 @@ class ApiToken(models.Model):
         )
 
     @classmethod
-    def issue(cls, *, user, name: str = "", expires_at=None) -> tuple["ApiToken", str]:
+    def issue(
+        cls,
+        *,
+        user,
+        role: str,
+        name: str = "",
+        expires_at=None,
+        queues: list[str] | None = None,
+        bound: bool = False,
+    ) -> tuple["ApiToken", str]:
         raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(
-            user=user, name=name, prefix=raw[:12], digest=hash_token(raw), expires_at=expires_at
+            user=user,
+            name=name,
+            prefix=raw[:12],
+            digest=hash_token(raw),
+            expires_at=expires_at,
+            role=role,
+            queues=queues,
+            bound=bound,
         )
         return token, raw
+
+    def allows_queues(self, names: list[str]) -> bool:
+        """Whether a daemon may serve `names` with this token ([] is the default
+        queue, which has no name: a scoped token may not serve it)."""
+        if self.queues is None:
+            return True
+        return bool(names) and set(names) <= set(self.queues)
 
     def revoke(self) -> None:
         ApiToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(

@@ -119,6 +119,7 @@ def latency(base: str, tokens: dict) -> dict:
     daemon_headers = {"Authorization": f"Bearer {tokens['daemon']}"}
     with httpx.Client(base_url=base, headers=daemon_headers, timeout=30) as client:
         me = client.post("/api/v1/daemons/register/", json={"name": "lat", "queues": ["idle"]})
+        client.headers["Authorization"] = f"Bearer {me.json()['token']}"  # its own credential
         url = f"/api/v1/daemons/{me.json()['id']}/claim/"
         claims = []
         for _ in range(200):
@@ -173,12 +174,14 @@ def burst(base: str, tokens: dict, total: int = 240, wait: float = 15.0) -> dict
     operator = {"Authorization": f"Bearer {tokens['operator']}"}
     daemon = {"Authorization": f"Bearer {tokens['daemon']}"}
     with httpx.Client(base_url=base, headers=daemon, timeout=60) as client:
-        ids = [
+        registered = [
             client.post(
                 "/api/v1/daemons/register/", json={"name": f"b{i}", "queues": ["idle"]}
-            ).json()["id"]
+            ).json()
             for i in range(total // 2)
         ]
+    ids = [r["id"] for r in registered]
+    own = [{"Authorization": f"Bearer {r['token']}"} for r in registered]
     statuses: list[int] = []
     took: list[float] = []
     polls: list[float] = []
@@ -186,7 +189,7 @@ def burst(base: str, tokens: dict, total: int = 240, wait: float = 15.0) -> dict
     barrier = threading.Barrier(total)
 
     def request(kind: str, i: int):
-        headers = daemon if kind == "claim" else operator
+        headers = own[i] if kind == "claim" else operator
         with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
             barrier.wait()
             t0 = time.perf_counter()

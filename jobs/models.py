@@ -199,3 +199,20 @@ class ResultFrame(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream}#{self.seq}"
+
+
+class ResultStream(models.Model):
+    """What one result stream holds so far, kept as its frames are written (jobs/sdk.py),
+    so that LAKESHORE_SDK_STREAM_MAX_FRAMES and _MAX_BYTES are checked in the statement
+    that writes a frame, without counting the stream's rows. Swept with the frames."""
+
+    stream = models.CharField(max_length=200, primary_key=True)
+    frames = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["updated_at"], name="stream_updated")]
+
+    def __str__(self) -> str:
+        return f"{self.stream}: {self.frames} frames, {self.bytes} bytes"

@@ -21,6 +21,7 @@ import time
 
 from django.conf import settings
 from django.db import IntegrityError, connection
+from django.db.models import F, Func
 
 from jobs import services
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
@@ -242,25 +243,27 @@ def _run_command(invocation: Invocation) -> dict:
     }
 
 
-def _held_by(pk: int, user) -> Invocation | None:
-    """The running invocation, if its daemon is one the user may speak for."""
-    from accounts.roles import can_operate
-
+def _held_by(pk: int, token) -> Invocation | None:
+    """The running invocation, if the token that polled it is this one. On the SDK's
+    wire the token that polled an attempt is its holder: its ack carries no worker id
+    and no attempt, so when the lease moved on to a worker polling with another token,
+    an ack from the first is late (two workers sharing one token cannot be told apart:
+    the README's "Guarantees" recommends one token per worker pool)."""
     invocation = Invocation.objects.select_related("daemon").filter(pk=pk).first()
     if invocation is None:
         raise NotFound(f"Invocation {pk} does not exist.")
     if invocation.state != InvocationState.RUNNING or invocation.daemon is None:
         return None
-    if invocation.daemon.owner_id != user.pk and not can_operate(user):
-        from lakeshore_admin.errors import Forbidden
-
-        raise Forbidden(f"Invocation {pk} runs on another user's worker.")
+    if token is None or invocation.daemon.token_id != token.pk:
+        return None
     return invocation
 
 
-def ack(body: dict, *, user) -> dict:
+def ack(body: dict, *, token) -> dict:
     """POST /v1/daemon/ack: succeeded with result_blob, or failed with an error whose
-    `retry` says whether another attempt may run (when attempts remain)."""
+    `retry` says whether another attempt may run (when attempts remain). An ack from a
+    token that does not hold the running attempt changes nothing: 2xx `ignored`
+    with claim_stale (a 4xx would end the stock worker)."""
     pk = _invocation_id(body.get("invocation_id"))
     state = body.get("state")
     if state not in ("succeeded", "failed"):
@@ -269,9 +272,11 @@ def ack(body: dict, *, user) -> dict:
     if not isinstance(error, dict):
         error = {"message": str(error)}
     result_blob = _blob(body.get("result_blob"), "result_blob", required=False)
-    invocation = _held_by(pk, user)
+    invocation = _held_by(pk, token)
     if invocation is None:
         current = Invocation.objects.values_list("state", flat=True).get(pk=pk)
+        if current == InvocationState.RUNNING:  # held under another token
+            return {"ignored": True, "state": _SDK_STATE[current], "reason": "claim_stale"}
         return {"ignored": True, "state": _SDK_STATE[current], "reason": "not running"}
     message = str(error.get("message") or error.get("type") or "failed")[:100_000]
     try:
@@ -289,10 +294,15 @@ def ack(body: dict, *, user) -> dict:
     return {"state": _SDK_STATE[done.state], "attempt": done.attempts}
 
 
-def result_chunk(body: dict, *, user) -> dict:
-    """POST /v1/daemon/result-chunk: one frame; the first write of (id, seq) wins. The
-    id may be a topic's name. A chunk from the worker running the job renews its
-    lease."""
+def result_chunk(body: dict, *, token) -> dict:
+    """POST /v1/daemon/result-chunk: one frame; the first write of (id, seq) wins.
+
+    An invocation's stream (a numeric id) takes frames only from the token that holds
+    its running attempt: anything else is ignored (2xx, claim_stale), before anything
+    is written, so nobody can forge or end another's result. Any other id is a
+    topic's name, open to every daemon token. A stream holds at most
+    LAKESHORE_SDK_STREAM_MAX_FRAMES frames and _MAX_BYTES bytes (413 stream_full).
+    A chunk from the worker running the job renews its lease."""
     stream = body.get("invocation_id")
     if isinstance(stream, int) and not isinstance(stream, bool):
         stream = str(stream)
@@ -302,25 +312,69 @@ def result_chunk(body: dict, *, user) -> dict:
         raise Invalid("seq must be an integer.", fields={"seq": "not an integer"})
     data = _blob(body.get("bytes"), "bytes")
     final = bool(body.get("final", False))
+    holder = None
+    if stream.isdigit():
+        holder = _held_by(_invocation_id(stream), token)
+        if holder is None:
+            return {"seq": seq, "ignored": True, "reason": "claim_stale"}
     created = _insert_frame(stream, seq, data, final)
-    if stream.isdigit() and len(stream) <= 18:
-        held = Invocation.objects.filter(
-            pk=int(stream), state=InvocationState.RUNNING, daemon__owner=user
-        ).values_list("daemon_id", flat=True)
-        for daemon_id in held:
-            daemons.touch(daemon_id)
+    if holder is not None:
+        daemons.touch(holder.daemon_id)
     return {"seq": seq, "duplicate": not created}
 
 
+# One statement: count the frame into its stream's totals while they leave room, and
+# write it only then. A repeated (stream, seq) counts without being written (the first
+# write wins), which only brings the limit nearer for a worker that repeats itself.
+_FRAME_SQL = """
+WITH room AS (
+    INSERT INTO jobs_resultstream AS s (stream, frames, bytes, updated_at)
+    VALUES (%(stream)s, 1, %(size)s, now())
+    ON CONFLICT (stream) DO UPDATE
+       SET frames = s.frames + 1, bytes = s.bytes + EXCLUDED.bytes, updated_at = now()
+     WHERE s.frames < %(max_frames)s AND s.bytes + EXCLUDED.bytes <= %(max_bytes)s
+    RETURNING 1
+), written AS (
+    INSERT INTO jobs_resultframe (stream, seq, data, final, created_at)
+    SELECT %(stream)s, %(seq)s, %(data)s, %(final)s, now() FROM room
+    ON CONFLICT (stream, seq) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM room), (SELECT count(*) FROM written)
+"""
+
+
 def _insert_frame(stream: str, seq: int, data: bytes, final: bool) -> bool:
+    max_frames = settings.LAKESHORE_SDK_STREAM_MAX_FRAMES
+    max_bytes = settings.LAKESHORE_SDK_STREAM_MAX_BYTES
+    if len(data) > max_bytes:
+        raise _stream_full(stream, max_frames, max_bytes)
     with connection.cursor() as cursor:
         cursor.execute(
-            """INSERT INTO jobs_resultframe (stream, seq, data, final, created_at)
-               VALUES (%s, %s, %s, %s, now())
-               ON CONFLICT (stream, seq) DO NOTHING RETURNING id""",
-            [stream, seq, data, final],
+            _FRAME_SQL,
+            {
+                "stream": stream,
+                "seq": seq,
+                "data": data,
+                "final": final,
+                "size": len(data),
+                "max_frames": max_frames,
+                "max_bytes": max_bytes,
+            },
         )
-        return cursor.fetchone() is not None
+        room, written = cursor.fetchone()
+    if not room:
+        raise _stream_full(stream, max_frames, max_bytes)
+    return bool(written)
+
+
+def _stream_full(stream: str, max_frames: int, max_bytes: int) -> TooLarge:
+    return TooLarge(
+        f"Stream {stream!r} is full: a stream holds at most {max_frames:,} frames and "
+        f"{max_bytes:,} bytes (LAKESHORE_SDK_STREAM_MAX_FRAMES, _MAX_BYTES).",
+        extra={"max_frames": max_frames, "max_bytes": max_bytes},
+        code="stream_full",
+    )
 
 
 # ---------------------------------------------------------------------------- stream
@@ -338,11 +392,7 @@ def frames(stream: str, since: int):
     pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
     try:
         while True:
-            rows = list(
-                ResultFrame.objects.filter(stream=stream, seq__gt=cursor)
-                .order_by("seq")
-                .values_list("seq", "data", "final")[:500]
-            )
+            rows = _next_frames(stream, cursor)
             for seq, data, final in rows:
                 yield bytes(data)
                 cursor = seq
@@ -365,6 +415,34 @@ def frames(stream: str, since: int):
             pause = min(pause * 1.5, 0.2)
     finally:
         _release_connection()
+
+
+READ_FRAMES_MAX = 500  # frames one read loads, whatever their size
+
+
+def _next_frames(stream: str, after: int) -> list[tuple[int, bytes, bool]]:
+    """The frames after seq `after`, in order: as many as fit in
+    LAKESHORE_SDK_STREAM_READ_BYTES (always at least one), at most READ_FRAMES_MAX.
+    Their sizes are read first, so frames past the budget are never loaded."""
+    sizes = list(
+        ResultFrame.objects.filter(stream=stream, seq__gt=after)
+        .order_by("seq")
+        .annotate(size=Func(F("data"), function="octet_length"))
+        .values_list("seq", "size")[:READ_FRAMES_MAX]
+    )
+    budget, last = settings.LAKESHORE_SDK_STREAM_READ_BYTES, None
+    for seq, size in sizes:
+        if last is not None and size > budget:
+            break
+        budget -= size
+        last = seq
+    if last is None:
+        return []
+    return list(
+        ResultFrame.objects.filter(stream=stream, seq__gt=after, seq__lte=last)
+        .order_by("seq")
+        .values_list("seq", "data", "final")
+    )
 
 
 def _release_connection() -> None:

@@ -23,6 +23,7 @@ class Client:
         self, server: str, token: str | None, transport: httpx.BaseTransport | None = None
     ):
         self.server = server.rstrip("/")
+        self.token = token
         headers = {"Accept": "application/json", "User-Agent": f"lakeshore-cli/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -36,8 +37,13 @@ class Client:
         except (httpx.InvalidURL, ValueError) as exc:
             raise CliError(f"invalid server URL {server!r}: {exc}") from exc
 
-    def request(self, method: str, url: str, *, params=None, json=None) -> Any:
-        return self.decode(self.send(method, url, params=params, json=json))
+    def request(self, method: str, url: str, *, params=None, json=None, token=None) -> Any:
+        return self.decode(self.send(method, url, params=params, json=json, token=token))
+
+    def use_token(self, token: str) -> None:
+        """Speak with `token` from now on (a daemon's own credential, once registered)."""
+        self.token = token
+        self.http.headers["Authorization"] = f"Bearer {token}"
 
     def get(self, url: str, **params) -> Any:
         return self.request("GET", url, params=_clean(params))
@@ -64,9 +70,11 @@ class Client:
     def delete(self, url: str, **params) -> Any:
         return self.request("DELETE", url, params=_clean(params))
 
-    def send(self, method: str, url: str, *, params=None, json=None) -> httpx.Response:
+    def send(self, method: str, url: str, *, params=None, json=None, token=None) -> httpx.Response:
+        """`token` speaks this one request with another token than the client's."""
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            response = self.http.request(method, url, params=params, json=json)
+            response = self.http.request(method, url, params=params, json=json, headers=headers)
         except httpx.TimeoutException as exc:
             raise CliError(
                 f"the Lakeshore server at {self.server} did not answer in time ({exc or 'timeout'})"

@@ -385,6 +385,7 @@ class Worker:
         debug: Callable[[str], None] | None = None,
     ):
         self.client = client
+        self.bootstrap_token = client.token  # registers; the daemon's credential acts
         self.queues = queues
         self.concurrency = concurrency
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
@@ -434,14 +435,20 @@ class Worker:
     # ------------------------------------------------------------------ HTTP with retries
 
     def call(
-        self, method: str, url: str, json_body=None, *, give_up: threading.Event | None = None
+        self,
+        method: str,
+        url: str,
+        json_body=None,
+        *,
+        give_up: threading.Event | None = None,
+        token: str | None = None,
     ):
         """A request that rides out an unreachable or failing server (5xx) with
         exponential back-off. 4xx answers are raised: they are the server's word."""
         delay = BACKOFF_START
         while True:
             try:
-                return self.client.request(method, url, json=json_body)
+                return self.client.request(method, url, json=json_body, token=token)
             except ApiError as exc:
                 if exc.status < 500:
                     raise
@@ -457,8 +464,19 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     def register(self) -> None:
+        """Register with the token we started with (again after the reaper marked us
+        lost), then speak with the daemon's own credential the server answers: the
+        starting token may register daemons but never acts as them."""
         body = {"name": self.name, "queues": self.queues}
-        daemon = self.call("POST", path("daemons", "register"), body, give_up=self.draining)
+        daemon = self.call(
+            "POST",
+            path("daemons", "register"),
+            body,
+            give_up=self.draining,
+            token=self.bootstrap_token,
+        )
+        if daemon.get("token"):  # None: the token we started with is this daemon's own
+            self.client.use_token(daemon["token"])
         self.daemon_id = str(daemon["id"])
         where = ", ".join(self.queues) if self.queues else "the default queue"
         self.log(f"registered daemon {self.daemon_id} ({self.name}) serving {where}")
@@ -959,8 +977,11 @@ class Worker:
 
     def _not_live(self, exc: ApiError) -> None:
         if exc.code in (DAEMON_TERMINATED, TOKEN_REVOKED):
-            if exc.code == TOKEN_REVOKED:  # a provider revokes it as it ends the daemon
-                self.log(f"daemon {self.daemon_id}'s token was revoked on the server: stopping")
+            if exc.code == TOKEN_REVOKED:  # a daemon's credential is revoked as it ends
+                self.log(
+                    f"daemon {self.daemon_id} was removed on the server (its credential is "
+                    "revoked): stopping"
+                )
             else:
                 self.log(f"daemon {self.daemon_id} was removed on the server: stopping")
             self.dropped.set()

@@ -34,6 +34,10 @@ CODES = {
     "forbidden",  # 403: another user's worker, or a role that may not
     "namespace_unknown",  # 404: this server is one namespace
     "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
+    "stream_full",  # 413: a result stream at its frame or byte limit
+    # 403: one daemon, one credential (queues/daemons.py)
+    "not_your_daemon",  # another daemon's credential, or the token that registered it
+    "queue_not_in_scope",  # a token scoped to queues, registering on another
 }
 
 

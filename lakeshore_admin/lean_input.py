@@ -25,7 +25,7 @@ import threading
 from rest_framework import serializers
 from rest_framework.fields import SkipField, empty
 
-from queues.api.serializers import StrictInput
+from lakeshore_admin.strict_input import StrictInput
 
 _local = threading.local()
 

@@ -302,6 +302,16 @@ LAKESHORE_SDK_MAX_ATTEMPTS = env_number("LAKESHORE_SDK_MAX_ATTEMPTS", 3, minimum
 LAKESHORE_SDK_STREAM_IDLE_SECONDS = env_number(
     "LAKESHORE_SDK_STREAM_IDLE_SECONDS", 60, minimum=1, kind=float
 )
+# Issue 17: the SDK's result streams are bounded. Frames and bytes one stream may hold
+# (past either, a chunk is refused: 413 stream_full), and the bytes one read of a stream
+# loads from the database at a time (at least one frame).
+LAKESHORE_SDK_STREAM_MAX_FRAMES = env_number("LAKESHORE_SDK_STREAM_MAX_FRAMES", 100_000, minimum=1)
+LAKESHORE_SDK_STREAM_MAX_BYTES = env_number(
+    "LAKESHORE_SDK_STREAM_MAX_BYTES", 256 * 1024 * 1024, minimum=1024
+)
+LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
+    "LAKESHORE_SDK_STREAM_READ_BYTES", 16 * 1024 * 1024, minimum=1024
+)
 # Where daemons that the `local` provider starts find this server.
 LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"

@@ -122,6 +122,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("queues.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
+    path("api/v1/", include("accounts.api.urls")),
     path("api/schema/", _docs(SpectacularAPIView, page=False), name="schema"),
     # Swagger UI's start script is a file of its own (?script): no inline script, for CSP
     path(

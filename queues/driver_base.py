@@ -9,6 +9,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from accounts.models import Role
+from accounts.services import credential_issue, service_user
 from queues.models import Daemon, DaemonState, Provider, Queue
 
 
@@ -42,19 +44,15 @@ class Driver:
 
 
 def mint_daemons(*, provider, queue, count: int, now, kind: str) -> list[tuple[Daemon, str]]:
-    """Inside the tick: `count` provisioning daemon rows for `queue`, each with a daemon
-    token of its own (returned raw once), revoked when the daemon ends."""
-    from accounts.services import token_create
-
+    """Inside the tick: `count` provisioning daemon rows for `queue`, each with its own
+    credential (returned raw once): it acts for that daemon only, serves `queue` only,
+    and is revoked when the daemon ends. Not audited: made and revoked with the daemon,
+    not an operator's act."""
+    user = service_user(f"provider-{provider.name}", Role.DAEMON)
     minted = []
     for _ in range(count):
         name = f"{queue.name}-{kind}-{uuid.uuid4().hex[:8]}"
-        token, raw = token_create(
-            username=f"provider-{provider.name}",
-            role="daemon",
-            name=f"daemon {name}",
-            audited=False,  # made and revoked with the daemon: not an operator's act
-        )
+        token, raw = credential_issue(user=user, name=name, queues=[queue.name])
         daemon = Daemon.objects.create(
             name=name,
             queues=[queue.name],

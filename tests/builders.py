@@ -29,3 +29,26 @@ def provider(name: str | None = None, kind: str = "simulated", **fields):
 def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fields) -> Daemon:
     fields.setdefault("name", f"d-{next(_seq)}")
     return Daemon.objects.create(queues=queues or [], state=state, **fields)
+
+
+def register(client, body: dict):
+    """Register a daemon through the API with the client's token, then switch the
+    client to the daemon's own credential (as `lakeshore daemon run` does): the
+    answer."""
+    response = client.post("/api/v1/daemons/register/", body, format="json")
+    if response.status_code == 201 and response.json().get("token"):
+        client.credentials(**auth(response.json()["token"]))
+    return response
+
+
+def credential(daemon: Daemon, username: str = "provider-sim"):
+    """A daemon's own credential (as a provider mints one): (token, raw)."""
+    from accounts.models import Role
+    from accounts.services import credential_issue, service_user
+
+    token, raw = credential_issue(
+        user=service_user(username, Role.DAEMON), name=daemon.name, queues=daemon.queues
+    )
+    Daemon.objects.filter(pk=daemon.pk).update(token=token)
+    daemon.token = token
+    return token, raw

@@ -228,27 +228,29 @@ class IdleDaemons:
         async with self.lakeshore.async_client(limits=limits) as client:
             gate = asyncio.Semaphore(32)
 
-            async def register(i: int) -> str:
+            async def register(i: int) -> tuple[str, str]:
                 async with gate:
                     body = {"name": f"idle-{i}", "queues": ["idle"]}
                     answer = await client.post("/api/v1/daemons/register/", json=body)
-                    return answer.raise_for_status().json()["id"]
+                    registered = answer.raise_for_status().json()
+                    return registered["id"], registered["token"]
 
             ids = await asyncio.gather(*(register(i) for i in range(self.count)))
             polls = []
-            for daemon_id in ids:
-                polls.append(asyncio.create_task(self._poll(client, daemon_id)))
+            for daemon_id, credential in ids:
+                polls.append(asyncio.create_task(self._poll(client, daemon_id, credential)))
                 await asyncio.sleep(self.stagger / self.count)
             self.ready.set()
             while not self.stopping.is_set():
                 await asyncio.sleep(0.2)
             await asyncio.wait(polls, timeout=45)
 
-    async def _poll(self, client: httpx.AsyncClient, daemon_id: str) -> None:
+    async def _poll(self, client: httpx.AsyncClient, daemon_id: str, credential: str) -> None:
         url = f"/api/v1/daemons/{daemon_id}/claim/"
+        own = {"Authorization": f"Bearer {credential}"}  # each daemon speaks for itself
         while not self.stopping.is_set():
             try:
-                answer = await client.post(url, json={"limit": 1, "wait": 20})
+                answer = await client.post(url, json={"limit": 1, "wait": 20}, headers=own)
             except httpx.HTTPError:
                 self.errors += 1
                 await asyncio.sleep(1)

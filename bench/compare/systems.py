@@ -186,8 +186,11 @@ class Lakeshore:
 
     @staticmethod
     def register(client: httpx.Client, name: str, queue: str) -> str:
+        """Register a daemon, then let the client speak with its own credential (as
+        `lakeshore daemon run` does)."""
         answer = client.post("/api/v1/daemons/register/", json={"name": name, "queues": [queue]})
         answer.raise_for_status()
+        client.headers["Authorization"] = f"Bearer {answer.json()['token']}"
         return answer.json()["id"]
 
     def server_cpu_seconds(self) -> float:

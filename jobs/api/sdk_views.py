@@ -94,11 +94,11 @@ class DaemonAck(SdkView):
     permission_classes = [DaemonProtocol]
 
     def post(self, request):
-        return Response(sdk.ack(request.data, user=request.user))
+        return Response(sdk.ack(request.data, token=request.auth))
 
 
 class DaemonResultChunk(SdkView):
     permission_classes = [DaemonProtocol]
 
     def post(self, request):
-        return Response(sdk.result_chunk(request.data, user=request.user))
+        return Response(sdk.result_chunk(request.data, token=request.auth))

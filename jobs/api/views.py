@@ -2,12 +2,11 @@
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol, Operate
-from accounts.roles import can_operate
 from jobs import services
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
@@ -21,6 +20,7 @@ from lakeshore_admin.pagination import (
     list_response,
     next_link,
 )
+from queues.daemons import check_speaker
 from queues.services import daemon_get
 
 BATCH_MAX = 1000  # outcomes in one batch completion
@@ -188,11 +188,9 @@ class JobBulkCancel(APIView):
 
 
 def own_daemon(request, daemon_id):
-    """A daemon token acts only for the daemons it registered; operators for any."""
+    """Only the daemon's own credential speaks for it; operators for any."""
     daemon = daemon_get(daemon_id, with_provider=False)
-    if not can_operate(request.user) and daemon.owner_id != request.user.pk:
-        raise PermissionDenied(f"This token may act only for its own daemons, not {daemon.pk}.")
-    return daemon
+    return check_speaker(daemon, user=request.user, token=request.auth)
 
 
 class DaemonHeartbeat(APIView):

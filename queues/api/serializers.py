@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from lakeshore_admin.output import BuiltOnceFields
+from lakeshore_admin.strict_input import StrictInput
 from queues import elasticity
 from queues.daemons import current_invocation_id
 from queues.models import (
@@ -33,19 +34,6 @@ def without_nul(value, path: str = ""):
         for index, inner in enumerate(value):
             without_nul(inner, f"{path}[{index}]" if path else f"[{index}]")
     return value
-
-
-class StrictInput(serializers.Serializer):
-    """Refuses keys it does not know: a misspelt field is an error, never ignored."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {key: f"unknown field (known: {', '.join(self.fields)})" for key in unknown}
-                )
-        return super().to_internal_value(data)
 
 
 def name_field(**kwargs):
@@ -166,6 +154,20 @@ class DaemonSerializer(BuiltOnceFields, serializers.ModelSerializer):
         if pk is _UNREAD:
             pk = current_invocation_id(daemon.pk)
         return None if pk is None else str(pk)
+
+
+class RegisteredDaemonSerializer(DaemonSerializer):
+    token = serializers.CharField(
+        source="credential",
+        read_only=True,
+        allow_null=True,
+        help_text="The daemon's own credential, shown once: it speaks the daemon protocol "
+        "for this daemon only. Null when the token that registered is already this "
+        "daemon's own (a daemon a provider started).",
+    )
+
+    class Meta(DaemonSerializer.Meta):
+        fields = [*DaemonSerializer.Meta.fields, "token"]
 
 
 class QueueSerializer(serializers.ModelSerializer):

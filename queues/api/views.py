@@ -245,18 +245,23 @@ class DaemonRegisterView(APIView):
 
     @extend_schema(
         summary="A daemon announces itself and its queues ([] = the default queue)",
+        description="Answers the daemon and, once, its own credential in `token`: from "
+        "then on only that credential (or an operator) speaks for the daemon; the token "
+        "that registered it may register more but never acts as them. A token scoped to "
+        "queues registers daemons on those only (403 queue_not_in_scope).",
         request=s.DaemonRegister,
-        responses={201: s.DaemonSerializer, **errors(400)},
+        responses={201: s.RegisteredDaemonSerializer, **errors(400, 403)},
     )
     def post(self, request):
         data = s.DaemonRegister(data=request.data)
         data.is_valid(raise_exception=True)
-        daemon = services.daemon_register(
+        daemon, credential = services.daemon_register(
             owner=request.user, token=request.auth, **data.validated_data
         )
+        registered = services.daemon_get(daemon.pk)
+        registered.credential = credential
         return Response(
-            s.DaemonSerializer(services.daemon_get(daemon.pk)).data,
-            status=status.HTTP_201_CREATED,
+            s.RegisteredDaemonSerializer(registered).data, status=status.HTTP_201_CREATED
         )
 
 

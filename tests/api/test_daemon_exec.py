@@ -24,9 +24,7 @@ def running():
     builders.queue(name="train")
     robot = APIClient()
     robot.credentials(**builders.auth(builders.token("daemon", username="robot")))
-    answer = robot.post(
-        "/api/v1/daemons/register/", {"name": "w1", "queues": ["train"]}, format="json"
-    ).json()
+    answer = builders.register(robot, {"name": "w1", "queues": ["train"]}).json()
     from queues.models import Daemon
 
     daemon = Daemon.objects.get(pk=answer["id"])
@@ -168,6 +166,6 @@ def test_a_daemon_reports_only_its_own_commands(operator, running):
         f"/api/v1/daemons/{daemon.pk}/commands/999/done/", {"result": "x"}, format="json"
     )
 
-    assert_error(refused, 403, "permission_denied")
+    assert_error(refused, 403, "not_your_daemon")
     assert_error(unknown, 404, "not_found")
     assert DaemonCommand.objects.get().done_at is None

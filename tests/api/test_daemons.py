@@ -42,8 +42,9 @@ def test_a_daemon_token_registers_a_daemon(daemon_client):
 
     assert response.status_code == 201, response.json()
     body = response.json()
-    assert set(body) == DAEMON_KEYS
+    assert set(body) == DAEMON_KEYS | {"token"}
     daemon = Daemon.objects.get()
+    assert body["token"].startswith("lsk_") and daemon.token.bound  # its own credential
     assert body["id"] == str(daemon.pk)
     assert body["name"] == "worker-1"
     assert body["queues"] == ["train", "eval"]

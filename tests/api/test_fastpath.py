@@ -80,7 +80,7 @@ def world():
     )
     assert status == 201
     django.calls = 0
-    yield django, lean, body["id"], daemon_token, operator_token
+    yield django, lean, body["id"], body["token"], operator_token  # the daemon's credential
     token_cache.clear()
 
 
@@ -282,6 +282,7 @@ def test_under_https_plain_http_is_redirected_and_https_gets_hsts(settings):
         extra=https,
     )
     path = f"/api/v1/daemons/{made['id']}/claim/"
+    daemon = made["token"]
 
     status, headers, _ = call(lean, path, {}, token=daemon)  # plain http
     assert status == 301 and headers["Location"].startswith("https://")

@@ -241,8 +241,7 @@ def test_the_counters_match_the_database_after_real_work(
 ):
     """Submit, claim and complete through the daemon API, kill, bulk-cancel, drop a
     daemon, lose one, reap a timeout: every counter moves by what the database shows."""
-    daemon_client = APIClient()
-    daemon_client.credentials(**builders.auth(builders.token("daemon")))
+    bootstrap = builders.token("daemon")
     for name in ("a", "b", "c"):
         builders.queue(name=name)
     before = scrape(viewer)
@@ -252,14 +251,17 @@ def test_the_counters_match_the_database_after_real_work(
             for i in range(n):
                 services.invocation_submit(function=ECHO, queue=queue, args=[i], max_attempts=2)
 
+        speakers = {}  # daemon id → a client speaking with its own credential
+
         def register(queues: list[str]) -> str:
-            response = daemon_client.post(
-                "/api/v1/daemons/register/", {"name": "w", "queues": queues}, format="json"
-            )
+            client = APIClient()
+            client.credentials(**builders.auth(bootstrap))
+            response = builders.register(client, {"name": "w", "queues": queues})
+            speakers[response.json()["id"]] = client
             return response.json()["id"]
 
         def claim(daemon: str, limit: int) -> list[dict]:
-            response = daemon_client.post(
+            response = speakers[daemon].post(
                 f"/api/v1/daemons/{daemon}/claim/", {"limit": limit}, format="json"
             )
             return response.json()
@@ -270,7 +272,7 @@ def test_the_counters_match_the_database_after_real_work(
                 for c, s in zip(claimed, states, strict=False)
             ]
             outcomes = [{**outcome, **extra} for outcome in outcomes]
-            response = daemon_client.post(
+            response = speakers[daemon].post(
                 f"/api/v1/daemons/{daemon}/complete/", outcomes, format="json"
             )
             assert response.status_code == 200, response.content

@@ -7,6 +7,7 @@ import pytest
 from django.urls import URLPattern
 from drf_spectacular.validation import validate_schema
 
+from accounts.api import urls as account_urls
 from queues.api import urls as queue_urls
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +30,8 @@ METHODS = {
     "/api/v1/daemons/": {"get"},
     "/api/v1/daemons/register/": {"post"},
     "/api/v1/daemons/{daemon_id}/": {"get"},
+    "/api/v1/tokens/": {"get", "post"},
+    "/api/v1/tokens/{token_id}/revoke/": {"post"},
 }
 
 
@@ -41,9 +44,10 @@ def schema(operator) -> dict:
 
 
 def queue_api_paths() -> set[str]:
-    """Every route of queues/api/urls.py, spelt as OpenAPI spells it."""
+    """Every route of queues/api/urls.py and accounts/api/urls.py, spelt as OpenAPI
+    spells it."""
     paths = set()
-    for pattern in queue_urls.urlpatterns:
+    for pattern in [*queue_urls.urlpatterns, *account_urls.urlpatterns]:
         assert isinstance(pattern, URLPattern)
         route = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
         paths.add(f"/api/v1/{route}")

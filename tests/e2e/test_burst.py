@@ -59,12 +59,14 @@ def test_a_burst_of_240_half_long_polls_gives_no_5xx_and_health_stays_200(server
     daemon = {"Authorization": f"Bearer {builders.token('daemon')}"}
     connection.close()
     with httpx.Client(base_url=server, headers=daemon, timeout=30) as client:
-        ids = [
+        registered = [
             client.post("/api/v1/daemons/register/", json={"name": f"b{i}", "queues": ["idle"]})
             .raise_for_status()
-            .json()["id"]
+            .json()
             for i in range(TOTAL // 2)
         ]
+    ids = [r["id"] for r in registered]
+    own = [{"Authorization": f"Bearer {r['token']}"} for r in registered]  # each its own
 
     results: list[tuple[str, int, float]] = []
     lock = threading.Lock()
@@ -72,7 +74,7 @@ def test_a_burst_of_240_half_long_polls_gives_no_5xx_and_health_stays_200(server
 
     def request(kind: str, i: int):
         with httpx.Client(
-            base_url=server, headers=daemon if kind == "claim" else operator, timeout=60
+            base_url=server, headers=own[i] if kind == "claim" else operator, timeout=60
         ) as client:
             barrier.wait()
             t0 = time.perf_counter()

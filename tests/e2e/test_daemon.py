@@ -267,5 +267,26 @@ def test_a_daemon_whose_token_is_revoked_stops_cleanly(live_server, tmp_path, se
     token_cache.clear()
     assert proc.wait(20) == 0, _log(tmp_path)
     log = _log(tmp_path)
-    assert f"daemon {daemon.pk}'s token was revoked on the server: stopping" in log
+    assert f"daemon {daemon.pk} was removed on the server (its credential is revoked)" in log
     assert "error:" not in log
+
+
+def test_the_daemon_speaks_with_its_own_credential_not_the_token_it_started_with(
+    live_server, tmp_path
+):
+    """`lakeshore daemon run` registers with its token, then switches to the credential
+    the server answers: the token it started with may not act as it."""
+    from accounts.models import ApiToken
+
+    builders.queue(name="e2e")
+    inv, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="e2e")
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
+    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
+    daemon = Daemon.objects.select_related("token").get()
+    started_with = ApiToken.objects.filter(user=daemon.owner, bound=False).get()
+    assert daemon.token.bound and daemon.token_id != started_with.pk
+    assert daemon.token.last_used_at is not None  # it spoke with the credential
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0, _log(tmp_path)
+    daemon.token.refresh_from_db()
+    assert daemon.token.revoked_at is not None  # gone with its daemon

@@ -78,13 +78,14 @@ def outcome(invocation: dict) -> str:
 
 def run_daemon(base: str, token: str, queue: str, index: int) -> None:
     """Claim and complete until the queue is empty, like `lakeshore daemon run`."""
-    me = call(
+    registered = call(
         base,
         token,
         "POST",
         "/api/v1/daemons/register/",
         {"name": f"d{index}", "queues": [queue] if queue else []},
-    ).json()["id"]
+    ).json()
+    me, token = registered["id"], registered["token"]  # from now on, its own credential
     while True:
         claimed = call(base, token, "POST", f"/api/v1/daemons/{me}/claim/", {"limit": 3}).json()
         if not claimed:
@@ -180,8 +181,10 @@ def test_every_scrape_gives_the_databases_totals_whichever_worker_serves_it(serv
     # One claimed by a daemon that never reports: the reaper will time it out.
     holder = call(
         base, daemon, "POST", "/api/v1/daemons/register/", {"name": "holder", "queues": ["m"]}
-    ).json()["id"]
-    [held] = call(base, daemon, "POST", f"/api/v1/daemons/{holder}/claim/", {"limit": 1}).json()
+    ).json()
+    [held] = call(
+        base, holder["token"], "POST", f"/api/v1/daemons/{holder['id']}/claim/", {"limit": 1}
+    ).json()
     # Daemons on both queues, concurrently, until the queues are empty.
     threads = [
         threading.Thread(target=run_daemon, args=(base, daemon, QUEUES[i % 2], i))

@@ -16,9 +16,7 @@ ECHO = "lakeshore.functions.echo"
 def claimed(daemon_client):
     builders.queue(name="w")
     ids = [services.invocation_submit(function=ECHO, queue="w")[0].pk for _ in range(3)]
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
     got = daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 3}, format="json")
     assert [int(i["id"]) for i in got.json()] == ids
     return me["id"], ids

@@ -8,6 +8,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from jobs import services, transitions
 from jobs.models import Invocation
@@ -248,11 +249,7 @@ def test_scale_down_ends_an_idle_daemon_and_revokes_its_token(settings):
 
 
 def _minted_token_for(daemon):
-    from accounts.services import token_create
-
-    token, raw = token_create(username="provider-sim", role="daemon", name=f"daemon {daemon.name}")
-    Daemon.objects.filter(pk=daemon.pk).update(token=token)
-    return token, raw
+    return builders.credential(daemon)
 
 
 # ---------------------------------------------------------------------------- side effects
@@ -312,9 +309,7 @@ def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
 def test_a_completion_retried_after_a_lost_response_is_recorded_once(daemon_client):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
     daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
     report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [1]}
 
@@ -336,9 +331,7 @@ def test_a_retried_failure_report_is_recorded_once_even_after_its_requeue(daemon
     settings.LAKESHORE_RETRY_BACKOFF = 60
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
     daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
     report = {"invocation": inv.pk, "attempt": 1, "state": "failed", "error": "boom"}
 
@@ -353,16 +346,14 @@ def test_a_retried_failure_report_is_recorded_once_even_after_its_requeue(daemon
 def test_another_daemon_or_attempt_still_gets_409_claim_stale(daemon_client):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
-    other = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "e", "queues": ["w"]}, format="json"
-    ).json()
+    them = APIClient(SERVER_NAME="localhost")
+    them.credentials(**builders.auth(builders.token("daemon")))
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
+    other = builders.register(them, {"name": "e", "queues": ["w"]}).json()
     daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
     report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": 1}
 
-    theirs = daemon_client.post(f"/api/v1/daemons/{other['id']}/complete/", report, format="json")
+    theirs = them.post(f"/api/v1/daemons/{other['id']}/complete/", report, format="json")
     wrong_attempt = daemon_client.post(
         f"/api/v1/daemons/{me['id']}/complete/", {**report, "attempt": 2}, format="json"
     )
@@ -377,9 +368,7 @@ def test_another_daemon_or_attempt_still_gets_409_claim_stale(daemon_client):
 
 def test_the_daemon_learns_why_it_may_not_claim_from_the_code(daemon_client):
     builders.queue(name="w")
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
     Daemon.objects.filter(pk=me["id"]).update(state="lost")
     lost = daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {}, format="json")
     Daemon.objects.filter(pk=me["id"]).update(state="terminated")

@@ -32,9 +32,7 @@ def world(daemon_client):
     and 2 more queued there."""
     builders.queue(name="w")
     ids = [services.invocation_submit(function=ECHO, queue="w")[0].pk for _ in range(5)]
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()["id"]
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()["id"]
     got = daemon_client.post(f"/api/v1/daemons/{me}/claim/", {"limit": 3}, format="json")
     assert [int(i["id"]) for i in got.json()] == ids[:3]
     return me, ids[:3], ids[3:]

@@ -323,9 +323,7 @@ def test_a_daemon_token_acts_only_for_its_own_daemon(daemon_client):
     from rest_framework.test import APIClient
 
     builders.queue(name="a")
-    mine = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "gpu-1", "queues": ["a"]}, format="json"
-    ).json()
+    mine = builders.register(daemon_client, {"name": "gpu-1", "queues": ["a"]}).json()
     other = APIClient(SERVER_NAME="localhost")
     other.credentials(**builders.auth(builders.token("daemon")))
     _error(other.post(f"/api/v1/daemons/{mine['id']}/claim/", {}, format="json"), 403)
@@ -339,9 +337,7 @@ def test_a_daemon_token_acts_only_for_its_own_daemon(daemon_client):
 def test_the_daemon_protocol_round_trip(daemon_client):
     builders.queue(name="a")
     inv, _ = services.invocation_submit(function=ECHO, queue="a", args=["hi"])
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "w", "queues": ["a"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "w", "queues": ["a"]}).json()
     claimed = daemon_client.post(
         f"/api/v1/daemons/{me['id']}/claim/", {"limit": 5}, format="json"
     ).json()

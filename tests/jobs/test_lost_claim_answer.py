@@ -22,9 +22,7 @@ def lost_answer(daemon_client):
     builders.queue(name="w")
     lost, _ = services.invocation_submit(function=ECHO, queue="w")
     kept, _ = services.invocation_submit(function=ECHO, queue="w")
-    me = daemon_client.post(
-        "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, format="json"
-    ).json()
+    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
     daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 2}, format="json")
     return me["id"], lost, kept
 

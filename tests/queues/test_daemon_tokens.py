@@ -12,10 +12,8 @@ pytestmark = pytest.mark.django_db
 
 
 def _minted(provider="sim", queues=("w",)):
-    token, raw = token_create(username=f"provider-{provider}", role="daemon", name="daemon d")
-    daemon = builders.daemon(
-        queues=list(queues), provider_id=services.provider_get(provider).pk, token=token
-    )
+    daemon = builders.daemon(queues=list(queues), provider_id=services.provider_get(provider).pk)
+    token, _ = builders.credential(daemon, username=f"provider-{provider}")
     return daemon, token
 
 
@@ -43,20 +41,23 @@ def test_it_keeps_the_token_of_a_lost_daemon_which_may_come_back(pool):
 def test_a_daemon_registering_again_with_its_minted_token_keeps_it_tied(pool):
     daemon, token = _minted()
     Daemon.objects.filter(pk=daemon.pk).update(state="lost")
-    again = daemons.daemon_register(owner=token.user, name="d2", queues=["w"], token=token)
-    assert again.token_id == token.pk
+    again, credential = daemons.daemon_register(
+        owner=token.user, name="d2", queues=["w"], token=token
+    )
+    assert again.token_id == token.pk and credential is None
     daemons.daemon_deregister(daemon=again)
     token.refresh_from_db()
     assert token.revoked_at is not None
 
 
-def test_it_never_revokes_a_token_it_did_not_mint(pool):
+def test_it_revokes_the_credential_but_never_the_token_that_registered(pool):
     token, _ = token_create(username="alice", role="operator")
-    daemon = daemons.daemon_register(owner=token.user, name="hand", queues=["w"], token=token)
-    assert daemon.token_id is None
+    daemon, _ = daemons.daemon_register(owner=token.user, name="hand", queues=["w"], token=token)
+    assert daemon.token_id != token.pk and daemon.token.bound
     daemons.daemon_drop(daemon=daemon)
     token.refresh_from_db()
-    assert token.revoked_at is None
+    daemon.token.refresh_from_db()
+    assert token.revoked_at is None and daemon.token.revoked_at is not None
 
 
 def test_it_revokes_every_daemon_token_of_a_removed_provider(pool):

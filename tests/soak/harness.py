@@ -198,7 +198,16 @@ def error_code(response: httpx.Response) -> str:
         return ""
 
 
-def call(shared: Shared, http: httpx.Client, method: str, url: str, body=None, *, give_up=None):
+def call(
+    shared: Shared,
+    http: httpx.Client,
+    method: str,
+    url: str,
+    body=None,
+    *,
+    give_up=None,
+    headers=None,
+):
     """One request that rides out 5xx answers and connection errors with back-off.
     None when `give_up()` (or the test's stop) came first. Returns (response, retried)."""
     delay = BACKOFF_START
@@ -208,7 +217,7 @@ def call(shared: Shared, http: httpx.Client, method: str, url: str, body=None, *
     while True:
         shared.stats.add(f"requests: {kind}")
         try:
-            response = http.request(method, url, json=body)
+            response = http.request(method, url, json=body, headers=headers)
         except httpx.TransportError:
             shared.stats.add("connection errors ridden out")
         else:
@@ -235,6 +244,7 @@ class DaemonThread:
         self.lock = threading.Lock()
         self.daemon_id: int | None = None
         self.ids: list[int] = []  # every daemon id this thread registered, in order
+        self.credentials: dict[int, str] = {}  # daemon id → its own credential
         self.gone: tuple[int, str] | None = None  # the heartbeat heard a 409 for this id
         self.held: set[int] = set()  # claimed, not yet answered: the heartbeat's "held"
         self.silent = threading.Event()  # crashed or stalled: no heartbeat
@@ -270,7 +280,23 @@ class DaemonThread:
 
     def _call(self, method, url, body=None, *, interruptible=True):
         give_up = self.crash.is_set if interruptible else None
-        return call(self.shared, self.http, method, url, body, give_up=give_up)
+        return call(
+            self.shared,
+            self.http,
+            method,
+            url,
+            body,
+            give_up=give_up,
+            headers=self._speaking_for(url),
+        )
+
+    def _speaking_for(self, url: str) -> dict | None:
+        """A daemon's requests go with its own credential (the register answer's
+        token); registering goes with the thread's token."""
+        found = re.match(r"daemons/(\d+)/", url)
+        if found is None:
+            return None
+        return {"Authorization": f"Bearer {self.credentials[int(found.group(1))]}"}
 
     def register(self) -> bool:
         self.generation += 1
@@ -282,6 +308,7 @@ class DaemonThread:
             raise AssertionError(f"register: {response.status_code} {response.text}")
         with self.lock:
             self.daemon_id = int(response.json()["id"])
+            self.credentials[self.daemon_id] = response.json()["token"]
             self.ids.append(self.daemon_id)
             self.gone = None
             self.held.clear()
@@ -296,7 +323,8 @@ class DaemonThread:
             return
         for _ in range(3):
             try:
-                response = self.http.post(f"daemons/{daemon}/deregister/")
+                url = f"daemons/{daemon}/deregister/"
+                response = self.http.post(url, headers=self._speaking_for(url))
             except httpx.TransportError:
                 continue
             if response.status_code == 200:
@@ -594,7 +622,8 @@ class DaemonThread:
             self.fresh = last = now
             self.shared.stats.add("requests: heartbeat")
             try:
-                response = self.http.post(f"daemons/{daemon}/heartbeat/", json={"held": held})
+                url = f"daemons/{daemon}/heartbeat/"
+                response = self.http.post(url, json={"held": held}, headers=self._speaking_for(url))
             except httpx.TransportError:
                 self.shared.stats.add("connection errors ridden out")
                 continue
