@@ -11,7 +11,7 @@ blob (an Envelope for `@udf` calls and thunks, a bare value for `SyncQueue.submi
 which the server never decodes beyond the function's name, to show it. The id the SDK
 holds is the invocation's id: the submit answers it and the SDK adopts it.
 
-An SDK worker is a daemon: its first poll registers it (daemons.sdk_worker_seen). It
+An SDK worker is a daemon: its first poll registers it (registration.sdk_worker_seen). It
 sends no heartbeat while it runs a job, so a lease keeps the job (daemons._SILENT_SQL).
 Its ack carries no worker id: the invocation names its daemon, and the token must own
 that daemon. A late or repeated ack answers 2xx with `ignored` (a 4xx would end the
@@ -27,7 +27,7 @@ from jobs import services
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
 from lakeshore_admin.errors import Conflict, Invalid, NotFound, TooLarge
-from queues import daemons
+from queues import daemons, registration
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
 SUBMIT_BLOCK_MAX = 20.0  # the longest a submit waits for room in a full queue
@@ -222,7 +222,7 @@ def poll(body: dict, *, user, token=None) -> dict:
     worker_id = _text(body, "worker_id")
     queue = _text(body, "queue", max_length=63)
     wait = _number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)
-    daemon = daemons.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
+    daemon = registration.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
     claimed = services.invocation_claim(
         daemon=daemon, limit=1, wait=min(wait, POLL_MAX_SECONDS), wires=SDK_WIRES
     )

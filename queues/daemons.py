@@ -5,25 +5,23 @@
                       lost ◀──reaper (silent)──────┤                        ▼
                         └──register again──▶ (new row)   deregister/drop ──▶ terminated
 
-Registration, heartbeats, busy/idle, drop, deregister, scale-down (retire, then end
-once it runs nothing) and the reaper's lost all live here. Changes to what a daemon
-runs go through jobs.transitions. A daemon's provider-minted token is revoked in the
-same transaction that ends it; asking the provider to stop it (a process, later a
-Slurm job) happens only after that transaction commits."""
+Heartbeats, busy/idle, drop, deregister, scale-down (retire, then end once it runs
+nothing) and the reaper's lost all live here; registration and who may speak for a
+daemon in queues/registration.py. Changes to what a daemon runs go through
+jobs.transitions. A daemon's credential is revoked in the same transaction that ends
+it; asking the provider to stop it (a process, a Slurm job) happens only after that
+transaction commits."""
 
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken
-from accounts.roles import can_operate
-from accounts.services import credential_issue
 from jobs import transitions
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
-from lakeshore_admin import hooks
-from lakeshore_admin.errors import Conflict, Forbidden, Invalid, NotFound
+from lakeshore_admin.errors import Conflict, NotFound
 from queues.models import (
     CLAIMING_DAEMON_STATES,
     LIVE_DAEMON_STATES,
@@ -32,200 +30,6 @@ from queues.models import (
     EventAction,
     Queue,
 )
-
-MAX_DAEMON_QUEUES = 64
-NOT_YOUR_DAEMON = "not_your_daemon"
-
-
-def _name_list(names: list[str], limit: int = 10) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-# ---------------------------------------------------------------------------- register
-
-
-def daemon_register(
-    *,
-    owner,
-    name: str,
-    queues: list[str],
-    provider: str | None = None,
-    instance_type: str = "",
-    token=None,
-) -> tuple[Daemon, str | None]:
-    """A daemon announces itself and the queues it serves (`[]` = the default queue).
-    `token` is the API token it spoke with, which must be scoped to those queues.
-
-    Answers the daemon and its own credential (raw, shown once): a daemon token bound to
-    this one daemon, revoked when it ends. The token that registered (a bootstrap
-    token) may register more daemons but never acts as them. When `token` is already a
-    daemon's own credential (one a provider minted for the daemon it launched), it
-    registers only that daemon, and the credential is None: it keeps the one it has."""
-    from queues.services import _provider_for  # a cycle: queues.services imports this
-
-    names = _served(queues)
-    _check_queues_exist(names)
-    check_scope(token, names)
-    with transaction.atomic():
-        if token is not None and token.bound:
-            return _register_own(token, names), None
-        daemon = _create(
-            owner=owner,
-            name=name,
-            names=names,
-            provider=_provider_for(provider),
-            instance_type=instance_type,
-        )
-        credential, raw = credential_issue(user=owner, name=name, queues=names)
-        Daemon.objects.filter(pk=daemon.pk).update(token=credential)
-        daemon.token = credential
-        return daemon, raw
-
-
-def _served(queues: list[str]) -> list[str]:
-    names = list(dict.fromkeys(queues))  # keep order, drop repeats
-    if len(names) > MAX_DAEMON_QUEUES:
-        raise Invalid(
-            f"A daemon may serve at most {MAX_DAEMON_QUEUES} queues.", fields={"queues": "too many"}
-        )
-    return names
-
-
-def check_scope(token, names: list[str]) -> None:
-    """A token scoped to queues serves only those (and never the default queue)."""
-    if token is None or token.allows_queues(names):
-        return
-    scope = ", ".join(token.queues)
-    wanted = ", ".join(names) if names else "the default queue"
-    raise Forbidden(
-        f"This token may serve queues {scope} only, not {wanted}.",
-        fields={"queues": "not in the token's scope"},
-        code="queue_not_in_scope",
-    )
-
-
-def _create(*, owner, name, names, provider, instance_type="", token=None, earlier=None):
-    return Daemon.objects.create(
-        name=name,
-        queues=names,
-        provider=earlier.provider if earlier and earlier.provider_id else provider,
-        instance_type=instance_type or (earlier.instance_type if earlier else ""),
-        external_id=earlier.external_id if earlier else "",
-        log_path=earlier.log_path if earlier else "",
-        owner=owner,
-        state=DaemonState.IDLE,
-        last_heartbeat_at=timezone.now(),
-        token=token,
-    )
-
-
-def _register_own(token, names: list[str]) -> Daemon:
-    """A daemon's own credential registers its daemon: the row its provider made for it
-    (provisioning), or, after the reaper marked it lost, a new row that keeps what its
-    provider knows it by (its provider, its job's external id, its log)."""
-    now = timezone.now()
-    adopted = Daemon.objects.filter(token=token, state=DaemonState.PROVISIONING).update(
-        queues=names, state=DaemonState.IDLE, last_heartbeat_at=now, updated_at=now
-    )
-    earlier = Daemon.objects.filter(token=token).order_by("-id").first()
-    if adopted:
-        return earlier
-    if earlier is None or earlier.state != DaemonState.LOST:
-        raise Forbidden(
-            "This token is a daemon's own credential: it registers no other daemon. "
-            "Register with the token the daemon started with.",
-            code=NOT_YOUR_DAEMON,
-        )
-    return _create(
-        owner=earlier.owner,
-        name=earlier.name,
-        names=names,
-        provider=None,
-        token=token,
-        earlier=earlier,
-    )
-
-
-def check_speaker(daemon: Daemon, *, user, token) -> Daemon:
-    """Only the daemon's own credential, or an operator, speaks the daemon protocol for
-    it: not the token that registered it, not another daemon's credential."""
-    if can_operate(user):
-        return daemon
-    if token is not None and token.bound and daemon.token_id == token.pk:
-        return daemon
-    raise Forbidden(
-        f"This token may act only for its own daemon, not daemon {daemon.pk}.",
-        code=NOT_YOUR_DAEMON,
-    )
-
-
-def sdk_worker_seen(*, owner, worker_id: str, queue: str, token=None) -> Daemon:
-    """An SDK worker (dreamlake-lakeshore) polled. It never registers: its first poll
-    does, as a daemon named by its worker id, serving the polled queue, owned by the
-    token's user. Later polls find it (and follow it to another queue). One that was
-    presumed dead (lost) and polls again is live again; its old work was handed back.
-    One that was dropped gets daemon_terminated, which ends the SDK's worker. A worker
-    id belongs to the user who first polled with it."""
-    try:
-        return _sdk_worker_seen(owner, worker_id, queue, token)
-    except IntegrityError:  # two first polls of one worker id at once: the other made it
-        return _sdk_worker_seen(owner, worker_id, queue, token)
-
-
-def _sdk_worker_seen(owner, worker_id: str, queue: str, token) -> Daemon:
-    check_scope(token, [queue])
-    with transaction.atomic():
-        daemon = Daemon.objects.select_for_update().filter(worker_id=worker_id).first()
-        if daemon is None:
-            hooks.point("sdk_worker.before_create")
-            _check_queues_exist([queue])
-            # The token that polls is the worker's: what it claims, only that token acks.
-            daemon = _create(
-                owner=owner, name=worker_id[:200], names=[queue], provider=None, token=token
-            )
-            Daemon.objects.filter(pk=daemon.pk).update(worker_id=worker_id)
-            daemon.worker_id = worker_id
-            return daemon
-        if not _polls_as(daemon, owner, token):
-            raise Forbidden(
-                f"Worker id {worker_id!r} belongs to a worker polling with another token.",
-                code=NOT_YOUR_DAEMON,
-            )
-        if daemon.state == DaemonState.TERMINATED:
-            check_live(daemon)  # daemon_terminated
-        changes = {}
-        if daemon.queues != [queue]:
-            _check_queues_exist([queue])
-            changes["queues"] = [queue]
-        if daemon.state == DaemonState.LOST:
-            changes["state"] = DaemonState.IDLE
-        if changes:
-            changes["last_heartbeat_at"] = changes["updated_at"] = timezone.now()
-            Daemon.objects.filter(pk=daemon.pk).update(**changes)
-            for field, value in changes.items():
-                setattr(daemon, field, value)
-    touch(daemon.pk)  # renews the lease on what it runs
-    return daemon
-
-
-def _polls_as(daemon: Daemon, owner, token) -> bool:
-    """An SDK worker's row belongs to the token that first polled with its id (rows
-    made before tokens were recorded: to that token's user)."""
-    if daemon.token_id is not None:
-        return token is not None and daemon.token_id == token.pk
-    return daemon.owner_id == owner.pk
-
-
-def _check_queues_exist(names: list[str]) -> None:
-    known = set(Queue.objects.filter(name__in=names).values_list("name", flat=True))
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise Invalid(
-            f"Unknown queue(s): {_name_list(unknown)}. Add them with 'lakeshore queues add'.",
-            fields={"queues": f"unknown: {', '.join(unknown[:10])}"},
-        )
-
 
 # ---------------------------------------------------------------------------- liveness
 

@@ -20,7 +20,7 @@ from lakeshore_admin.pagination import (
     list_response,
     next_link,
 )
-from queues.daemons import check_speaker
+from queues.registration import check_speaker
 from queues.services import daemon_get
 
 BATCH_MAX = 1000  # outcomes in one batch completion

@@ -4,7 +4,7 @@ import pytest
 
 from accounts.models import ApiToken
 from accounts.services import token_create
-from queues import daemons, services
+from queues import daemons, registration, services
 from queues.models import Daemon
 from tests import builders
 
@@ -41,7 +41,7 @@ def test_it_keeps_the_token_of_a_lost_daemon_which_may_come_back(pool):
 def test_a_daemon_registering_again_with_its_minted_token_keeps_it_tied(pool):
     daemon, token = _minted()
     Daemon.objects.filter(pk=daemon.pk).update(state="lost")
-    again, credential = daemons.daemon_register(
+    again, credential = registration.daemon_register(
         owner=token.user, name="d2", queues=["w"], token=token
     )
     assert again.token_id == token.pk and credential is None
@@ -52,7 +52,9 @@ def test_a_daemon_registering_again_with_its_minted_token_keeps_it_tied(pool):
 
 def test_it_revokes_the_credential_but_never_the_token_that_registered(pool):
     token, _ = token_create(username="alice", role="operator")
-    daemon, _ = daemons.daemon_register(owner=token.user, name="hand", queues=["w"], token=token)
+    daemon, _ = registration.daemon_register(
+        owner=token.user, name="hand", queues=["w"], token=token
+    )
     assert daemon.token_id != token.pk and daemon.token.bound
     daemons.daemon_drop(daemon=daemon)
     token.refresh_from_db()

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 
 from lakeshore_admin import hooks
-from queues import daemons
+from queues import registration
 from queues.models import Daemon
 from tests import builders
 
@@ -30,7 +30,7 @@ def test_two_first_polls_of_one_worker_id_at_once_make_one_daemon():
         def poll():
             try:
                 other_made_it.append(
-                    daemons.sdk_worker_seen(owner=owner, worker_id="h-1", queue="gpu").pk
+                    registration.sdk_worker_seen(owner=owner, worker_id="h-1", queue="gpu").pk
                 )
             finally:
                 connection.close()
@@ -41,7 +41,7 @@ def test_two_first_polls_of_one_worker_id_at_once_make_one_daemon():
 
     hooks.register("sdk_worker.before_create", the_other_poll_first)
     try:
-        mine = daemons.sdk_worker_seen(owner=owner, worker_id="h-1", queue="gpu")
+        mine = registration.sdk_worker_seen(owner=owner, worker_id="h-1", queue="gpu")
     finally:
         hooks.clear()
     assert other_made_it == [mine.pk]
