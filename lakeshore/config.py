@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from lakeshore.errors import CliError
+from lakeshore.private import write_private
 
 DEFAULT_SERVER = "http://localhost:8080"
 SERVER_ENV = "LAKESHORE_URL"
@@ -33,14 +34,11 @@ def read_auth() -> dict:
 
 
 def write_auth(data: dict) -> Path:
-    """Write auth.yml readable by its owner only (0600), even if it existed before."""
+    """Write auth.yml readable by its owner only: a new file, created 0600 in one step,
+    replaces it (lakeshore.private), even if it existed before with another mode."""
     path = auth_file()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        yaml.safe_dump(data, handle, default_flow_style=False)
-    return path
+    return write_private(path, yaml.safe_dump(data, default_flow_style=False))
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ children too) and says so in "leftovers", for the daemon to replace it.
 While an invocation runs, LAKESHORE_INVOCATION_ID and LAKESHORE_ATTEMPT are set in
 os.environ (and removed after). The daemon decides what may run: `allowed_modules`
 comes from the daemon host's LAKESHORE_ALLOWED_MODULES, read by the daemon and sent
-with each invocation. The runner never reads it from its own environment, which the
-daemon scrubs (see lakeshore.worker)."""
+with each invocation, and is checked on what the function resolves to (lakeshore.allow).
+The runner never reads it from its own environment, which the daemon scrubs (see
+lakeshore.worker)."""
 
 import contextlib
 import importlib
@@ -31,13 +32,14 @@ import signal
 import sys
 import traceback
 
-ALWAYS_ALLOWED = ("lakeshore.functions",)
+from lakeshore.allow import (
+    ALWAYS_ALLOWED,
+    name_refusal,
+    parse_modules,  # noqa: F401 - lakeshore.worker imports it here
+    target_refusal,
+)
+
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def parse_modules(text: str) -> tuple[str, ...]:
-    """`"a.b, c"` → `("a.b", "c")`: the LAKESHORE_ALLOWED_MODULES syntax."""
-    return tuple(m.strip() for m in (text or "").split(",") if m.strip())
 
 
 def allowed_modules(payload: dict) -> tuple[str, ...]:
@@ -45,36 +47,49 @@ def allowed_modules(payload: dict) -> tuple[str, ...]:
     return ALWAYS_ALLOWED + tuple(str(m) for m in extra if str(m).strip())
 
 
-def is_allowed(function: str, allowed: tuple[str, ...]) -> bool:
-    module = function.rpartition(".")[0]
-    return any(module == m or module.startswith(m + ".") for m in allowed)
-
-
-def refusal(function: str, allowed: tuple[str, ...]) -> str:
-    return (
-        f"function {function!r} is not in an allowed module: this daemon runs "
-        f"{', '.join(allowed)} (set LAKESHORE_ALLOWED_MODULES where the daemon runs to "
-        "add modules)."
-    )
-
-
 def run(payload: dict) -> dict:
-    function = payload["function"]
+    """One invocation's outcome. What it names is checked twice (lakeshore.allow):
+    its module and name before the import, what they resolve to before the call."""
+    function = str(payload["function"])
     allowed = allowed_modules(payload)
     if payload.get("wire") == "envelope":  # the Python SDK's: its own exec contract
         from lakeshore import sdk_job
 
         return sdk_job.run_envelope(payload, allowed=allowed, timeout=None)
-    if not is_allowed(function, allowed):
-        return {"ok": False, "error": refusal(function, allowed)}
     module_name, _, attr = function.rpartition(".")
+    why = name_refusal(module_name, attr, allowed)
+    if why:
+        return {"ok": False, "error": why}
     try:
         target = getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as exc:
+        why = _dotted(function, module_name, exc)
+        return {"ok": False, "error": why or traceback.format_exc()}
+    except BaseException:  # noqa: BLE001 - a module that does not import is the outcome
+        return {"ok": False, "error": traceback.format_exc()}
+    why = target_refusal(function, target, allowed)
+    if why:
+        return {"ok": False, "error": why}
+    try:
         result = target(*(payload.get("args") or []), **(payload.get("kwargs") or {}))
         json.dumps(result)  # the result must travel as JSON
     except BaseException:  # noqa: BLE001 - everything the function raises is its outcome
         return {"ok": False, "error": traceback.format_exc()}
     return {"ok": True, "result": result}
+
+
+def _dotted(function: str, module_name: str, exc: ModuleNotFoundError) -> str | None:
+    """`pkg.mod.Class.method` does not import as a module: when `pkg.mod` does and
+    `Class` is an object of it, the refusal says the path is a dotted qualname."""
+    parent, _, name = module_name.rpartition(".")
+    module = sys.modules.get(parent) if exc.name == module_name else None
+    if module is None or not hasattr(module, name) or isinstance(getattr(module, name), type(sys)):
+        return None
+    return (
+        f"function {function!r} is refused: {name}.{function.rpartition('.')[2]} is a "
+        f"dotted path inside module {parent!r} (a method or an object's attribute): a job "
+        "runs a module's own function by its plain name."
+    )
 
 
 # ---------------------------------------------------------------------------- the loop

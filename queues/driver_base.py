@@ -3,15 +3,20 @@ helpers the drivers that run `lakeshore daemon run` share (queues/drivers.py for
 `local` and `simulated`, queues/slurm.py for `slurm`)."""
 
 import os
+import pwd
 import shutil
 import signal
 import sys
 import uuid
 from pathlib import Path
 
+from django.conf import settings
+
 from accounts.models import Role
 from accounts.services import credential_issue, service_user
+from lakeshore.private import private_dir
 from queues.models import Daemon, DaemonState, Provider, Queue
+from queues.provider_configs import run_as_problem
 
 
 class ProviderError(Exception):
@@ -76,12 +81,52 @@ def lakeshore_command() -> str:
 
 
 # What a server process knows and a daemon must not inherit: the daemon gets its own
-# URL and token, nothing else of the server's configuration.
-_SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG")
+# URL and token, nothing else of the server's configuration; nor the server's XDG
+# folders (XDG_CONFIG_HOME holds the CLI's auth.yml, an operator's token).
+_SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG", "XDG_")
 
 
 def server_free_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(_SERVER_ONLY)}
+
+
+# ---------------------------------------------------------------------------- job homes
+
+
+def homes_dir() -> Path:
+    return Path(settings.VAR_DIR) / "homes"
+
+
+def daemon_home(name: str, account: pwd.struct_passwd | None) -> Path:
+    """var/homes/NAME: the HOME of a daemon and its jobs, not the server's (where
+    `make run` keeps an operator's token). 0700, owned by `account` when it runs as
+    that user; var/ and var/homes then let that user through to it, and only that."""
+    uid = (account.pw_uid,) if account is not None else ()
+    private_dir(Path(settings.VAR_DIR), traverse=uid)
+    home = private_dir(homes_dir(), traverse=uid) / name
+    home.mkdir(mode=0o700)
+    if account is not None:
+        os.chown(home, account.pw_uid, account.pw_gid)
+    return home
+
+
+def home_environ(env: dict[str, str], home: Path, account: pwd.struct_passwd | None) -> dict:
+    """`env` with HOME (and, run as another user, USER and LOGNAME) its daemon's own."""
+    env = {**env, "HOME": str(home)}
+    if account is not None:
+        env["USER"] = env["LOGNAME"] = account.pw_name
+    return env
+
+
+def run_as_account(name: str | None) -> pwd.struct_passwd | None:
+    """The user a provider's `run_as` names (None: the server's own user), checked
+    again where the daemons start: ProviderError when it cannot be used here."""
+    if not name:
+        return None
+    problem = run_as_problem(name)
+    if problem:
+        raise ProviderError(f"run_as: {problem}")
+    return pwd.getpwnam(name)
 
 
 def _die_with_parent() -> None:

@@ -7,6 +7,7 @@ real `lakeshore daemon run` processes on this host. `slurm` (queues/slurm.py) su
 one batch job per daemon to a Slurm cluster."""
 
 import os
+import shutil
 import subprocess
 import uuid
 from datetime import timedelta
@@ -15,12 +16,16 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from lakeshore.private import private_dir
 from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: public here too
     Driver,
     ProviderError,
     _die_with_parent,
+    daemon_home,
+    home_environ,
     lakeshore_command,
     mint_daemons,
+    run_as_account,
     server_free_environ,
 )
 from queues.models import Daemon, DaemonState, Provider
@@ -70,15 +75,19 @@ class SimulatedDriver(Driver):
 
 class LocalDriver(Driver):
     """Daemons as processes on this host: `lakeshore daemon run --queues NAME`, each with
-    a daemon token of its own, revoked when the daemon ends. Config: `concurrency`
-    (default 1). The processes stop with the worker that started them (they finish
-    their work and deregister); the controller starts new ones at its next tick."""
+    a daemon token of its own, revoked when the daemon ends, and a HOME of its own
+    (var/homes/NAME, removed when it ends). Config: `concurrency` (default 1) and
+    `run_as` (a user: the server, run as root, starts the daemons as that user, who
+    owns their home). The processes stop with the worker that started them (they
+    finish their work and deregister); the controller starts new ones at its next tick."""
 
     def __init__(self):
         self.processes: dict[int, subprocess.Popen] = {}  # daemon id → process
+        self.homes: dict[int, Path] = {}  # daemon id → its HOME
 
     def launch(self, *, provider, queue, count, now):
         command = lakeshore_command()
+        account = run_as_account((provider.config or {}).get("run_as"))
         launched = []
         for daemon, raw in mint_daemons(
             provider=provider, queue=queue, count=count, now=now, kind="local"
@@ -89,12 +98,12 @@ class LocalDriver(Driver):
             daemon.save(update_fields=["log_path"])
             # The process starts only once the rows and the token are committed.
             transaction.on_commit(
-                lambda d=daemon, a=args, r=raw, q=queue.pk: self._start(d, a, r, q)
+                lambda d=daemon, a=args, r=raw, q=queue.pk: self._start(d, a, r, q, account)
             )
             launched.append(daemon)
         return launched
 
-    def _start(self, daemon: Daemon, args: list[str], raw_token: str, queue_id: int) -> None:
+    def _start(self, daemon, args: list[str], raw_token: str, queue_id: int, account) -> None:
         logs = Path(settings.VAR_DIR) / "log" / "daemons"
         env = {
             **server_free_environ(),
@@ -103,28 +112,42 @@ class LocalDriver(Driver):
         }
         if settings.LAKESHORE_ALLOWED_MODULES:  # the server owner's word, nobody else's
             env["LAKESHORE_ALLOWED_MODULES"] = ",".join(settings.LAKESHORE_ALLOWED_MODULES)
+        user = {}
+        if account is not None and account.pw_uid != os.geteuid():
+            groups = os.getgrouplist(account.pw_name, account.pw_gid)  # as initgroups
+            user = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": groups}
         try:
-            logs.mkdir(parents=True, exist_ok=True)
+            private_dir(private_dir(logs.parent) / logs.name)  # the server's alone
+            home = daemon_home(daemon.name, account)
+            self.homes[daemon.pk] = home
             with open(logs / f"{daemon.name}.log", "ab") as log:
                 process = subprocess.Popen(  # noqa: S603 - our own command, no shell
                     args,
-                    env=env,
+                    env=home_environ(env, home, account),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,  # noqa: PLW1509
+                    **user,
                 )
         except OSError as exc:
             from queues.controller import launch_failed_after_commit
 
+            self._remove_home(daemon.pk)
+            who = f" as {account.pw_name}" if user else ""
             launch_failed_after_commit(
                 queue_id=queue_id,
                 daemon_ids=[daemon.pk],
-                error=f"could not start {args[0]}: {exc}",
+                error=f"could not start {args[0]}{who}: {exc}",
             )
             return
         self.processes[daemon.pk] = process
         Daemon.objects.filter(pk=daemon.pk).update(external_id=f"pid:{process.pid}")
+
+    def _remove_home(self, pk: int) -> None:
+        home = self.homes.pop(pk, None)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)  # fd-based: links inside stay inside
 
     def sync(self, *, provider, queue, now, observed=None):
         from queues.daemons import daemons_gone
@@ -132,6 +155,7 @@ class LocalDriver(Driver):
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]
         for pk in exited:  # reaped (no zombies); a daemon whose process died has ended
             del self.processes[pk]
+            self._remove_home(pk)
         if exited:
             daemons_gone(daemon_ids=exited, reason="daemon process exited")
 

@@ -7,6 +7,8 @@ all the modules daemons may run, which come only from the server's own settings.
 config is good; queues/services.py turns that into the API's error."""
 
 import math
+import os
+import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,6 +172,24 @@ def _instance_types(value) -> str | None:
     return None
 
 
+def run_as_problem(value) -> str | None:
+    """Why `run_as` cannot be used on this host, or None: the user must exist, and a
+    server that is not root can start daemons only as its own user."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", value):
+        return "must be a user name on the server's host"
+    try:
+        account = pwd.getpwnam(value)
+    except KeyError:
+        return f"no user {value!r} on the server's host"
+    if os.geteuid() not in (0, account.pw_uid):
+        server = pwd.getpwuid(os.geteuid()).pw_name
+        return (
+            f"the server runs as {server!r}, not root: it cannot start daemons as {value!r} "
+            "(run the server as root, or leave run_as out)"
+        )
+    return None
+
+
 SCHEMAS: dict[str, dict[str, Key]] = {
     Provider.Kind.SIMULATED: {
         "startup_seconds": Key(
@@ -181,6 +201,10 @@ SCHEMAS: dict[str, dict[str, Key]] = {
     },
     Provider.Kind.LOCAL: {
         "concurrency": DAEMON_CONCURRENCY,
+        "run_as": Key(
+            run_as_problem,
+            "the user its daemons and their jobs run as (a server run as root switches to it)",
+        ),
         "credential_ref": CREDENTIAL_REF,
     },
     Provider.Kind.SLURM: {

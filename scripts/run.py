@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from lakeshore.private import private_dir, write_private  # noqa: E402 - ROOT on sys.path first
+
 PY = sys.executable
 PORT = os.environ.get("PORT", "8080")
 BIND = os.environ.get("LAKESHORE_BIND", "127.0.0.1")
@@ -35,11 +37,8 @@ def write_cli_config(token: str) -> str:
         current = yaml.safe_load(path.read_text()) or {}
         if current.get("server") not in (None, URL, f"http://localhost:{PORT}"):
             return f"left {path} alone (it points at {current.get('server')})"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump({"server": URL, "token": token}, fh)
-    os.chmod(path, 0o600)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_private(path, yaml.safe_dump({"server": URL, "token": token}))  # 0600 from the start
     return f"wrote {path} (mode 0600): the lakeshore CLI works from any shell"
 
 
@@ -108,8 +107,7 @@ def single_instance():
     first one's database on its way out."""
     import fcntl
 
-    var = Path(os.environ.get("LAKESHORE_VAR_DIR", ROOT / "var"))
-    var.mkdir(parents=True, exist_ok=True)
+    var = private_dir(Path(os.environ.get("LAKESHORE_VAR_DIR", ROOT / "var")))  # 0700
     handle = open(var / "make-run.lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
