@@ -38,7 +38,10 @@ def private_dir(path: Path, *, traverse: tuple[int, ...] = ()) -> Path:
         entries = [(_USER_OBJ, 7, _NO_ID), *((_USER, 1, uid) for uid in sorted(users))]
         entries += [(_GROUP_OBJ, 0, _NO_ID), (_MASK, 1, _NO_ID), (_OTHER, 0, _NO_ID)]
         acl = struct.pack("<I", 2) + b"".join(_ENTRY.pack(*entry) for entry in entries)
-        os.setxattr(path, ACL_XATTR, acl)  # mode and ACL in one step
+        try:
+            os.setxattr(path, ACL_XATTR, acl)  # mode and ACL in one step
+        except OSError:  # a filesystem without POSIX ACLs: everyone may pass, none list
+            path.chmod(0o711)
     elif status.st_mode & 0o077:
         path.chmod(DIR_MODE)
     return path
