@@ -251,6 +251,7 @@ SPECTACULAR_SETTINGS = {
         "ProviderKindEnum": "queues.models.Provider.Kind",
         "ElasticityKindEnum": "queues.models.ElasticityKind",
         "InvocationStateEnum": "jobs.models.InvocationState",
+        "TokenRoleEnum": "accounts.models.Role",
     },
 }
 

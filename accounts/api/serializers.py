@@ -36,7 +36,7 @@ class CreatedTokenSerializer(TokenSerializer):
 
 class TokenInput(StrictInput):
     user = serializers.CharField(max_length=150)
-    role = serializers.ChoiceField(choices=Role.values)
+    role = serializers.ChoiceField(choices=Role.choices)
     name = serializers.CharField(max_length=100, allow_blank=True, default="")
     queues = serializers.ListField(
         child=serializers.CharField(max_length=63),

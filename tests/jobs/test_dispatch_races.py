@@ -295,7 +295,7 @@ def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
     )
     started = []
     real_start = local._start
-    local._start = lambda daemon, args, raw, queue_id: started.append(daemon.pk)  # no real process
+    local._start = lambda daemon, *rest: started.append(daemon.pk)  # no real process
     try:
         controller.tick_queue(queue.pk)
     finally:
