@@ -160,6 +160,12 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
 # (a deadlock, broken by PostgreSQL after a second); now the second waits for the
 # first to commit. Its invocations' foreign keys only need a key share, which this
 # lock leaves free.
+# The queue's row is held too, with a key share (issue 17): queue removal locks it for
+# update, so a removal and a claim of one queue never overlap. A claim that locked it
+# first makes the removal wait for its commit and then see the work it took running
+# (and refuse: queue_in_use); a removal that locked it first makes the claim wait, and
+# the claim then finds no queue and takes nothing. Pause, drain and resume write the
+# row without touching its key, so they never wait for a claim, nor a claim for them.
 _CLAIM_SQL = """
 WITH me AS (
     SELECT id, state FROM queues_daemon
@@ -176,7 +182,8 @@ WITH me AS (
                AND EXISTS (SELECT 1 FROM me) {extra}
                AND (%(queue)s = ''
                     OR EXISTS (SELECT 1 FROM queues_queue q
-                                WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)))
+                                WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)
+                                  FOR KEY SHARE))
              ORDER BY {order}
              LIMIT %(limit)s
                FOR UPDATE SKIP LOCKED))
