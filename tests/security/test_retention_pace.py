@@ -30,7 +30,7 @@ INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, att
                              max_attempts, key, reason, error, created_at, started_at,
                              finished_at, wire, run_config, result)
 SELECT 'q', 'm.f', '[1, 2]', '{}', 0, 'succeeded', 1, 1, '', '', '', %(at)s, %(at)s,
-       %(at)s, 'json', '{}', '3'
+       %(at)s, '', '{}', '3'
   FROM generate_series(1, %(n)s)
 """
 _FRAMES = """
