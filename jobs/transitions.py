@@ -180,13 +180,8 @@ WITH me AS (
     UPDATE jobs_invocation
        SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,
            started_at = now(), finished_at = NULL, scheduled_at = NULL, error = ''
-     WHERE id = ANY(ARRAY(
-            SELECT id FROM (
-                SELECT id, sum(size) OVER w AS upto, row_number() OVER w AS n
-                  FROM (
-                    SELECT id, priority,
-                           octet_length(args::text) + octet_length(kwargs::text)
-                           + COALESCE(octet_length(args_blob), 0) AS size
+     WHERE id = ANY(ARRAY({sized_head}
+                    SELECT id{sizes}
                       FROM jobs_invocation
                      WHERE queue = %(queue)s AND state = %(queued)s
                        AND (scheduled_at IS NULL OR scheduled_at <= now())
@@ -198,9 +193,7 @@ WITH me AS (
                                           FOR KEY SHARE))
                      ORDER BY {order}
                      LIMIT %(limit)s
-                       FOR UPDATE SKIP LOCKED) candidates
-                WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)) sized
-             WHERE upto <= %(room)s OR (n = 1 AND %(first)s)))
+                       FOR UPDATE SKIP LOCKED{sized_tail}))
     RETURNING *
 ), marked AS (
     UPDATE queues_daemon d SET state = %(busy)s, updated_at = now()
@@ -209,6 +202,20 @@ WITH me AS (
 )
 SELECT * FROM taken
 """
+
+# The bound in bytes wraps the candidates: a running sum in their order. A claim of one
+# that starts its answer takes its one candidate whatever it weighs, so it goes without
+# (planning the wrapper costs a claim about 0.2 ms).
+_SIZES = """, priority,
+                           octet_length(args::text) + octet_length(kwargs::text)
+                           + COALESCE(octet_length(args_blob), 0) AS size"""
+_SIZED_HEAD = """
+            SELECT id FROM (
+                SELECT id, sum(size) OVER w AS upto, row_number() OVER w AS n
+                  FROM ("""
+_SIZED_TAIL = """) candidates
+                WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)) sized
+             WHERE upto <= %(room)s OR (n = 1 AND %(first)s)"""
 
 ORDERS = {
     "oldest": ("id", lambda inv: inv.pk),
@@ -262,7 +269,14 @@ def claim(
         "room": settings.LAKESHORE_CLAIM_MAX_BYTES if room is None else room,
         "first": first,
     }
-    sql = _CLAIM_SQL.format(order=sql_order, extra=f"{extra} {_BOUNDS[order]}")
+    sized = limit > 1 or not first
+    sql = _CLAIM_SQL.format(
+        order=sql_order,
+        extra=f"{extra} {_BOUNDS[order]}",
+        sizes=_SIZES if sized else "",
+        sized_head=_SIZED_HEAD if sized else "",
+        sized_tail=_SIZED_TAIL.format(order=sql_order) if sized else "",
+    )
     rows = sorted(model_rows(Invocation, sql, {**_STATES, **params}), key=key)
     metrics.claimed(rows)
     return rows
