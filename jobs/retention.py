@@ -5,8 +5,13 @@ deleted, a batch at a time, by the beat task `jobs.retention` (and `manage.py pr
 Each batch is one statement in a short transaction of its own. It takes at most
 `batch_size` ids, lowest first, with FOR UPDATE SKIP LOCKED, so it never holds locks
 over more rows than that, two sweeps at once take different rows, and neither waits on
-the other (nor on a request that holds one of the rows). A run stops after
-`max_batches` batches of each kind; the next run goes on from there.
+the other (nor on a request that holds one of the rows).
+
+A run keeps pace with any inflow it can: it goes on, batch after batch, until nothing
+of any kind is due or its time budget (LAKESHORE_RETENTION_BUDGET_SECONDS for the beat
+task; none for `manage.py prune` unless given) runs out; the next run goes on from
+there. The kinds take turns, a batch each, so a flood of one (finished invocations)
+never starves another (result frames). A short batch says a kind is done for the run.
 
 Queued and running invocations are never deleted, whatever their age; a finished one
 without finished_at is kept too. No other table holds a database foreign key to
@@ -15,6 +20,7 @@ batch deletes them with nothing else to clear.
 """
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -22,11 +28,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.models import TERMINAL_STATES
+from lakeshore_admin import hooks
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 5000
-MAX_BATCHES = 20  # per kind and run: 100,000 rows of each an hour at the defaults
 
 
 # Written out like the SQL in jobs/services.py; tests/jobs/test_retention.py checks that
@@ -75,18 +81,33 @@ _AUDIT_SQL = _older_than("accounts_auditevent", "at", "at")
 _COMMANDS_SQL = _older_than("queues_daemoncommand", "created_at", "id")
 
 
-def _delete_in_batches(sql: str, params: dict, *, batch_size: int, max_batches: int) -> int:
-    deleted = 0
-    for _ in range(max_batches):
-        # durable: each batch commits on its own, even if a caller wraps the sweep in a
-        # transaction by mistake (that raises instead of holding every lock to the end).
-        with transaction.atomic(durable=True), connection.cursor() as cursor:
-            cursor.execute(sql, {**params, "limit": batch_size})
-            n = cursor.rowcount
-        deleted += n
-        if n < batch_size:
-            break  # nothing more is due (or another sweep holds the rest)
-    return deleted
+def _delete_batch(sql: str, params: dict, batch_size: int) -> int:
+    # durable: each batch commits on its own, even if a caller wraps the sweep in a
+    # transaction by mistake (that raises instead of holding every lock to the end).
+    with transaction.atomic(durable=True), connection.cursor() as cursor:
+        cursor.execute(sql, {**params, "limit": batch_size})
+        return cursor.rowcount
+
+
+def _sweep(kinds: dict, *, batch_size: int, deadline: float | None, max_batches: int | None):
+    """Batches of each kind in turn until every kind is done (a short batch: nothing
+    more is due, or another sweep holds the rest), `deadline` (time.monotonic()) has
+    passed, or a kind has had `max_batches`. Counts by kind."""
+    counts = dict.fromkeys(kinds, 0)
+    batches = dict.fromkeys(kinds, 0)
+    pending = list(kinds)
+    while pending:
+        for kind in list(pending):
+            sql, params = kinds[kind]
+            n = _delete_batch(sql, params, batch_size)
+            counts[kind] += n
+            batches[kind] += 1
+            hooks.point("retention.batch_done")
+            if n < batch_size or (max_batches is not None and batches[kind] >= max_batches):
+                pending.remove(kind)
+            if deadline is not None and time.monotonic() >= deadline:
+                return counts
+    return counts
 
 
 def retention_cutoff(now: datetime | None = None, days: float | None = None) -> datetime:
@@ -95,38 +116,52 @@ def retention_cutoff(now: datetime | None = None, days: float | None = None) -> 
 
 
 def retention_sweep(
-    *, now: datetime | None = None, batch_size: int = BATCH_SIZE, max_batches: int = MAX_BATCHES
+    *,
+    now: datetime | None = None,
+    batch_size: int = BATCH_SIZE,
+    budget: float | None = None,
+    max_batches: int | None = None,
 ) -> dict:
     """Delete finished invocations (terminal state, finished_at before the cutoff),
     queue events (`at` before the cutoff) and result frames (created before it), queue
     samples older than LAKESHORE_SAMPLE_RETENTION_DAYS and audit rows older than
-    LAKESHORE_AUDIT_RETENTION_DAYS, and daemon commands (created before the cutoff), at
-    most batch_size * max_batches of each. Returns {"invocations": n, "events": m,
-    "commands": c, "frames": f, "samples": s, "audit": a}. Safe to run twice at once."""
-    if batch_size < 1 or max_batches < 1:
-        raise ValueError("batch_size and max_batches must be at least 1")
+    LAKESHORE_AUDIT_RETENTION_DAYS, and daemon commands (created before the cutoff),
+    until none is due, or `budget` seconds have passed (None: no budget; a batch that
+    started always finishes), or each kind has had `max_batches` batches (None: no cap).
+    Returns {"invocations": n, "events": m, "commands": c, "frames": f, "samples": s,
+    "audit": a}. Safe to run twice at once."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if max_batches is not None and max_batches < 1:
+        raise ValueError("max_batches must be at least 1 (or None: no cap)")
+    if budget is not None and budget <= 0:
+        raise ValueError("budget must be more than 0 seconds (or None: until done)")
+    deadline = None if budget is None else time.monotonic() + budget
     cutoff = retention_cutoff(now)
-    limits = {"batch_size": batch_size, "max_batches": max_batches}
-    counts = {
-        "invocations": _delete_in_batches(
+    kinds = {
+        "invocations": (
             _INVOCATIONS_SQL,
             {"states": [str(state) for state in TERMINAL_STATES], "cutoff": cutoff},
-            **limits,
         ),
-        "events": _delete_in_batches(_EVENTS_SQL, {"cutoff": cutoff}, **limits),
-        "commands": _delete_in_batches(_COMMANDS_SQL, {"cutoff": cutoff}, **limits),
-        "frames": _delete_in_batches(_FRAMES_SQL, {"cutoff": cutoff}, **limits),
-        "samples": _delete_in_batches(
+        "events": (_EVENTS_SQL, {"cutoff": cutoff}),
+        "commands": (_COMMANDS_SQL, {"cutoff": cutoff}),
+        "frames": (_FRAMES_SQL, {"cutoff": cutoff}),
+        "samples": (
             _SAMPLES_SQL,
             {"cutoff": retention_cutoff(now, settings.LAKESHORE_SAMPLE_RETENTION_DAYS)},
-            **limits,
         ),
-        "audit": _delete_in_batches(
+        "audit": (
             _AUDIT_SQL,
             {"cutoff": retention_cutoff(now, settings.LAKESHORE_AUDIT_RETENTION_DAYS)},
-            **limits,
         ),
     }
+    counts = _sweep(kinds, batch_size=batch_size, deadline=deadline, max_batches=max_batches)
     if any(counts.values()):
         log.info("retention: deleted %s (finished before %s)", counts, cutoff.isoformat())
     return counts
+
+
+def scheduled_sweep() -> dict:
+    """The beat task's run: until nothing is due or LAKESHORE_RETENTION_BUDGET_SECONDS
+    have passed (it runs every LAKESHORE_RETENTION_EVERY_SECONDS)."""
+    return retention_sweep(budget=settings.LAKESHORE_RETENTION_BUDGET_SECONDS)

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounts import audit
 from jobs import transitions, wakeup
+from jobs.claim_room import ClaimRoom
 from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
@@ -278,14 +279,20 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
 
 
 def _claim_boltzmann(
-    daemon_id: int, queue: Queue, limit: int, rng: random.Random, wires=None
+    daemon_id: int,
+    queue: Queue,
+    limit: int,
+    rng: random.Random,
+    wires=None,
+    room: ClaimRoom | None = None,
 ) -> tuple[list[Invocation], bool]:
     """What it claimed, and whether it ran a claim statement at all (which locks the
     daemon's row) or found no level with work."""
+    room = room or ClaimRoom()
     levels = _levels_for(queue)
     claimed: list[Invocation] = []
     recounted = ran = False
-    while len(claimed) < limit:
+    while len(claimed) < limit and not room.full():
         if not levels:
             if recounted:
                 break
@@ -293,13 +300,16 @@ def _claim_boltzmann(
             continue
         level = boltzmann_pick(levels, queue.temperature, rng)
         ran = True
-        got = transitions.claim(
-            daemon_id=daemon_id,
-            queue=queue.name,
-            order="oldest",
-            limit=1,
-            priority=level,
-            wires=wires,
+        got = room.took(
+            transitions.claim(
+                daemon_id=daemon_id,
+                queue=queue.name,
+                order="oldest",
+                limit=1,
+                priority=level,
+                wires=wires,
+                **room.left(),
+            )
         )
         claimed.extend(got)
         # taken, or found empty (another daemon got there first): count it down
@@ -414,26 +424,37 @@ def _claim_once(
     with transaction.atomic():
         hooks.point("claim.before_statement")
         locked = False  # whether a claim statement ran: it locks the daemon's row
+        room = ClaimRoom()  # the answer's bytes (LAKESHORE_CLAIM_MAX_BYTES)
         for queue in queues:
             want = limit - len(claimed)
-            if want <= 0:
+            if want <= 0 or room.full():
                 break
             if isinstance(queue, str):
-                claimed += transitions.claim(
-                    daemon_id=daemon.pk, queue=queue, order="oldest", limit=want, wires=wires
+                claimed += room.took(
+                    transitions.claim(
+                        daemon_id=daemon.pk,
+                        queue=queue,
+                        order="oldest",
+                        limit=want,
+                        wires=wires,
+                        **room.left(),
+                    )
                 )
                 locked = True
             elif queue.kind == QueueKind.BOLTZMANN:
-                got, ran = _claim_boltzmann(daemon.pk, queue, want, rng, wires)
+                got, ran = _claim_boltzmann(daemon.pk, queue, want, rng, wires, room)
                 claimed += got
                 locked = locked or ran
             else:
-                claimed += transitions.claim(
-                    daemon_id=daemon.pk,
-                    queue=queue.name,
-                    order=_ORDER[queue.kind],
-                    limit=want,
-                    wires=wires,
+                claimed += room.took(
+                    transitions.claim(
+                        daemon_id=daemon.pk,
+                        queue=queue.name,
+                        order=_ORDER[queue.kind],
+                        limit=want,
+                        wires=wires,
+                        **room.left(),
+                    )
                 )
                 locked = True
         hooks.point("claim.before_touch")

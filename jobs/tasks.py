@@ -12,4 +12,4 @@ def reap() -> dict:
 
 @shared_task(name="jobs.retention", ignore_result=True)
 def retention_sweep() -> dict:
-    return retention.retention_sweep()
+    return retention.scheduled_sweep()

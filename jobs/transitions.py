@@ -160,6 +160,17 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
 # (a deadlock, broken by PostgreSQL after a second); now the second waits for the
 # first to commit. Its invocations' foreign keys only need a key share, which this
 # lock leaves free.
+# An answer is bounded by bytes (issue 17): of the candidates it locks, in its order, a
+# claim takes those whose arguments (args and kwargs as JSON text, plus args_blob) add
+# up to at most `room` bytes, and the first one whatever its size when it is the first
+# of the answer (`first`). Candidates past the bound are never marked running: they
+# stay queued, locked only until this transaction ends.
+# The queue's row is held too, with a key share (issue 17): queue removal locks it for
+# update, so a removal and a claim of one queue never overlap. A claim that locked it
+# first makes the removal wait for its commit and then see the work it took running
+# (and refuse: queue_in_use); a removal that locked it first makes the claim wait, and
+# the claim then finds no queue and takes nothing. Pause, drain and resume write the
+# row without touching its key, so they never wait for a claim, nor a claim for them.
 _CLAIM_SQL = """
 WITH me AS (
     SELECT id, state FROM queues_daemon
@@ -169,17 +180,20 @@ WITH me AS (
     UPDATE jobs_invocation
        SET state = %(running)s, daemon_id = (SELECT id FROM me), attempts = attempts + 1,
            started_at = now(), finished_at = NULL, scheduled_at = NULL, error = ''
-     WHERE id = ANY(ARRAY(
-            SELECT id FROM jobs_invocation
-             WHERE queue = %(queue)s AND state = %(queued)s
-               AND (scheduled_at IS NULL OR scheduled_at <= now())
-               AND EXISTS (SELECT 1 FROM me) {extra}
-               AND (%(queue)s = ''
-                    OR EXISTS (SELECT 1 FROM queues_queue q
-                                WHERE q.name = %(queue)s AND q.state = ANY(%(dispatching)s)))
-             ORDER BY {order}
-             LIMIT %(limit)s
-               FOR UPDATE SKIP LOCKED))
+     WHERE id = ANY(ARRAY({sized_head}
+                    SELECT id{sizes}
+                      FROM jobs_invocation
+                     WHERE queue = %(queue)s AND state = %(queued)s
+                       AND (scheduled_at IS NULL OR scheduled_at <= now())
+                       AND EXISTS (SELECT 1 FROM me) {extra}
+                       AND (%(queue)s = ''
+                            OR EXISTS (SELECT 1 FROM queues_queue q
+                                        WHERE q.name = %(queue)s
+                                          AND q.state = ANY(%(dispatching)s)
+                                          FOR KEY SHARE))
+                     ORDER BY {order}
+                     LIMIT %(limit)s
+                       FOR UPDATE SKIP LOCKED{sized_tail}))
     RETURNING *
 ), marked AS (
     UPDATE queues_daemon d SET state = %(busy)s, updated_at = now()
@@ -188,6 +202,20 @@ WITH me AS (
 )
 SELECT * FROM taken
 """
+
+# The bound in bytes wraps the candidates: a running sum in their order. A claim of one
+# that starts its answer takes its one candidate whatever it weighs, so it goes without
+# (planning the wrapper costs a claim about 0.2 ms).
+_SIZES = """, priority,
+                           octet_length(args::text) + octet_length(kwargs::text)
+                           + COALESCE(octet_length(args_blob), 0) AS size"""
+_SIZED_HEAD = """
+            SELECT id FROM (
+                SELECT id, sum(size) OVER w AS upto, row_number() OVER w AS n
+                  FROM ("""
+_SIZED_TAIL = """) candidates
+                WINDOW w AS (ORDER BY {order} ROWS UNBOUNDED PRECEDING)) sized
+             WHERE upto <= %(room)s OR (n = 1 AND %(first)s)"""
 
 ORDERS = {
     "oldest": ("id", lambda inv: inv.pk),
@@ -219,11 +247,15 @@ def claim(
     limit: int,
     priority: float | None = None,
     wires: list[str] | None = None,
+    room: int | None = None,
+    first: bool = True,
 ) -> list[Invocation]:
     """queued → running for up to `limit` invocations of one queue, in `order`
     ('oldest', 'newest', 'priority'), optionally of one priority level only, and
     optionally only those whose arguments travel in one of `wires` (an SDK worker
-    can run only what the SDK submitted)."""
+    can run only what the SDK submitted). Their arguments weigh at most `room` bytes
+    (default LAKESHORE_CLAIM_MAX_BYTES; jobs/claim_room.py), except that the first is
+    taken whatever it weighs when `first` (it starts the answer)."""
     sql_order, key = ORDERS[order]
     extra = "" if priority is None else "AND priority = %(level)s"
     if wires is not None:
@@ -234,8 +266,17 @@ def claim(
         "limit": limit,
         "level": priority,
         "wires": None if wires is None else [str(w) for w in wires],
+        "room": settings.LAKESHORE_CLAIM_MAX_BYTES if room is None else room,
+        "first": first,
     }
-    sql = _CLAIM_SQL.format(order=sql_order, extra=f"{extra} {_BOUNDS[order]}")
+    sized = limit > 1 or not first
+    sql = _CLAIM_SQL.format(
+        order=sql_order,
+        extra=f"{extra} {_BOUNDS[order]}",
+        sizes=_SIZES if sized else "",
+        sized_head=_SIZED_HEAD if sized else "",
+        sized_tail=_SIZED_TAIL.format(order=sql_order) if sized else "",
+    )
     rows = sorted(model_rows(Invocation, sql, {**_STATES, **params}), key=key)
     metrics.claimed(rows)
     return rows

@@ -282,6 +282,18 @@ LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
 # audit trail of operator actions have retentions of their own.
 LAKESHORE_SAMPLE_RETENTION_DAYS = env_number("LAKESHORE_SAMPLE_RETENTION_DAYS", 7, minimum=1)
 LAKESHORE_AUDIT_RETENTION_DAYS = env_number("LAKESHORE_AUDIT_RETENTION_DAYS", 365, minimum=1)
+# Issue 17: retention keeps pace, claims bounded by bytes
+# The retention sweep (jobs/retention.py) runs every LAKESHORE_RETENTION_EVERY_SECONDS
+# and deletes until nothing is due or its budget is spent (`manage.py prune`: no budget).
+LAKESHORE_RETENTION_EVERY_SECONDS = env_number(
+    "LAKESHORE_RETENTION_EVERY_SECONDS", 300, minimum=10, kind=float
+)
+LAKESHORE_RETENTION_BUDGET_SECONDS = env_number(
+    "LAKESHORE_RETENTION_BUDGET_SECONDS", 60, minimum=0.1, kind=float
+)
+# A claim's answer holds invocations while the arguments before each come to less than
+# this many bytes (args + kwargs + args_blob); always at least one.
+LAKESHORE_CLAIM_MAX_BYTES = env_number("LAKESHORE_CLAIM_MAX_BYTES", 16 * 1024 * 1024, minimum=1)
 # Modules (besides lakeshore.functions) whose functions the daemons that this server's
 # providers start may run. Only the server's owner sets it: no API input can widen it.
 LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
@@ -362,8 +374,9 @@ CELERY_BEAT_SCHEDULE = {
     },
     "retention": {
         "task": "jobs.retention",
-        "schedule": 3600.0,
-        "options": {"expires": 3600.0},  # jobs/retention.py; the next run goes on
+        "schedule": LAKESHORE_RETENTION_EVERY_SECONDS,
+        # jobs/retention.py; a run not started by the next one's time is not owed
+        "options": {"expires": LAKESHORE_RETENTION_EVERY_SECONDS},
     },
 }
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from accounts import audit
 from jobs import transitions
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 from queues import controller, daemons, elasticity, provider_configs, registration
 from queues.models import (
@@ -344,6 +345,7 @@ def queue_delete(*, name: str, force: bool = False) -> dict:
             queues=Func(F("queues"), Value(name), function="array_remove"), updated_at=now
         )
         queue.delete()
+        hooks.point("queue_remove.before_commit")
         audit.record(
             "queue.remove",
             queue=name,

@@ -4,6 +4,7 @@ go, in batches, on the real database."""
 import json
 import runpy
 import threading
+import time
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -12,14 +13,15 @@ import pytest
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import tasks
+from jobs import retention, tasks
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
 from jobs.retention import retention_sweep
+from lakeshore_admin import hooks
 from queues.models import Daemon, DaemonCommand, EventAction, QueueEvent
 from tests import builders
 
@@ -272,6 +274,51 @@ def test_it_checks_its_bounds():
         retention_sweep(batch_size=0)
     with pytest.raises(ValueError):
         retention_sweep(max_batches=0)
+    with pytest.raises(ValueError):
+        retention_sweep(budget=0)
+
+
+@pytest.fixture
+def _slow_batches():
+    """Each batch takes 0.1 s longer (a hook after it), so a 0.05 s budget is spent
+    after the first."""
+    hooks.register("retention.batch_done", lambda: time.sleep(0.1))
+    yield
+    hooks.clear("retention.batch_done")
+
+
+@pytest.mark.usefixtures("_slow_batches")
+def test_a_spent_budget_ends_the_run_and_the_next_run_goes_on():
+    _invocations(5)
+    _events(5)
+    counts = retention_sweep(now=NOW, batch_size=2, budget=0.05)
+    # one batch of the first kind, then the budget is spent: nothing else runs
+    assert counts["invocations"] == 2 and sum(counts.values()) == 2
+    assert Invocation.objects.count() == 3 and QueueEvent.objects.count() == 5
+    hooks.clear("retention.batch_done")
+    assert retention_sweep(now=NOW, batch_size=2, budget=60)["events"] == 5
+    assert not Invocation.objects.exists()
+
+
+def test_the_kinds_take_turns_so_a_flood_of_one_starves_no_other():
+    _invocations(7)
+    _events(2)
+    with CaptureQueriesContext(connection) as ctx:
+        retention_sweep(now=NOW, batch_size=2)
+    tables = [
+        "invocation" if "jobs_invocation" in sql else "event"
+        for sql in _deletes(ctx)
+        if "jobs_invocation" in sql or "queues_queueevent" in sql
+    ]
+    # events are done in their first turn (a full batch), then their second (empty)
+    assert tables[:4] == ["invocation", "event", "invocation", "event"]
+    assert tables[4:] == ["invocation", "invocation"]  # 2, 2, 2, 1
+
+
+def test_it_goes_on_past_what_the_old_cap_of_batches_allowed():
+    _invocations(25)
+    assert retention_sweep(now=NOW, batch_size=1)["invocations"] == 25
+    assert not Invocation.objects.exists()
 
 
 def test_it_deletes_what_a_daemon_ran_and_the_daemon_still_shows_what_it_runs():
@@ -327,11 +374,17 @@ def test_no_foreign_key_with_a_constraint_references_invocations_or_events():
     )
 
 
-def test_the_beat_task_runs_the_sweep_hourly():
+def test_the_beat_task_runs_the_sweep_every_interval_with_its_budget(monkeypatch):
     entry = settings.CELERY_BEAT_SCHEDULE["retention"]
     assert entry["task"] == "jobs.retention" == tasks.retention_sweep.name
-    assert entry["schedule"] == 3600
-    assert 0 < entry["options"]["expires"] <= 3600
+    assert entry["schedule"] == settings.LAKESHORE_RETENTION_EVERY_SECONDS == 300
+    assert 0 < entry["options"]["expires"] <= entry["schedule"]
+    assert settings.LAKESHORE_RETENTION_BUDGET_SECONDS == 60
+    budgets = []
+    real = retention.retention_sweep
+    monkeypatch.setattr(
+        retention, "retention_sweep", lambda **kw: budgets.append(kw["budget"]) or real(**kw)
+    )
     _invocations(1)
     _events(1)
     assert tasks.retention_sweep() == {
@@ -342,6 +395,7 @@ def test_the_beat_task_runs_the_sweep_hourly():
         "audit": 0,
         "commands": 0,
     }
+    assert budgets == [60]
 
 
 def test_the_prune_command_prints_what_it_deleted():
@@ -493,3 +547,18 @@ def test_daemon_commands_go_with_the_invocations_age():
 
     assert retention_sweep(now=NOW)["commands"] == 1
     assert list(DaemonCommand.objects.values_list("pk", flat=True)) == [new.pk]
+
+
+@pytest.mark.usefixtures("_slow_batches")
+def test_the_prune_command_takes_a_budget():
+    _invocations(3)
+    out = StringIO()
+    call_command("prune", "--budget", "0.05", stdout=out)
+    assert json.loads(out.getvalue())["invocations"] == 3  # one batch of 5000: all
+    assert not Invocation.objects.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_the_prune_command_refuses_a_bad_budget(value):
+    with pytest.raises(CommandError, match="--budget"):
+        call_command("prune", "--budget", value, stdout=StringIO())
