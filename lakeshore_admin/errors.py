@@ -34,6 +34,8 @@ CODES = {
     "forbidden",  # 403: another user's worker, or a role that may not
     "namespace_unknown",  # 404: this server is one namespace
     "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
+    # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)
+    "busy",
 }
 
 
@@ -91,3 +93,15 @@ class TooLarge(DomainError):
 class BacklogFull(DomainError):
     status = 429
     code = "backlog_full"
+
+
+class Busy(DomainError):
+    """The server cannot take this now; the client may try again after `retry_after`
+    seconds (the answer's Retry-After header)."""
+
+    status = 503
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after: int, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after
