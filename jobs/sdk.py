@@ -23,10 +23,10 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 from django.db.models import F, Func
 
-from jobs import services
+from jobs import services, waits
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
-from lakeshore_admin.errors import Conflict, Invalid, NotFound, TooLarge
+from lakeshore_admin.errors import Busy, Conflict, Invalid, NotFound, TooLarge
 from queues import daemons, registration
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
@@ -180,25 +180,36 @@ def _plain(value):
 
 def await_result(body: dict) -> dict:
     """POST …/producer/await: the invocation's state once it is terminal, or when
-    `timeout_s` (at most AWAIT_MAX_SECONDS) passes first."""
+    `timeout_s` (at most AWAIT_MAX_SECONDS) passes first. A wait refused a slot
+    (jobs/waits.py) answers the current state at once: the SDK asks again."""
     pk = _invocation_id(body.get("invocation_id"))
     wait = _number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
     deadline = time.monotonic() + min(wait, AWAIT_MAX_SECONDS)
+    row = _await_row(pk)
+    if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
+        return _await_answer(row)
     pause = 0.02
-    while True:
-        row = (
-            Invocation.objects.filter(pk=pk)
-            .values("state", "result_blob", "error", "timeout_s", "wire", "result")
-            .first()
-        )
-        if row is None:
-            raise NotFound(f"Invocation {pk} does not exist.")
-        if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
-            break
-        _release_connection()
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = min(pause * 1.5, 0.25)
+    with waits.slots.admit() as admitted:
+        while admitted and row["state"] not in TERMINAL_STATES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            _release_connection()
+            time.sleep(min(pause, left))
+            pause = min(pause * 1.5, 0.25)
+            row = _await_row(pk)
     return _await_answer(row)
+
+
+def _await_row(pk: int) -> dict:
+    row = (
+        Invocation.objects.filter(pk=pk)
+        .values("state", "result_blob", "error", "timeout_s", "wire", "result")
+        .first()
+    )
+    if row is None:
+        raise NotFound(f"Invocation {pk} does not exist.")
+    return row
 
 
 def _await_answer(row: dict) -> dict:
@@ -378,6 +389,29 @@ def _stream_full(stream: str, max_frames: int, max_bytes: int) -> TooLarge:
 
 
 # ---------------------------------------------------------------------------- stream
+
+
+def open_frames(stream: str, since: int) -> waits.Holding:
+    """The stream's frames (`frames`), holding a wait slot until the response is
+    closed. Without a free slot, a stream that may have to wait for frames gets 503
+    `busy` with Retry-After before its first byte: the SDK reads a stream that ends as
+    complete, so a stream is refused whole rather than cut short. One that is over
+    (a final frame stored, or its invocation ended) never waits: it is served."""
+    held = waits.slots.take()
+    if not held and not _over(stream):
+        raise Busy(
+            "The server is serving as many waiting requests as it may "
+            "(LAKESHORE_MAX_WAITS); open the stream again shortly.",
+            retry_after=waits.retry_after(1),
+        )
+    return waits.Holding(frames(stream, since), held)
+
+
+def _over(stream: str) -> bool:
+    if ResultFrame.objects.filter(stream=stream, final=True).exists():
+        return True
+    pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
+    return pk is not None and Invocation.objects.filter(pk=pk, state__in=TERMINAL_STATES).exists()
 
 
 def frames(stream: str, since: int):

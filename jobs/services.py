@@ -15,7 +15,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts import audit
-from jobs import transitions, wakeup
+from jobs import transitions, waits, wakeup
 from jobs.claim_room import ClaimRoom
 from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
@@ -369,7 +369,8 @@ def invocation_claim(
     exactly one daemon. Queues are served in the daemon's order; a draining daemon
     gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
     daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
-    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection.
+    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection; a wait
+    refused a slot (jobs/waits.py) answers at once, its `retry_after` set.
     `wires` says what the daemon can run: JSON invocations by default (this project's
     daemon), the SDK's blobs for an SDK worker."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
@@ -391,8 +392,11 @@ def invocation_claim(
             return claimed
         if not connection.in_atomic_block:
             connection.close()  # hold no connection while waiting
-        if not wakeup.listener.wait(listening, seen, left):
-            return []
+        with waits.slots.admit() as admitted:  # no thread sleeps past LAKESHORE_MAX_WAITS
+            if not admitted:
+                return waits.refused(claimed, wait)
+            if not wakeup.listener.wait(listening, seen, left):
+                return []
 
 
 def _claim_once(

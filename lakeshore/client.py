@@ -11,6 +11,7 @@ from lakeshore.errors import ApiError, CliError, Unreachable
 API_PREFIX = "/api/v1/"
 TIMEOUT_SECONDS = 40.0  # above the server's 30 s wait for a full backlog (on_full=block)
 MAX_PAGES = 10_000
+RETRY_AFTER_MAX = 300.0  # seconds: a longer Retry-After is read as this
 
 
 def path(*segments: str) -> str:
@@ -121,3 +122,13 @@ def _api_error(response: httpx.Response) -> ApiError:
         return ApiError(
             response.status_code, "", f"the server answered {reason} for {response.url}"
         )
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds of the answer's Retry-After header (its delay-seconds form), if any."""
+    raw = response.headers.get("Retry-After", "").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return None
+    return min(seconds, RETRY_AFTER_MAX) if seconds > 0 else None

@@ -57,6 +57,7 @@ reaper would hand the work to another daemon while the first copy still runs.
 - The daemon branches on the server's error `code`, never on its message."""
 
 import os
+import random
 import signal
 import socket
 import sys
@@ -66,7 +67,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakeshore.client import Client, path
+from lakeshore.client import Client, path, retry_after
 from lakeshore.errors import ApiError, CliError
 from lakeshore.pool import (  # noqa: F401 - start_job_process, kill_job_group: public here too
     Pool,
@@ -411,6 +412,7 @@ class Worker:
         self.counts_lock = threading.Lock()  # the reporter and the claim loop count
         self.requests = 0  # complete requests the reporter sent (retries not counted)
         self.exchange = True  # the server has …/exchange/ (False after a 404: apart)
+        self.claim_after = 0.0  # a claim's Retry-After: the claim loop waits this first
         self.send_held = True  # heartbeats carry the ids we hold (see _held)
         self.register_lock = threading.Lock()
         # Read once at start: the modules jobs may run (sent to the runner with each
@@ -445,10 +447,23 @@ class Worker:
     ):
         """A request that rides out an unreachable or failing server (5xx) with
         exponential back-off. 4xx answers are raised: they are the server's word."""
+        return self.client.decode(self.send(method, url, json_body, give_up=give_up, token=token))
+
+    def send(
+        self,
+        method: str,
+        url: str,
+        json_body=None,
+        *,
+        give_up: threading.Event | None = None,
+        token: str | None = None,
+    ):
+        """`call`, answering the response itself (its headers). `token`: this one
+        request speaks with it (registering: the token the daemon started with)."""
         delay = BACKOFF_START
         while True:
             try:
-                return self.client.request(method, url, json=json_body, token=token)
+                return self.client.send(method, url, json=json_body, token=token)
             except ApiError as exc:
                 if exc.status < 500:
                     raise
@@ -661,6 +676,7 @@ class Worker:
                 if claimed:
                     took = (time.monotonic() - asked) * 1000
                     self.debug(f"claimed {len(claimed)} (limit {free}) in {took:.0f} ms")
+                self._claim_later()
         finally:
             self.reporter.carry(None)  # what ends from now on is the reporter's to send
 
@@ -689,7 +705,27 @@ class Worker:
         self.reporter.carry(None)
         url = path("daemons", daemon_id, "claim")
         body = {"limit": limit, "wait": 2.0 if busy else self.claim_wait, "wires": WIRES}
-        return self.call("POST", url, body, give_up=self.draining)
+        return self._claimed(self.send("POST", url, body, give_up=self.draining))
+
+    def _claimed(self, response) -> list | dict:
+        """A claim's or an exchange's answer; its Retry-After (the server had no room
+        for our long-poll) is kept for the claim loop."""
+        self.claim_after = retry_after(response) or 0.0
+        return self.client.decode(response)
+
+    def _claim_later(self) -> None:
+        """After a claim answered with Retry-After: wait that long plus up to as long
+        again at random (so daemons refused together do not come back together),
+        while outcomes leave on their own. Ends early when the daemon stops."""
+        if self.claim_after <= 0:
+            return
+        pause = self.claim_after * (1 + random.random())  # noqa: S311 - jitter
+        self.claim_after = 0.0
+        self.debug(f"the server is full of long-polls (Retry-After): claiming in {pause:.1f} s")
+        self.reporter.carry(None)
+        until = time.monotonic() + pause
+        while not self._should_stop() and (left := until - time.monotonic()) > 0:
+            self.draining.wait(min(left, 0.5))
 
     def _exchange(self, daemon_id: str | None, batch: list[Outcome], limit: int):
         """Reports `batch` and claims up to `limit` in one request: the invocations
@@ -707,7 +743,7 @@ class Worker:
         }
         started = time.monotonic()
         try:
-            answer = self.call("POST", url, body, give_up=self.draining)
+            answer = self._claimed(self.send("POST", url, body, give_up=self.draining))
         except Stopped:
             self.reporter.give_back(batch)
             raise

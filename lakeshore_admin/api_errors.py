@@ -104,7 +104,9 @@ def exception_handler(exc, context):
         return Response(error_body("too_large", body_too_large()), status=413)
     if isinstance(exc, DomainError):
         body = error_body(exc.code, exc.message, exc.fields, **exc.extra)
-        return Response(body, status=exc.status)
+        wait = getattr(exc, "retry_after", None)  # errors.Busy
+        headers = {"Retry-After": str(wait)} if wait else None
+        return Response(body, status=exc.status, headers=headers)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else exc.messages

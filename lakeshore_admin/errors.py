@@ -35,9 +35,11 @@ CODES = {
     "namespace_unknown",  # 404: this server is one namespace
     "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
     "stream_full",  # 413: a result stream at its frame or byte limit
-    # 403: one daemon, one credential (queues/daemons.py)
+    # 403: one daemon, one credential (queues/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another
+    # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)
+    "busy",
 }
 
 
@@ -95,3 +97,15 @@ class TooLarge(DomainError):
 class BacklogFull(DomainError):
     status = 429
     code = "backlog_full"
+
+
+class Busy(DomainError):
+    """The server cannot take this now; the client may try again after `retry_after`
+    seconds (the answer's Retry-After header)."""
+
+    status = 503
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after: int, **kwargs):
+        super().__init__(message, **kwargs)
+        self.retry_after = retry_after

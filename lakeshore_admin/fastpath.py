@@ -176,12 +176,12 @@ class LeanPath:
     def _serve(self, environ, start_response, request, answer, args, data, secure, allow):
         kept = audit._request.set(request)
         try:
-            try:
-                payload, status = answer(request, *args, data)
+            try:  # a claim's or an exchange's answer adds its headers (Retry-After)
+                payload, status, *headers = answer(request, *args, data)
             except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
                 payload, status, extra = self._error(exc, request)
             else:
-                extra = ()
+                extra = tuple(headers[0].items()) if headers else ()
             if status != 500:  # Django's own 500 page comes without DRF's Allow
                 extra = (("Allow", allow), *extra)
             body = self._renderer.render(payload)

@@ -324,6 +324,17 @@ LAKESHORE_SDK_STREAM_MAX_BYTES = env_number(
 LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
     "LAKESHORE_SDK_STREAM_READ_BYTES", 16 * 1024 * 1024, minimum=1024
 )
+# Issue 17: long-poll admission (jobs/waits.py)
+# At most this many requests of one server process sleep at once: claims and exchanges
+# with `wait`, the SDK's poll, await and result stream. Past it a claim answers at once
+# (empty, with Retry-After), the SDK's poll no command, its await the current state, and
+# a stream that would wait 503 busy. The default leaves a quarter of gunicorn's threads
+# per process (LAKESHORE_WEB_THREADS, 128; at least 4) to heartbeats, completions and the
+# console, which never wait: 128 threads admit 96 waits. 0 admits none.
+_WEB_THREADS = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
+LAKESHORE_MAX_WAITS = env_number(
+    "LAKESHORE_MAX_WAITS", max(1, _WEB_THREADS - max(4, _WEB_THREADS // 4)), minimum=0
+)
 # Where daemons that the `local` provider starts find this server.
 LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"

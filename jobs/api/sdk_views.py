@@ -68,7 +68,7 @@ class ProducerResultStream(SdkView):
         if len(invocation_id) > 200:
             raise Invalid("The invocation id is longer than 200 characters.")
         response = StreamingHttpResponse(
-            sdk.frames(invocation_id, since), content_type=STREAM_MEDIA_TYPE
+            sdk.open_frames(invocation_id, since), content_type=STREAM_MEDIA_TYPE
         )
         response["Cache-Control"] = "no-store"
         response["X-Accel-Buffering"] = "no"  # a proxy in front must not hold frames back

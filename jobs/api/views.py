@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol, Operate
-from jobs import services
+from jobs import services, waits
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation
@@ -72,6 +72,8 @@ class JobList(APIView):
 # The daemon protocol's and submit's answers: (payload, status) from the request's
 # user and its parsed body. The DRF views below serve them, and so does the lean path
 # (lakeshore_admin/fastpath.py) that skips the middleware and DRF's dispatch for them.
+# A claim's and an exchange's add their headers (Retry-After when a long-poll was
+# refused a slot: jobs/waits.py).
 
 
 def submit_answer(request, data):
@@ -98,7 +100,7 @@ def claim_answer(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
     claimed = services.invocation_claim(daemon=daemon, **fields)
-    return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK
+    return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK, waits.headers(claimed)
 
 
 def complete_answer(request, daemon_id, data):
@@ -128,7 +130,8 @@ def exchange_answer(request, daemon_id, data):
     fields = validated(s.ExchangeInput, data or {})
     answer = services.invocation_exchange(daemon=daemon, **fields)
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
-    return {"recorded": answer["recorded"], "claimed": claimed}, status.HTTP_200_OK
+    payload = {"recorded": answer["recorded"], "claimed": claimed}
+    return payload, status.HTTP_200_OK, waits.headers(answer["claimed"])
 
 
 class JobDetail(APIView):
@@ -214,7 +217,8 @@ class DaemonClaim(APIView):
         responses={200: s.ClaimedSerializer(many=True), **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        return Response(*claim_answer(request, daemon_id, request.data))
+        payload, code, headers = claim_answer(request, daemon_id, request.data)
+        return Response(payload, code, headers=headers)
 
 
 class DaemonComplete(APIView):
@@ -248,7 +252,8 @@ class DaemonExchange(APIView):
         responses={200: s.ExchangeOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
-        return Response(*exchange_answer(request, daemon_id, request.data))
+        payload, code, headers = exchange_answer(request, daemon_id, request.data)
+        return Response(payload, code, headers=headers)
 
 
 class DaemonDeregister(APIView):
