@@ -16,17 +16,17 @@ import io
 import msgpack
 from rest_framework.utils import json as drf_json
 
-from lakeshore_admin import fastpath
-from lakeshore_admin.wsgi import application, django_application
+from lakeshore_admin import wsgi  # first: it sets Django up, which fastpath needs
+from lakeshore_admin.fastpath import LeanPath, _body
 
 KEPT = "tests.parse_first.body"  # where the parsed body stays until the answer
 
 
-class ParseFirst(fastpath.LeanPath):
+class ParseFirst(LeanPath):
     def _take(self, environ):
         taken = super()._take(environ)
         if taken is not None:
-            environ[KEPT] = fastpath._body(environ)  # read, parsed, put back for Django
+            environ[KEPT] = _body(environ)  # read, parsed, put back for Django
         return taken
 
 
@@ -42,7 +42,7 @@ def parse(environ) -> object:
 
 def before_django(environ, start_response):
     environ[KEPT] = parse(environ)
-    return application(environ, start_response)
+    return wsgi.application(environ, start_response)
 
 
-lean = ParseFirst(django_application)
+lean = ParseFirst(wsgi.django_application)
