@@ -25,7 +25,11 @@ from tests.e2e.servers import free_port, gunicorn
 from tests.e2e.test_burst import _database_url
 from tests.security.test_token_before_body import json_bomb, msgpack_bomb
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("memory"),  # one at a time: a control takes 2-4 GiB
+]
 
 MIB = 1024 * 1024
 AT_ONCE = 16
