@@ -24,6 +24,11 @@ everything else to Django, unchanged:
   tokens and answers 401 or 429;
 - the role the view's permission class asks for (else DRF says 403).
 
+The token and the role are checked before a byte of the body is read: a request
+refused for either goes to Django with its body unread, and DRF refuses it before
+its parsers run, so a stranger's body is never read or parsed (tests/security/
+test_token_before_body.py).
+
 Its answers carry the headers the middleware would add (tests/api/test_fastpath.py
 compares both ways request by request). It sends Django's request_started and
 request_finished signals, so database connections go back to the pool as after any
@@ -112,12 +117,12 @@ class LeanPath:
         taken = self._take(environ)
         if taken is None:
             return self.app(environ, start_response)
-        raw, data, secure = taken
+        raw, secure = taken
         signals.request_started.send(sender=self.__class__, environ=environ)
         try:
             user, token = authenticate_token(raw)
         except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
-            return self.app(environ, start_response)
+            return self.app(environ, start_response)  # the body unread: DRF refuses first
         if self._routes is None:
             self._routes = _routes()
         view, answer = self._routes[route]
@@ -125,14 +130,17 @@ class LeanPath:
         for permission in view.permission_classes:  # the view's own
             if not permission().has_permission(request, None):
                 return self.app(environ, start_response)  # DRF says 403, and why
+        data = _body(environ)  # only now: the caller is known and may act
+        if data is _DJANGO:
+            return self.app(environ, start_response)
         allow = _allow(view)
         return self._serve(environ, start_response, request, answer, args, data, secure, allow)
 
     # ------------------------------------------------------------------ who may take it
 
     def _take(self, environ):
-        """(bearer token, parsed body, secure) when the lean path may answer, else None;
-        a body it read is put back for Django."""
+        """(bearer token, secure) when the lean path may answer, else None. It reads
+        the headers only: the body is read after the token (_body)."""
         media, _, params = environ.get("CONTENT_TYPE", "").partition(";")
         if media.strip().lower() != "application/json" or params.strip().lower() not in (
             "",
@@ -157,19 +165,7 @@ class LeanPath:
             return None
         if length < 0 or length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
             return None
-        raw = environ["wsgi.input"].read(length) if length else b""
-        if length:
-            environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it again if it must
-        try:
-            text = raw.decode("utf-8")
-            if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
-                settings.LAKESHORE_JSON_MAX_DEPTH
-            ):
-                return None
-            data = drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
-        except (UnicodeDecodeError, ValueError):
-            return None
-        return header[1], data, secure
+        return header[1], secure
 
     # ------------------------------------------------------------------ the answer
 
@@ -239,6 +235,28 @@ class LeanPath:
                 )
             self._headers = headers
         return self._headers
+
+
+def _body(environ):
+    """The JSON body (its length already checked by _take), or _DJANGO when DRF's
+    parser must answer it: text that is not UTF-8 or not JSON, or nested too deep. A
+    body read is put back for Django."""
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    raw = environ["wsgi.input"].read(length) if length else b""
+    if length:
+        environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it again if it must
+    try:
+        text = raw.decode("utf-8")
+        if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
+            settings.LAKESHORE_JSON_MAX_DEPTH
+        ):
+            return _DJANGO
+        return drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
+    except (UnicodeDecodeError, ValueError):
+        return _DJANGO
+
+
+_DJANGO = object()  # _body's "hand it to Django"
 
 
 @functools.cache

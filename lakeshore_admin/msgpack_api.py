@@ -4,7 +4,14 @@ The SDK (dreamlake-lakeshore) sends `content-type: application/x-msgpack` bodies
 blobs as msgpack bin, and decodes every answer as msgpack, errors included: a JSON
 body would raise in the client even on success. So these views always answer msgpack,
 whatever the Accept header says, and the error bodies are the API's usual
-`{"error": {"code", "message", …}}`, packed."""
+`{"error": {"code", "message", …}}`, packed.
+
+A body is decoded within bounds. msgpack needs a byte for an empty map, which Python
+holds in about 70: unbounded, an 11 MiB body of them became 11.5 million dicts and
+800 MiB. Limits on each container's length alone do not prevent that (arrays of
+arrays nest as many), so before decoding, the body's objects are counted from their
+headers (count_objects) and a body of more than LAKESHORE_SDK_MAX_OBJECTS is refused
+with 400; `unpackb` then runs with limits too (unpack_limits)."""
 
 import msgpack
 from django.conf import settings
@@ -18,9 +25,71 @@ from lakeshore_admin.errors import TooLarge
 MEDIA_TYPE = "application/x-msgpack"
 ENVELOPE_BYTES = 1024 * 1024  # room for the rest of a body around its largest blob
 
+# A msgpack header's first byte → what follows it (the format's spec, msgpack.org):
+_FIXED = {  # nil, false, true, floats, ints, fixext: the whole object's size
+    0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9,
+    0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18,
+}  # fmt: skip
+_SIZED = {  # bin, ext, str: (bytes of the length, bytes between it and the data)
+    0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),
+    0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),
+}  # fmt: skip
+_COUNTED = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # array, map: (bytes
+# of the count, objects per entry)
+
 
 def body_limit() -> int:
     return settings.LAKESHORE_SDK_MAX_BLOB_BYTES + ENVELOPE_BYTES
+
+
+def unpack_limits() -> dict:
+    """`unpackb`'s limits. A string or blob costs its own size once decoded: the body's
+    limit bounds it (a blob past LAKESHORE_SDK_MAX_BLOB_BYTES still gets jobs/sdk.py's
+    413). A map or array is at most the whole body's objects. The SDK sends no
+    ExtType outside its blobs."""
+    objects = settings.LAKESHORE_SDK_MAX_OBJECTS
+    size = body_limit()
+    return {
+        "max_str_len": size,
+        "max_bin_len": size,
+        "max_array_len": objects,
+        "max_map_len": objects,
+        "max_ext_len": 0,
+    }
+
+
+def count_objects(raw: bytes, most: int) -> int:
+    """How many objects the first msgpack object in `raw` is, itself and everything
+    it nests (map keys and values, array items), counting to `most` + 1 at most.
+    Only headers are read: a string or blob is stepped over, nothing is decoded.
+    Bytes that are not msgpack end the count (unpackb says what is wrong)."""
+    at, pending, seen, end = 0, 1, 0, len(raw)
+    while pending and seen <= most and at < end:
+        pending -= 1
+        seen += 1
+        first = raw[at]
+        if first <= 0x7F or first >= 0xE0:  # fixint
+            at += 1
+        elif first <= 0x8F:  # fixmap
+            pending += 2 * (first & 0x0F)
+            at += 1
+        elif first <= 0x9F:  # fixarray
+            pending += first & 0x0F
+            at += 1
+        elif first <= 0xBF:  # fixstr
+            at += 1 + (first & 0x1F)
+        elif first in _FIXED:
+            at += _FIXED[first]
+        elif first in _SIZED:
+            width, gap = _SIZED[first]
+            at += 1 + width + gap + int.from_bytes(raw[at + 1 : at + 1 + width], "big")
+        elif first in _COUNTED:
+            width, per = _COUNTED[first]
+            pending += per * int.from_bytes(raw[at + 1 : at + 1 + width], "big")
+            at += 1 + width
+        else:  # 0xC1, never used
+            break
+    return seen
 
 
 class MsgPackParser(BaseParser):
@@ -35,8 +104,27 @@ class MsgPackParser(BaseParser):
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:
             raise _too_large(len(raw), limit)
+        most = settings.LAKESHORE_SDK_MAX_OBJECTS
+        if raw and count_objects(raw, most) > most:
+            raise ParseError(
+                f"The body holds more than {most:,} msgpack objects (map keys and values "
+                "and array items, nested ones included; LAKESHORE_SDK_MAX_OBJECTS). An SDK "
+                "body holds a few dozen: its data travels in bin blobs."
+            )
         try:
-            data = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else {}
+            data = (
+                msgpack.unpackb(raw, raw=False, strict_map_key=False, **unpack_limits())
+                if raw
+                else {}
+            )
+        except ValueError as exc:
+            if "exceeds max_" not in str(exc):  # msgpack's words for its limits
+                raise ParseError(f"The body is not msgpack: {exc}.") from None
+            raise ParseError(
+                f"The body is past a limit of the SDK's msgpack: {exc} (a map or array "
+                f"holds at most {most:,} items, a string or blob {body_limit():,} bytes, "
+                "and no ExtType is taken outside a blob)."
+            ) from None
         except Exception as exc:  # noqa: BLE001 - any undecodable body is the caller's
             raise ParseError(f"The body is not msgpack: {exc}.") from None
         if not isinstance(data, dict):

@@ -445,3 +445,8 @@ if LAKESHORE_JSON_MAX_DEPTH > 256:  # deeper, and Python's own recursion limit a
         f"LAKESHORE_JSON_MAX_DEPTH={LAKESHORE_JSON_MAX_DEPTH} must be at most 256."
     )
 LAKESHORE_MAX_HEADER_BYTES = env_number("LAKESHORE_MAX_HEADER_BYTES", 8190, minimum=1024)
+
+# Issue 17: msgpack bounds. An SDK body (lakeshore_admin/msgpack_api.py) may hold at most
+# this many msgpack objects, nested ones included (map keys and values, array items): the
+# SDK sends a few dozen, its data travels inside bin blobs. Past it: 400 before decoding.
+LAKESHORE_SDK_MAX_OBJECTS = env_number("LAKESHORE_SDK_MAX_OBJECTS", 10_000, minimum=100)

@@ -21,16 +21,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz"):
+def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz", app: str | None = None):
     """Starts gunicorn with `env` (which must hold PORT), waits until `ready` answers
     200 (fails the test with its log after 30 s), yields (base URL, process), and stops
-    it at the end."""
+    it at the end. `app` ("module:name") serves another WSGI application than the
+    configuration's."""
     log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "gunicorn"),
             "-c",
             "python:lakeshore_admin.gunicorn_conf",
+            *([app] if app else []),
         ],
         cwd=ROOT,
         env=env,
