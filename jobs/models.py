@@ -206,7 +206,7 @@ class ResultStream(models.Model):
     so that LAKESHORE_SDK_STREAM_MAX_FRAMES and _MAX_BYTES are checked in the statement
     that writes a frame, without counting the stream's rows. Swept with the frames."""
 
-    stream = models.CharField(max_length=200, primary_key=True)
+    stream = models.CharField(max_length=200, unique=True)
     frames = models.BigIntegerField(default=0)
     bytes = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)

@@ -71,6 +71,8 @@ def _older_than(table: str, column: str, order: str) -> str:
 _EVENTS_SQL = _older_than("queues_queueevent", "at", "id")
 # The SDK's result journal (jobs.ResultFrame), by the frame's own age.
 _FRAMES_SQL = _older_than("jobs_resultframe", "created_at", "id")
+# Each stream's totals (jobs.ResultStream), once its last frame is past the cutoff.
+_STREAMS_SQL = _older_than("jobs_resultstream", "updated_at", "updated_at")
 # The queues' samples (queues.QueueSample, one per queue a minute), by their minute,
 # oldest first along their index on `at`; nothing references them.
 _SAMPLES_SQL = _older_than("queues_queuesample", "at", "at")
@@ -123,13 +125,14 @@ def retention_sweep(
     max_batches: int | None = None,
 ) -> dict:
     """Delete finished invocations (terminal state, finished_at before the cutoff),
-    queue events (`at` before the cutoff) and result frames (created before it), queue
+    queue events (`at` before the cutoff), result frames (created before it) and their
+    streams' totals (last written before it), queue
     samples older than LAKESHORE_SAMPLE_RETENTION_DAYS and audit rows older than
     LAKESHORE_AUDIT_RETENTION_DAYS, and daemon commands (created before the cutoff),
     until none is due, or `budget` seconds have passed (None: no budget; a batch that
     started always finishes), or each kind has had `max_batches` batches (None: no cap).
-    Returns {"invocations": n, "events": m, "commands": c, "frames": f, "samples": s,
-    "audit": a}. Safe to run twice at once."""
+    Returns {"invocations": n, "events": m, "commands": c, "frames": f, "streams": t,
+    "samples": s, "audit": a}. Safe to run twice at once."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if max_batches is not None and max_batches < 1:
@@ -146,6 +149,7 @@ def retention_sweep(
         "events": (_EVENTS_SQL, {"cutoff": cutoff}),
         "commands": (_COMMANDS_SQL, {"cutoff": cutoff}),
         "frames": (_FRAMES_SQL, {"cutoff": cutoff}),
+        "streams": (_STREAMS_SQL, {"cutoff": cutoff}),
         "samples": (
             _SAMPLES_SQL,
             {"cutoff": retention_cutoff(now, settings.LAKESHORE_SAMPLE_RETENTION_DAYS)},

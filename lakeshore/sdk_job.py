@@ -33,8 +33,12 @@ import traceback
 from pathlib import Path
 
 from lakeshore.allow import name_refusal, parse_modules, target_refusal
+from lakeshore.msgpack_count import count_objects
 
 ENTRY = "dreamlake.lakeshore.daemon.entry"
+# An Envelope's outer map is a few dozen objects (its arguments are nested bin): a blob
+# of more is a bare value, and is never decoded to find out.
+ENVELOPE_OBJECTS_MAX = 512
 
 
 class ResultBlob(str):
@@ -57,8 +61,10 @@ def describe(envelope: bytes) -> dict:
     """The envelope's function: {"kind": "ref"|"pickle", "module", "qualname"}. Only
     the outer map is read (the arguments are nested bin). ValueError when the bytes are
     not an Envelope (a bare value). The server reads submits with it too (jobs/sdk.py)."""
-    import msgpack
+    import msgpack  # comes with the SDK: the CLI alone does not need it
 
+    if count_objects(envelope, ENVELOPE_OBJECTS_MAX) > ENVELOPE_OBJECTS_MAX:
+        raise ValueError("more objects than an SDK Envelope holds: a bare value")
     try:
         outer = msgpack.unpackb(envelope, raw=False, strict_map_key=False)
     except Exception as exc:  # noqa: BLE001 - whatever msgpack refuses is not an Envelope

@@ -20,22 +20,11 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
 
+from lakeshore.msgpack_count import count_objects
 from lakeshore_admin.errors import TooLarge
 
 MEDIA_TYPE = "application/x-msgpack"
 ENVELOPE_BYTES = 1024 * 1024  # room for the rest of a body around its largest blob
-
-# A msgpack header's first byte → what follows it (the format's spec, msgpack.org):
-_FIXED = {  # nil, false, true, floats, ints, fixext: the whole object's size
-    0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9,
-    0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18,
-}  # fmt: skip
-_SIZED = {  # bin, ext, str: (bytes of the length, bytes between it and the data)
-    0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),
-    0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),
-}  # fmt: skip
-_COUNTED = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # array, map: (bytes
-# of the count, objects per entry)
 
 
 def body_limit() -> int:
@@ -56,40 +45,6 @@ def unpack_limits() -> dict:
         "max_map_len": objects,
         "max_ext_len": 0,
     }
-
-
-def count_objects(raw: bytes, most: int) -> int:
-    """How many objects the first msgpack object in `raw` is, itself and everything
-    it nests (map keys and values, array items), counting to `most` + 1 at most.
-    Only headers are read: a string or blob is stepped over, nothing is decoded.
-    Bytes that are not msgpack end the count (unpackb says what is wrong)."""
-    at, pending, seen, end = 0, 1, 0, len(raw)
-    while pending and seen <= most and at < end:
-        pending -= 1
-        seen += 1
-        first = raw[at]
-        if first <= 0x7F or first >= 0xE0:  # fixint
-            at += 1
-        elif first <= 0x8F:  # fixmap
-            pending += 2 * (first & 0x0F)
-            at += 1
-        elif first <= 0x9F:  # fixarray
-            pending += first & 0x0F
-            at += 1
-        elif first <= 0xBF:  # fixstr
-            at += 1 + (first & 0x1F)
-        elif first in _FIXED:
-            at += _FIXED[first]
-        elif first in _SIZED:
-            width, gap = _SIZED[first]
-            at += 1 + width + gap + int.from_bytes(raw[at + 1 : at + 1 + width], "big")
-        elif first in _COUNTED:
-            width, per = _COUNTED[first]
-            pending += per * int.from_bytes(raw[at + 1 : at + 1 + width], "big")
-            at += 1 + width
-        else:  # 0xC1, never used
-            break
-    return seen
 
 
 class MsgPackParser(BaseParser):

@@ -11,7 +11,10 @@ import tracemalloc
 import msgpack
 import pytest
 
-from lakeshore_admin.msgpack_api import MsgPackParser, body_limit, count_objects, unpack_limits
+from jobs import sdk
+from lakeshore import sdk_job
+from lakeshore.msgpack_count import count_objects
+from lakeshore_admin.msgpack_api import MsgPackParser, body_limit, unpack_limits
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -123,3 +126,32 @@ class _Stream:
 
     def read(self, size=-1):
         return self.raw
+
+
+def _many_maps(count: int) -> bytes:
+    return b"\xdd" + count.to_bytes(4, "big") + b"\x80" * count
+
+
+def test_a_submitted_blob_of_many_objects_is_never_decoded_to_read_its_function():
+    """An operator's args_blob of a million empty maps: the server reads it as a bare
+    value from its headers alone, instead of decoding it to look for an Envelope."""
+    blob = _many_maps(1_000_000)
+    tracemalloc.start()
+    try:
+        assert sdk.describe(blob) == ("value", sdk.VALUE_FUNCTION)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak
+
+
+def test_control_decoding_the_blob_to_look_for_an_envelope_costs_tens_of_mib(monkeypatch):
+    monkeypatch.setattr(sdk_job, "ENVELOPE_OBJECTS_MAX", 10**9)
+    blob = _many_maps(1_000_000)
+    tracemalloc.start()
+    try:
+        assert sdk.describe(blob) == ("value", sdk.VALUE_FUNCTION)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak > 30 * 1024 * 1024, peak

@@ -167,3 +167,22 @@ def test_the_holder_renews_its_lease_with_a_chunk(world):
     Daemon.objects.filter(worker_id="w1").update(last_heartbeat_at="2000-01-01T00:00Z")
     _post("/v1/daemon/result-chunk", {"invocation_id": inv, "seq": 0, "bytes": b"x"}, one)
     assert Daemon.objects.get(worker_id="w1").last_heartbeat_at.year > 2000
+
+
+def test_a_streams_totals_go_with_its_frames_at_retention(settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import ResultStream
+    from jobs.retention import retention_sweep
+
+    operator = builders.token("operator")
+    _post("/v1/daemon/result-chunk", {"invocation_id": "old", "seq": 0, "bytes": b"x"}, operator)
+    _post("/v1/daemon/result-chunk", {"invocation_id": "new", "seq": 0, "bytes": b"x"}, operator)
+    long_ago = timezone.now() - timedelta(days=settings.LAKESHORE_RETENTION_DAYS + 1)
+    ResultStream.objects.filter(stream="old").update(updated_at=long_ago)
+    ResultFrame.objects.filter(stream="old").update(created_at=long_ago)
+    counts = retention_sweep()
+    assert (counts["frames"], counts["streams"]) == (1, 1)
+    assert list(ResultStream.objects.values_list("stream", flat=True)) == ["new"]
