@@ -4,23 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0007_daemon_fk_index_dropped'),
+        ("jobs", "0007_daemon_fk_index_dropped"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ResultStream',
+            name="ResultStream",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('stream', models.CharField(max_length=200, unique=True)),
-                ('frames', models.BigIntegerField(default=0)),
-                ('bytes', models.BigIntegerField(default=0)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("stream", models.CharField(max_length=200, unique=True)),
+                ("frames", models.BigIntegerField(default=0)),
+                ("bytes", models.BigIntegerField(default=0)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['updated_at'], name='stream_updated')],
+                "indexes": [models.Index(fields=["updated_at"], name="stream_updated")],
             },
         ),
     ]
