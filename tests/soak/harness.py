@@ -198,6 +198,18 @@ def error_code(response: httpx.Response) -> str:
         return ""
 
 
+def let_go(response) -> str | None:
+    """LOST or TERMINATED when the server let this daemon go: a 409 saying so, or a 401
+    for its revoked credential (revoked as the daemon is ended, which `lakeshore daemon
+    run` reads as removed); else None."""
+    code = error_code(response)
+    if response.status_code == 409 and code in (LOST, TERMINATED):
+        return code
+    if response.status_code == 401 and code == "token_revoked":
+        return TERMINATED
+    return None
+
+
 def call(
     shared: Shared,
     http: httpx.Client,
@@ -381,8 +393,8 @@ class DaemonThread:
         response, _ = self._call("POST", f"daemons/{daemon}/claim/", body)
         if response is None:
             return
-        if response.status_code == 409 and error_code(response) in (LOST, TERMINATED):
-            self._let_go(error_code(response))
+        if let_go(response):
+            self._let_go(let_go(response))
             return
         if response.status_code != 200:
             raise AssertionError(f"claim: {response.status_code} {response.text}")
@@ -473,12 +485,20 @@ class DaemonThread:
                 stats.add("reports accepted after a retry")
             if run.outcome == "succeeded" and self.rng.random() < REPEAT_RATE:
                 again, _ = self._call("POST", url, body, interruptible=False)
-                if again is not None:
+                if again is not None and let_go(again):
+                    stats.add("repeated reports refused (the daemon let go)")
+                elif again is not None:
                     if again.status_code != 200:
                         raise AssertionError(f"a repeated report: {again.status_code} {again.text}")
                     self._check_row(daemon, run, again.json())
                     self.shared.ledger.accepted(run)  # the same pair: counted once
                     stats.add("repeated reports answered 200")
+            return
+        if response.status_code == 401 and let_go(response):  # dropped: its credential too
+            run.answer = f"refused whole ({TERMINATED})"
+            stats.add("single reports refused (credential revoked)")
+            if retried:
+                self.shared.ledger.refused_after_retry(run)
             return
         code = error_code(response)
         if response.status_code != 409 or code not in (STALE, ALREADY):
@@ -521,8 +541,8 @@ class DaemonThread:
             self._abandoned(runs)
             return
         self._release(runs)
-        code = error_code(response)
-        if response.status_code == 409 and code in (LOST, TERMINATED):
+        code = let_go(response)
+        if code:
             for run in runs:
                 run.answer = f"refused whole ({code})"
                 if retried:  # the first try may have been recorded, then the daemon lost
@@ -577,8 +597,8 @@ class DaemonThread:
         again, _ = self._call("POST", url, body, interruptible=False)
         if again is None:
             return
-        code = error_code(again)
-        if again.status_code == 409 and code in (LOST, TERMINATED):
+        code = let_go(again)
+        if code:
             stats.add("repeated list reports refused whole")
             self._let_go(code)
             return
@@ -631,8 +651,8 @@ class DaemonThread:
                 key = "503s ridden out" if response.status_code == 503 else "other 5xx ridden out"
                 self.shared.stats.add(key)
                 continue
-            code = error_code(response)
-            if response.status_code == 409 and code in (LOST, TERMINATED):
+            code = let_go(response)
+            if code:
                 with self.lock:
                     if self.daemon_id == daemon:
                         self.gone = (daemon, code)
