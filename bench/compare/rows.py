@@ -8,6 +8,7 @@ calls each of them once per round, the systems in a rotated order each round."""
 import asyncio
 import itertools
 import json
+import random
 import statistics
 import threading
 import time
@@ -20,6 +21,7 @@ from psycopg.types.json import Jsonb
 from bench.compare.infra import stop_process
 from bench.compare.lines import LineClient
 from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
+from lakeshore.client import retry_after
 
 LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
 SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE)
@@ -173,7 +175,7 @@ class IdleDaemons:
         self.window_seconds = budget.idle_window
         self.ready = threading.Event()
         self.stopping = threading.Event()
-        self.answered = self.errors = 0
+        self.answered = self.errors = self.refused = 0
         self.windows: list[tuple[float, int]] = []  # (server CPU seconds, polls answered)
         self.failure: BaseException | None = None
         self.thread: threading.Thread | None = None
@@ -201,7 +203,9 @@ class IdleDaemons:
         return (
             f"polls answered per {self.window_seconds:.0f} s window: "
             f"{', '.join(str(n) for _, n in self.windows) or '—'} "
-            f"(server CPU per answered poll ≈ {per_poll}); {self.errors} errors"
+            f"(server CPU per answered poll ≈ {per_poll}); {self.refused} answered at once "
+            f"with Retry-After (past LAKESHORE_MAX_WAITS), each then waited as the daemon "
+            f"does; {self.errors} errors"
         )
 
     def stop(self) -> None:
@@ -257,6 +261,10 @@ class IdleDaemons:
                 continue
             if answer.status_code == 200:
                 self.answered += 1
+                pause = retry_after(answer)  # refused a wait slot (LAKESHORE_MAX_WAITS):
+                if pause:  # back off as `lakeshore daemon run` does, with its jitter
+                    self.refused += 1
+                    await asyncio.sleep(pause * (1 + random.random()))  # noqa: S311
             elif not self.stopping.is_set():
                 self.errors += 1
                 await asyncio.sleep(1)
@@ -805,8 +813,9 @@ class Rows:
         section.notes.append(
             f"the gunicorn processes' CPU time (/proc) over a {b.idle_window:.0f} s window a "
             "round (a poll waits 20 s; the rounds back to back); gunicorn serves 2 × 128 "
-            "threads, so it holds at most 256 long-polls at once and the others wait in its "
-            "queue: the daemons are answered in bursts, one burst a wait"
+            "threads, of which LAKESHORE_MAX_WAITS (96 a process) may hold a long-poll: the "
+            "others are answered at once with Retry-After and come back after it, with "
+            "jitter, as `lakeshore daemon run` does"
         )
         section.notes.append(idle.summary)
         return section
