@@ -97,7 +97,10 @@ def authenticate_token(raw: str):
         # At most one write a minute per token: reads stay reads.
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    token_cache.put(digest, token, settings.LAKESHORE_TOKEN_CACHE_SECONDS)
+    ttl = settings.LAKESHORE_TOKEN_CACHE_SECONDS
+    if token.bound:  # a daemon's own credential: see LAKESHORE_CREDENTIAL_CACHE_SECONDS
+        ttl = max(ttl, settings.LAKESHORE_CREDENTIAL_CACHE_SECONDS)
+    token_cache.put(digest, token, ttl)
     return token.user, token
 
 

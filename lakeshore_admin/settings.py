@@ -197,6 +197,14 @@ LAKESHORE_BAD_TOKEN_WINDOW = env_number("LAKESHORE_BAD_TOKEN_WINDOW", 60, minimu
 LAKESHORE_TOKEN_CACHE_SECONDS = env_number(
     "LAKESHORE_TOKEN_CACHE_SECONDS", 5, minimum=0, kind=float
 )
+# A daemon's own credential (issue 17) is trusted longer: it speaks only for its daemon,
+# whose state every call checks, so the credential revoked as its daemon ends changes
+# nothing meanwhile (the daemon is told it ended). Revoking a live daemon's credential
+# by hand takes effect at most this late. Without it, every idle daemon's long-poll
+# would look its own token up again: 500 of them cost 3 times the CPU.
+LAKESHORE_CREDENTIAL_CACHE_SECONDS = env_number(
+    "LAKESHORE_CREDENTIAL_CACHE_SECONDS", 60, minimum=0, kind=float
+)
 # The lean path (lakeshore_admin/fastpath.py): the daemon protocol and submit served
 # without the middleware stack and DRF's dispatch, with the same answers. 0: off.
 LAKESHORE_LEAN_PATH = env_bool("LAKESHORE_LEAN_PATH", True)

@@ -31,6 +31,7 @@ os.environ.setdefault("LAKESHORE_DB_POOL_MAX", "40")
 os.environ.setdefault("LAKESHORE_STATIC_FROM_FINDERS", "1")
 # Tests revoke tokens and change roles, then expect the next request to know at once.
 os.environ.setdefault("LAKESHORE_TOKEN_CACHE_SECONDS", "0")
+os.environ.setdefault("LAKESHORE_CREDENTIAL_CACHE_SECONDS", "0")
 
 from lakeshore_admin.settings import *  # noqa: E402,F403
 

@@ -70,3 +70,30 @@ def test_an_unknown_token_is_never_cached(settings):
     client = _client("lsk_not-a-real-token")
     assert client.get("/api/v1/queues/").status_code == 401
     assert client.get("/api/v1/queues/").status_code == 401
+
+
+def _heartbeat_token_queries(client, daemon_id) -> int:
+    with CaptureQueriesContext(connection) as ctx:
+        answer = client.post(f"/api/v1/daemons/{daemon_id}/heartbeat/", {}, format="json")
+        assert answer.status_code == 200, answer.content
+    return sum(
+        1
+        for q in ctx.captured_queries
+        if "accounts_apitoken" in q["sql"] or "auth_user_groups" in q["sql"]
+    )
+
+
+def test_a_daemons_credential_is_kept_longer_than_other_tokens(settings):
+    """An idle daemon long-polls every 20 s: with the 5 s window its own credential
+    would be looked up again on every call (500 daemons: 3 times the CPU)."""
+    settings.LAKESHORE_TOKEN_CACHE_SECONDS = 0
+    settings.LAKESHORE_CREDENTIAL_CACHE_SECONDS = 60
+    builders.queue(name="w")
+    client = _client(builders.token("daemon"))
+    made = builders.register(client, {"name": "d", "queues": ["w"]}).json()
+    assert _heartbeat_token_queries(client, made["id"]) >= 1  # the first looks it up
+    assert _heartbeat_token_queries(client, made["id"]) == 0
+    settings.LAKESHORE_CREDENTIAL_CACHE_SECONDS = 0  # negative control: no window
+    token_cache.clear()
+    _heartbeat_token_queries(client, made["id"])
+    assert _heartbeat_token_queries(client, made["id"]) >= 1

@@ -703,6 +703,7 @@ class Server:
             "LAKESHORE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
             "LAKESHORE_RETRY_BACKOFF": "0",
             "LAKESHORE_TOKEN_CACHE_SECONDS": "5",  # production's (the tests' settings say 0)
+            "LAKESHORE_CREDENTIAL_CACHE_SECONDS": "60",  # production's too
             "LAKESHORE_API_RATE": "",  # no throttle, whatever this shell says
             "PORT": str(self.port),
         }
