@@ -468,13 +468,6 @@ def _claim_once(
     return claimed
 
 
-# The daemon lifecycle lives in queues/daemons.py; these names stay importable here.
-daemon_heartbeat = daemons.daemon_heartbeat
-daemon_command_done = daemons.command_done
-daemon_deregister = daemons.daemon_deregister
-daemon_drop = daemons.daemon_drop
-
-
 # ---------------------------------------------------------------------------- complete
 
 

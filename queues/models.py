@@ -209,12 +209,6 @@ class QueueQuerySet(models.QuerySet):
     def for_list(self):
         return self.select_related("provider").with_members()
 
-    def visible(self, state: str | None = None):
-        """`ls` hides archived queues unless asked for them."""
-        if state:
-            return self.filter(state=state)
-        return self.exclude(state=QueueState.ARCHIVED)
-
 
 class Queue(models.Model):
     name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[name_validator])

@@ -12,7 +12,7 @@ from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
-from queues import controller, daemons, elasticity, provider_configs, registration
+from queues import controller, daemons, elasticity, provider_configs
 from queues.models import (
     LIVE_DAEMON_STATES,
     Daemon,
@@ -542,10 +542,6 @@ def provider_delete(*, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------- daemons
-
-# The daemon lifecycle lives in queues/daemons.py; registration stays importable here.
-daemon_register = registration.daemon_register
-MAX_DAEMON_QUEUES = registration.MAX_DAEMON_QUEUES
 
 
 def daemon_get(daemon_id, *, with_provider: bool = True) -> Daemon:

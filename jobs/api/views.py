@@ -20,6 +20,7 @@ from lakeshore_admin.pagination import (
     list_response,
     next_link,
 )
+from queues import daemons
 from queues.registration import check_speaker
 from queues.services import daemon_get
 
@@ -93,7 +94,7 @@ def submit_answer(request, data):
 def heartbeat_answer(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.HeartbeatInput, data or {})
-    return services.daemon_heartbeat(daemon=daemon, **fields), status.HTTP_200_OK
+    return daemons.daemon_heartbeat(daemon=daemon, **fields), status.HTTP_200_OK
 
 
 def claim_answer(request, daemon_id, data):
@@ -266,7 +267,7 @@ class DaemonDeregister(APIView):
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)
-        return Response(services.daemon_deregister(daemon=daemon))
+        return Response(daemons.daemon_deregister(daemon=daemon))
 
 
 class DaemonExec(APIView):
@@ -302,7 +303,7 @@ class DaemonCommandDone(APIView):
         daemon = own_daemon(request, daemon_id)
         data = s.CommandDoneInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        command = services.daemon_command_done(
+        command = daemons.command_done(
             daemon=daemon, command_id=command_id, result=data.validated_data["result"]
         )
         return Response(

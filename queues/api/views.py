@@ -11,7 +11,7 @@ from accounts.roles import can_operate
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
-from queues import controller, daemons, declarative, services
+from queues import controller, daemons, declarative, registration, services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
 from queues.models import Daemon, Provider, Queue, QueueEvent
@@ -255,7 +255,7 @@ class DaemonRegisterView(APIView):
     def post(self, request):
         data = s.DaemonRegister(data=request.data)
         data.is_valid(raise_exception=True)
-        daemon, credential = services.daemon_register(
+        daemon, credential = registration.daemon_register(
             owner=request.user, token=request.auth, **data.validated_data
         )
         registered = services.daemon_get(daemon.pk)
