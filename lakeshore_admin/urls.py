@@ -12,9 +12,9 @@ from accounts import views as account_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request
 from lakeshore_admin.health import healthz, readyz
-from lakeshore_admin.metrics import metrics_view
 from queues import daemon_views
 from queues import views as queue_views
+from queues.metrics import metrics_view
 
 
 def api_not_found(request, *args, **kwargs):

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts import audit
 from jobs import transitions
 from jobs.models import Invocation, InvocationState
-from lakeshore_admin import hooks
+from lakeshore_admin import hooks, metrics
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 from queues import controller, daemons, elasticity, provider_configs
 from queues.models import (
@@ -57,9 +57,6 @@ def queue_event_now(
     signals it saw and what its formula wanted), or something found outside one (a
     failed launch after commit, a daemon its provider lost: the queue's signals now).
     Counted in /metrics once the transaction commits."""
-    from lakeshore_admin import metrics
-    from queues.models import QueueEvent
-
     if signals is None:
         signals = queue_signals(queue)["signals"]
     event = QueueEvent.objects.create(

@@ -18,8 +18,8 @@ from rest_framework.test import APIClient
 from accounts.models import ApiToken, hash_token
 from jobs import services, transitions
 from jobs.models import Invocation
-from lakeshore_admin import metrics
 from queues import controller
+from queues import metrics as collector
 from queues import services as queue_services
 from queues.models import Daemon, DaemonState, Provider, QueueEvent
 from tests import builders
@@ -213,7 +213,7 @@ def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
         with CaptureQueriesContext(connection) as whole:
             assert viewer.get("/metrics").status_code == 200
         with CaptureQueriesContext(connection) as gauges_only:
-            metrics.render()
+            collector.render()
         return len(whole), len(gauges_only)
 
     viewer.get("/metrics")  # the token's first use is written down once
@@ -225,7 +225,7 @@ def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
 
     assert one == twenty
     assert one[1] == 3  # the queues, running invocations, live daemons
-    assert gauge(parse(metrics.render().decode()), "lakeshore_queue_running", queue="q-19") == 1
+    assert gauge(parse(collector.render().decode()), "lakeshore_queue_running", queue="q-19") == 1
 
 
 # ---------------------------------------------------------------------------- counters
