@@ -56,7 +56,7 @@ class ApiToken(models.Model):
     bound = models.BooleanField(
         default=False,
         help_text="A daemon's own credential: it acts only for the daemon whose token it "
-        "is (queues.Daemon.token), and registers no other daemon.",
+        "is (fleet.Daemon.token), and registers no other daemon.",
     )
 
     objects = ApiTokenQuerySet.as_manager()

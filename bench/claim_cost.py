@@ -19,8 +19,9 @@ from django.core.management import call_command
 from django.db import connection
 
 from bench import queue_bench as qb  # sets up Django on the bench's own database
+from fleet.models import Daemon
 from jobs import services, transitions
-from queues.models import Daemon, Queue
+from queues.models import Queue
 
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "1000"))  # per thread, alternating
 

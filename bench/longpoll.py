@@ -52,8 +52,8 @@ from django.test import Client  # noqa: E402
 
 from accounts.services import token_create  # noqa: E402
 from bench.longpoll_swarm import RAMP, TIMEOUT  # noqa: E402
+from fleet.models import Daemon, DaemonState  # noqa: E402
 from queues import services as queue_services  # noqa: E402
-from queues.models import Daemon, DaemonState  # noqa: E402
 
 QUEUE = "idle"
 EVERY = 0.5  # seconds between a probe's requests

@@ -28,9 +28,10 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
 from accounts.services import token_create  # noqa: E402
+from fleet.models import Daemon  # noqa: E402
 from jobs import services  # noqa: E402
 from jobs.models import Invocation  # noqa: E402
-from queues.models import Daemon, Queue  # noqa: E402
+from queues.models import Queue  # noqa: E402
 
 BACKLOG = int(os.environ.get("BENCH_BACKLOG", "20000"))
 CLAIM_SECONDS = float(os.environ.get("BENCH_CLAIM_SECONDS", "3"))

@@ -62,7 +62,7 @@ class Invocation(models.Model):
         max_length=16, choices=InvocationState.choices, default=InvocationState.QUEUED
     )
     daemon = models.ForeignKey(
-        "queues.Daemon",
+        "fleet.Daemon",
         null=True,
         blank=True,
         on_delete=models.SET_NULL,

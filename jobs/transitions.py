@@ -21,15 +21,11 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 
+from fleet.models import CLAIMING_DAEMON_STATES, LIVE_DAEMON_STATES, DaemonState
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
 from lakeshore_admin import metrics
 from lakeshore_admin.rows import model_rows
-from queues.models import (
-    CLAIMING_DAEMON_STATES,
-    DISPATCHING_QUEUE_STATES,
-    LIVE_DAEMON_STATES,
-    DaemonState,
-)
+from queues.models import DISPATCHING_QUEUE_STATES
 
 QUEUED = InvocationState.QUEUED.value
 RUNNING = InvocationState.RUNNING.value

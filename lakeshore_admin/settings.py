@@ -51,9 +51,11 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from /static/, no CDN
     "django_htmx",
     "axes",  # failed-login lockout
+    # the apps, bottom to top (README, "Layout"; pyproject.toml's import contracts)
     "accounts",
-    "queues",
     "jobs",
+    "queues",
+    "fleet",
 ]
 
 MIDDLEWARE = [
@@ -255,8 +257,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "QueueStateEnum": "queues.models.QueueState",
         "QueueKindEnum": "queues.models.QueueKind",
-        "DaemonStateEnum": "queues.models.DaemonState",
-        "ProviderKindEnum": "queues.models.Provider.Kind",
+        "DaemonStateEnum": "fleet.models.DaemonState",
+        "ProviderKindEnum": "fleet.models.Provider.Kind",
         "ElasticityKindEnum": "queues.models.ElasticityKind",
         "InvocationStateEnum": "jobs.models.InvocationState",
         "TokenRoleEnum": "accounts.models.Role",

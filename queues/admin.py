@@ -5,10 +5,11 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
 
+from fleet.models import Daemon, Provider
 from lakeshore_admin.errors import DomainError
 from lakeshore_admin.parsers import DepthLimitedJSONFormField
 from queues import services
-from queues.models import Daemon, Provider, Queue, QueueEvent
+from queues.models import Queue, QueueEvent
 
 
 def _run(modeladmin, request, queryset, label: str, call) -> None:

@@ -3,4 +3,4 @@ from django.apps import AppConfig
 
 class QueuesConfig(AppConfig):
     name = "queues"
-    verbose_name = "Queues, daemons and providers"
+    verbose_name = "Queues"

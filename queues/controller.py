@@ -17,17 +17,11 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from fleet.models import Daemon, DaemonState
 from lakeshore_admin import hooks
 from queues import daemons, elasticity, samples
 from queues.drivers import ProviderError, driver_for
-from queues.models import (
-    Daemon,
-    DaemonState,
-    EventAction,
-    Queue,
-    QueueEvent,
-    QueueState,
-)
+from queues.models import EventAction, Queue, QueueEvent, QueueState
 
 BACKOFF_MAX_SECONDS = 600
 

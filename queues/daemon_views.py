@@ -14,9 +14,9 @@ DAEMON_PAGE = 100
 @require_GET
 @console_view
 def daemon_list(request):
+    from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState
     from jobs.models import Invocation, InvocationState
     from queues.filters import DaemonFilter
-    from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState
 
     params = request.GET.copy()
     if "state" not in params and "id" not in params:  # live ones unless asked otherwise

@@ -19,17 +19,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from fleet.models import CLAIMING_DAEMON_STATES, LIVE_DAEMON_STATES, Daemon, DaemonState
 from jobs import transitions
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
 from lakeshore_admin.errors import Conflict, NotFound
-from queues.models import (
-    CLAIMING_DAEMON_STATES,
-    LIVE_DAEMON_STATES,
-    Daemon,
-    DaemonState,
-    EventAction,
-    Queue,
-)
+from queues.models import EventAction, Queue
 
 # ---------------------------------------------------------------------------- liveness
 
@@ -196,7 +190,7 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
 
 
 def command_add(*, daemon: Daemon, invocation, verb: str, signal: str, by: str):
-    from queues.models import DaemonCommand
+    from fleet.models import DaemonCommand
 
     return DaemonCommand.objects.create(
         daemon=daemon, invocation=invocation, verb=verb, signal=signal, requested_by=by[:200]
@@ -222,7 +216,7 @@ def commands_deliver(daemon_id: int) -> list[dict]:
 def command_done(*, daemon: Daemon, command_id, result: str):
     """The daemon did (or could not do) the order: what it says is kept. A repeat of
     the same report changes nothing."""
-    from queues.models import DaemonCommand
+    from fleet.models import DaemonCommand
 
     command = DaemonCommand.objects.filter(pk=_int_or_none(command_id), daemon=daemon).first()
     if command is None:

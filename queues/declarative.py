@@ -20,9 +20,10 @@ from contextlib import contextmanager
 
 from django.db import connection, transaction
 
+from fleet.models import Provider
 from lakeshore_admin.errors import DomainError, Invalid
 from queues import elasticity, services
-from queues.models import Provider, Queue
+from queues.models import Queue
 
 CREATE, UPDATE, UNCHANGED, DELETE = "create", "update", "unchanged", "delete"
 QUEUE_PATCHABLE = (

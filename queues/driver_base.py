@@ -14,8 +14,9 @@ from django.conf import settings
 
 from accounts.models import Role
 from accounts.services import credential_issue, service_user
+from fleet.models import Daemon, DaemonState, Provider
 from lakeshore.private import private_dir
-from queues.models import Daemon, DaemonState, Provider, Queue
+from queues.models import Queue
 from queues.provider_configs import run_as_problem
 
 

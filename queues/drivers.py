@@ -16,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from fleet.models import Daemon, DaemonState, Provider
 from lakeshore.private import private_dir
 from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: public here too
     Driver,
@@ -28,7 +29,6 @@ from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: publi
     run_as_account,
     server_free_environ,
 )
-from queues.models import Daemon, DaemonState, Provider
 from queues.slurm import SlurmDriver
 
 

@@ -2,8 +2,9 @@
 
 import django_filters
 
+from fleet.models import Daemon, DaemonState
 from jobs.filters import IdFilter
-from queues.models import Daemon, DaemonState, Queue, QueueState
+from queues.models import Queue, QueueState
 
 
 class QueueFilter(django_filters.FilterSet):

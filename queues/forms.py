@@ -10,10 +10,11 @@ Field names are the API's; the elasticity ones are `elasticity.kind`, `elasticit
 from django import forms
 from django.forms.utils import ErrorList
 
+from fleet.models import Provider
 from lakeshore_admin.errors import DomainError
 from queues import elasticity, services
 from queues.api import serializers as api
-from queues.models import ElasticityKind, OnFull, Provider, Queue, QueueKind
+from queues.models import ElasticityKind, OnFull, Queue, QueueKind
 
 # Empty means "none" (null in the API): no bound, no elasticity number.
 NULLABLE = {"max_depth", "elasticity.min", "elasticity.max", "elasticity.threshold"}

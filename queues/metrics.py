@@ -19,16 +19,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.views import APIView
 
 from accounts.permissions import ReadOrOperate
+from fleet.models import LIVE_DAEMON_STATES, DaemonState
 from jobs.models import Invocation, InvocationState
 from queues import controller, elasticity, samples
-from queues.models import (
-    LIVE_DAEMON_STATES,
-    DaemonState,
-    EventAction,
-    Queue,
-    QueueEvent,
-    QueueState,
-)
+from queues.models import EventAction, Queue, QueueEvent, QueueState
 from queues.services import PENDING_CAP
 
 

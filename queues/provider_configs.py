@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from queues.models import Provider
+from fleet.models import Provider
 
 MAX_STARTUP_SECONDS = 86_400  # a day: timedelta and the tick both stay sane
 MAX_LOCAL_CONCURRENCY = 64

@@ -12,10 +12,11 @@ from django.utils import timezone
 
 from accounts.roles import can_operate
 from accounts.services import credential_issue
+from fleet.models import Daemon, DaemonState
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Forbidden, Invalid
 from queues.daemons import check_live, touch
-from queues.models import Daemon, DaemonState, Queue
+from queues.models import Queue
 
 MAX_DAEMON_QUEUES = 64
 NOT_YOUR_DAEMON = "not_your_daemon"

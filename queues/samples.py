@@ -44,15 +44,9 @@ from django.db.models import (
 )
 from django.utils import timezone
 
+from fleet.models import Daemon, DaemonState
 from queues import elasticity
-from queues.models import (
-    Daemon,
-    DaemonState,
-    Queue,
-    QueueEvent,
-    QueueSample,
-    QueueState,
-)
+from queues.models import Queue, QueueEvent, QueueSample, QueueState
 
 PERIOD = timedelta(minutes=1)
 

@@ -8,21 +8,13 @@ from django.db.models import Count, F, Func, Value
 from django.utils import timezone
 
 from accounts import audit
+from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
 from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin import hooks, metrics
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 from queues import controller, daemons, elasticity, provider_configs
-from queues.models import (
-    LIVE_DAEMON_STATES,
-    Daemon,
-    DaemonState,
-    Provider,
-    Queue,
-    QueueEvent,
-    QueueKind,
-    QueueState,
-)
+from queues.models import Queue, QueueEvent, QueueKind, QueueState
 
 # ---------------------------------------------------------------------------- lookups
 

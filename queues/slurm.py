@@ -34,6 +34,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
 from queues.driver_base import (
     Driver,
     ProviderError,
@@ -41,7 +42,7 @@ from queues.driver_base import (
     mint_daemons,
     server_free_environ,
 )
-from queues.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider, Queue
+from queues.models import Queue
 from queues.provider_configs import SLURM_RESOURCES
 
 # squeue's states for a job that will not run (again): its daemon is gone.

@@ -97,8 +97,8 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
     by queue and time (inv_finished: (queue, finished_at))."""
     from django.db.models import Count
 
+    from fleet.models import DaemonState
     from jobs.models import Invocation, InvocationState
-    from queues.models import DaemonState
     from queues.services import PENDING_CAP
 
     now = now or timezone.now()
@@ -190,8 +190,8 @@ ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 def _detail_context(request, name: str) -> dict:
     from accounts import audit
+    from fleet.models import Daemon
     from queues import services
-    from queues.models import Daemon
 
     try:
         queue = Queue.objects.for_list().get(name=name)

@@ -3,8 +3,8 @@
 import itertools
 
 from accounts.services import token_create
+from fleet.models import Daemon, DaemonState
 from queues import services
-from queues.models import Daemon, DaemonState
 
 _seq = itertools.count(1)
 

@@ -16,7 +16,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("lakeshore", "lakeshore_admin", "accounts", "queues", "jobs")
+PACKAGES = ("lakeshore", "lakeshore_admin", "accounts", "jobs", "queues", "fleet")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # The one cycle left, inside queues/ (the controller, the daemon lifecycle, the drivers,

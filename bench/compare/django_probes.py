@@ -21,7 +21,8 @@ class Probes:
     def tick_setup(self, queues: int, daemons: int) -> None:
         from django.utils import timezone
 
-        from queues.models import Daemon, DaemonState, Provider, Queue
+        from fleet.models import Daemon, DaemonState, Provider
+        from queues.models import Queue
 
         self.tick_cleanup()
         provider = Provider.objects.create(name=f"{PREFIX}sim", kind=Provider.Kind.SIMULATED)
@@ -56,7 +57,8 @@ class Probes:
     def tick_cleanup(self) -> None:
         from django.db import connection
 
-        from queues.models import Provider, Queue, QueueEvent
+        from fleet.models import Provider
+        from queues.models import Queue, QueueEvent
 
         QueueEvent.objects.filter(queue__name__startswith=PREFIX).delete()
         with connection.cursor() as cursor:  # 10,000 rows nothing refers to: no ORM collector

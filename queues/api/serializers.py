@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from fleet.models import Daemon, Provider
 from lakeshore_admin.output import BuiltOnceFields
 from lakeshore_admin.strict_input import StrictInput
 from queues import elasticity
@@ -7,10 +8,8 @@ from queues.daemons import current_invocation_id
 from queues.models import (
     NAME_MAX_LENGTH,
     NAME_PATTERN,
-    Daemon,
     ElasticityKind,
     OnFull,
-    Provider,
     Queue,
     QueueEvent,
     QueueKind,

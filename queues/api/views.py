@@ -8,13 +8,14 @@ from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol, ReadRole
 from accounts.roles import can_operate
+from fleet.models import Daemon, Provider
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
 from queues import controller, daemons, declarative, registration, services
 from queues.api import serializers as s
 from queues.filters import DaemonFilter, QueueFilter
-from queues.models import Daemon, Provider, Queue, QueueEvent
+from queues.models import Queue, QueueEvent
 
 MEMBERS_SHOWN = 500
 

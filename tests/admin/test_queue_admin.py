@@ -131,9 +131,9 @@ def test_it_refuses_a_bad_threshold_on_change(staff):
         "/admin/",
         "/admin/queues/queue/",
         "/admin/queues/queue/add/",
-        "/admin/queues/provider/",
-        "/admin/queues/provider/add/",
-        "/admin/queues/daemon/",
+        "/admin/fleet/provider/",
+        "/admin/fleet/provider/add/",
+        "/admin/fleet/daemon/",
         "/admin/queues/queueevent/",
         "/admin/jobs/invocation/",
         "/admin/accounts/apitoken/",
@@ -159,8 +159,8 @@ def test_each_object_page_opens(staff):
     )  # fmt: skip
     for url in [
         f"/admin/queues/queue/{queue.pk}/change/",
-        f"/admin/queues/provider/{provider.pk}/change/",
-        f"/admin/queues/daemon/{daemon.pk}/change/",
+        f"/admin/fleet/provider/{provider.pk}/change/",
+        f"/admin/fleet/daemon/{daemon.pk}/change/",
         f"/admin/jobs/invocation/{invocation.pk}/change/",
         f"/admin/queues/queueevent/{event.pk}/change/",
     ]:
@@ -182,7 +182,7 @@ def test_it_kills_queued_invocations_with_an_action(staff):
 def test_it_drops_daemons_with_an_action(staff):
     daemon = builders.daemon(queues=[])
     response = staff.post(
-        "/admin/queues/daemon/", {"action": "drop", "_selected_action": [daemon.pk]}
+        "/admin/fleet/daemon/", {"action": "drop", "_selected_action": [daemon.pk]}
     )
     assert response.status_code == 302
     daemon.refresh_from_db()
@@ -190,17 +190,17 @@ def test_it_drops_daemons_with_an_action(staff):
 
 
 def test_it_refuses_credentials_in_a_providers_config(staff):
-    from queues.models import Provider
+    from fleet.models import Provider
 
     response = staff.post(
-        "/admin/queues/provider/add/",
+        "/admin/fleet/provider/add/",
         {"name": "gpu", "kind": "simulated", "description": "", "config": '{"api_key": "x"}'},
     )
     assert response.status_code == 200
     assert b"must not hold credentials" in response.content
     assert not Provider.objects.exists()
     response = staff.post(
-        "/admin/queues/provider/add/",
+        "/admin/fleet/provider/add/",
         {"name": "gpu", "kind": "simulated", "description": "", "config": '{"startup_seconds": 1}'},
     )
     assert response.status_code == 302
@@ -211,7 +211,7 @@ def test_it_refuses_credentials_in_a_providers_config(staff):
     "url, make",
     [
         ("/admin/queues/queue/", lambda i: builders.daemon(queues=[builders.queue().name])),
-        ("/admin/queues/daemon/", lambda i: builders.daemon(provider=builders.provider())),
+        ("/admin/fleet/daemon/", lambda i: builders.daemon(provider=builders.provider())),
         (
             "/admin/jobs/invocation/",
             lambda i: Invocation.objects.create(function="a.b", daemon=builders.daemon()),

@@ -4,7 +4,8 @@
 import pytest
 
 from accounts.models import AuditEvent
-from queues.models import Provider, Queue
+from fleet.models import Provider
+from queues.models import Queue
 from tests import builders
 from tests.api.assertions import assert_error
 

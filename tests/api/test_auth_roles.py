@@ -11,7 +11,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, hash_token
 from accounts.services import token_create
-from queues.models import Provider, Queue
+from fleet.models import Provider
+from queues.models import Queue
 from tests import builders
 from tests.api.assertions import assert_error
 

@@ -5,9 +5,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
+from fleet.models import DaemonCommand
 from jobs import services
 from jobs.models import Invocation
-from queues.models import DaemonCommand
 from tests import builders
 from tests.api.assertions import assert_error
 
@@ -25,7 +25,7 @@ def running():
     robot = APIClient()
     robot.credentials(**builders.auth(builders.token("daemon", username="robot")))
     answer = builders.register(robot, {"name": "w1", "queues": ["train"]}).json()
-    from queues.models import Daemon
+    from fleet.models import Daemon
 
     daemon = Daemon.objects.get(pk=answer["id"])
     inv, _ = services.invocation_submit(function="lakeshore.functions.sleep", queue="train")

@@ -5,7 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from queues.models import Daemon, DaemonState
+from fleet.models import Daemon, DaemonState
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.api.shapes import DAEMON_KEYS

@@ -146,7 +146,7 @@ def test_an_unknown_daemon_and_another_tokens_daemon_answer_the_same(world):
 
 def test_a_gone_daemon_gets_the_same_409(world):
     _, _, me, daemon, _ = world
-    from queues.models import Daemon
+    from fleet.models import Daemon
 
     Daemon.objects.filter(pk=me).update(state="terminated")
     lean, full = both(world, f"/api/v1/daemons/{me}/exchange/", {"limit": 1}, token=daemon)

@@ -3,7 +3,7 @@ types, ranges, required keys; unknown keys are refused, naming the allowed ones.
 
 import pytest
 
-from queues.models import Provider
+from fleet.models import Provider
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures

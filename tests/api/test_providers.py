@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from queues.models import Provider
+from fleet.models import Provider
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.api.shapes import PROVIDER_KEYS

@@ -4,8 +4,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from fleet.models import DaemonState
 from queues import services
-from queues.models import DaemonState
 from tests import builders
 from tests.api.assertions import assert_error
 

@@ -2,8 +2,9 @@
 
 import pytest
 
+from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation
-from queues.models import Daemon, DaemonState, Queue
+from queues.models import Queue
 from tests import builders
 from tests.api.assertions import assert_error
 

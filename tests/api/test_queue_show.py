@@ -5,8 +5,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fleet.models import DaemonState
 from jobs.models import Invocation
-from queues.models import DaemonState
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.api.shapes import DAEMON_KEYS, QUEUE_KEYS

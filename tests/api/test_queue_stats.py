@@ -2,8 +2,8 @@
 
 import pytest
 
+from fleet.models import DaemonState
 from jobs.models import Invocation
-from queues.models import DaemonState
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.api.events import events

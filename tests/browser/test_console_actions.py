@@ -8,9 +8,9 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from accounts.roles import grant
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

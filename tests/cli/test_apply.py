@@ -6,7 +6,8 @@ import textwrap
 import pytest
 import yaml
 
-from queues.models import Provider, Queue
+from fleet.models import Provider
+from queues.models import Queue
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

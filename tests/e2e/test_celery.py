@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from fleet.models import Daemon
 from jobs import services
-from queues.models import Daemon
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 

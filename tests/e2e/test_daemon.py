@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from fleet.models import Daemon, DaemonCommand
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon, DaemonCommand
 from tests import builders
 from tests.e2e.jobfuncs import alive, starts
 from tests.e2e.test_daemon_faults import FUNCS, LAKESHORE, _stop, _wait_for

@@ -16,10 +16,10 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore.worker import kill_job_group, start_job_process
-from queues.models import Daemon
 from tests import builders
 from tests.e2e import jobfuncs
 from tests.e2e.jobfuncs import alive, starts

@@ -2,9 +2,9 @@
 
 import pytest
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

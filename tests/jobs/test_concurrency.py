@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 from django.db import connection
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

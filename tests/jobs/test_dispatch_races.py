@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from fleet.models import Daemon
 from jobs import services, transitions
 from jobs.models import Invocation
 from lakeshore_admin import hooks
 from queues import controller, daemons
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

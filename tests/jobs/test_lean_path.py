@@ -7,11 +7,11 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
 from queues import services as queue_services
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

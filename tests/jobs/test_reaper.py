@@ -4,10 +4,10 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin.errors import Conflict
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

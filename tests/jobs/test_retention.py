@@ -18,11 +18,12 @@ from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fleet.models import Daemon, DaemonCommand
 from jobs import retention, tasks
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
 from jobs.retention import retention_sweep
 from lakeshore_admin import hooks
-from queues.models import Daemon, DaemonCommand, EventAction, QueueEvent
+from queues.models import EventAction, QueueEvent
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -366,17 +367,17 @@ def test_a_retry_outlives_the_invocation_it_retried():
 def test_no_foreign_key_with_a_constraint_references_invocations_or_events():
     """The sweep deletes with raw SQL and clears nothing; a new foreign key to
     Invocation or QueueEvent must be handled in jobs/retention.py."""
-    incoming = [
+    incoming = {
         (model, field.name, field.related_model, field.remote_field.on_delete)
         for model in apps.get_models(include_auto_created=True)
         for field in model._meta.concrete_fields
         if field.is_relation and field.related_model in (Invocation, QueueEvent)
-    ]
-    assert incoming == [
+    }
+    assert incoming == {
         # no database constraint: swept by its own age (test below)
         (DaemonCommand, "invocation", Invocation, models.DO_NOTHING),
         (Invocation, "retry_of", Invocation, models.SET_NULL),  # no database constraint
-    ]
+    }
     assert not Invocation._meta.get_field("retry_of").db_constraint
     assert not DaemonCommand._meta.get_field("invocation").db_constraint
     # the table and column names jobs/retention.py writes out

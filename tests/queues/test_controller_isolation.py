@@ -8,9 +8,10 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from fleet.models import Daemon, Provider
 from jobs.models import Invocation
 from queues import controller
-from queues.models import Daemon, Provider, Queue, QueueEvent
+from queues.models import Queue, QueueEvent
 from tests import builders
 from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
 

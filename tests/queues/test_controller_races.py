@@ -6,9 +6,10 @@ import threading
 import pytest
 from django.db import connection
 
+from fleet.models import Daemon
 from queues import controller
 from queues.drivers import SimulatedDriver
-from queues.models import Daemon, Queue, QueueEvent
+from queues.models import Queue, QueueEvent
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

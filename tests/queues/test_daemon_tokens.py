@@ -4,8 +4,8 @@ import pytest
 
 from accounts.models import ApiToken
 from accounts.services import token_create
+from fleet.models import Daemon
 from queues import daemons, registration, services
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

@@ -5,10 +5,10 @@ same way (JSON, bytes, times, nulls)."""
 import pytest
 from django.utils import timezone
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin.rows import model_rows
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

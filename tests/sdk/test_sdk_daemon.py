@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 
 dls = pytest.importorskip("dreamlake.lakeshore")

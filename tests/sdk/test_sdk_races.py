@@ -7,9 +7,9 @@ import msgpack
 import pytest
 from django.db import connection
 
+from fleet.models import Daemon
 from lakeshore_admin import hooks
 from queues import registration
-from queues.models import Daemon
 from tests import builders
 
 ENVELOPE = msgpack.packb(

@@ -4,10 +4,10 @@ each route answers, byte for byte, without the SDK package in the way."""
 import msgpack
 import pytest
 
+from fleet.models import Daemon
 from jobs import sdk, services
 from jobs.models import Invocation, ResultFrame
 from queues import services as queue_services
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

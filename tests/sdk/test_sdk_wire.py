@@ -12,10 +12,10 @@ import msgpack
 import pytest
 from django.test import override_settings
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from queues import services as queue_services
-from queues.models import Daemon
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 from tests.sdk.conftest import ROOT

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore import config as cli_config
@@ -24,7 +25,6 @@ from lakeshore import private
 from lakeshore_admin import settings as server_settings
 from queues import controller, driver_base, drivers
 from queues.drivers import DRIVERS
-from queues.models import Daemon
 from queues.provider_configs import config_errors
 from tests import builders
 from tests.e2e.test_daemon import _wait_for

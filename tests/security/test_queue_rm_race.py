@@ -13,12 +13,13 @@ import time
 import pytest
 from django.db import connection
 
+from fleet.models import Daemon
 from jobs import services, transitions
 from jobs.models import Invocation
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict
 from queues import services as queue_services
-from queues.models import Daemon, Queue
+from queues.models import Queue
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.services import token_create
+from fleet.models import Daemon
 from jobs import sdk, transitions
 from jobs.models import Invocation, InvocationState, ResultFrame
-from queues.models import Daemon
 from tests import builders
 from tests.sdk.test_sdk_rules import ENVELOPE, SUBMIT, _call
 

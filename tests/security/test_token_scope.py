@@ -12,8 +12,9 @@ from django.db.migrations.executor import MigrationExecutor
 from accounts import roles
 from accounts.models import ApiToken
 from accounts.services import token_create
+from fleet.models import Daemon
 from jobs import services
-from queues.models import Daemon, Queue
+from queues.models import Queue
 from tests import builders
 
 pytestmark = pytest.mark.django_db

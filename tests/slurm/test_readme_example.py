@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fleet.models import Daemon
 from jobs.models import Invocation
-from queues.models import Daemon
 from tests import builders
 from tests.e2e.test_celery import _database_url
 from tests.slurm.test_slurm_provider import _ours, _wait_for

@@ -12,10 +12,11 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from queues import controller
-from queues.models import Daemon, Queue, QueueEvent
+from queues.models import Queue, QueueEvent
 from queues.services import queue_patch
 from tests import builders
 from tests.e2e.test_daemon import _wait_for as daemon_wait_for

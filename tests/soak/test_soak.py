@@ -26,8 +26,8 @@ import httpx
 import pytest
 from django.db import InterfaceError, OperationalError, connection
 
+from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs.models import Invocation
-from queues.models import LIVE_DAEMON_STATES, Daemon
 from tests import builders
 from tests.soak.harness import (
     CLAIM_LIMIT,

@@ -4,8 +4,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.roles import grant
+from fleet.models import Daemon
 from jobs import services
-from queues.models import Daemon
 from tests import builders
 
 pytestmark = pytest.mark.django_db

@@ -205,7 +205,7 @@ def _running_on_a_daemon():
 
 
 def test_an_operator_stops_a_running_job_on_its_daemon(operator):
-    from queues.models import DaemonCommand
+    from fleet.models import DaemonCommand
 
     daemon, inv = _running_on_a_daemon()
     page = operator.get(f"/jobs/{inv.pk}/").content.decode()

@@ -6,8 +6,9 @@ from django.contrib.auth import get_user_model
 from django.urls import reverse
 
 from accounts.roles import grant
+from fleet.models import Daemon
 from lakeshore_admin import urls
-from queues.models import Daemon, Queue
+from queues.models import Queue
 from tests import builders
 
 pytestmark = pytest.mark.django_db
