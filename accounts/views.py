@@ -6,7 +6,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from accounts import audit
-from queues.views import console_view
+from accounts.console import console_view
 
 FILTERS = ("queue", "action", "actor", "since", "until", "noop")
 

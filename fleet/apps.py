@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class FleetConfig(AppConfig):
     name = "fleet"
     verbose_name = "Fleet: providers, daemons and their orders"
+
+    def ready(self):
+        # The drivers register themselves in fleet.driver_base.DRIVERS as they load (as
+        # Django's admin modules do), so that the daemon lifecycle can reach them
+        # without importing them: they import it (a cycle otherwise).
+        from fleet import drivers  # noqa: F401

@@ -9,106 +9,23 @@ and a retried message) never act on the same queue at once; the database, not th
 broker, records what was done."""
 
 import logging
-from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 
+from fleet import daemons
+from fleet.driver_base import ProviderError, driver_for
+from fleet.launches import launch_failed
 from fleet.models import Daemon, DaemonState
 from lakeshore_admin import hooks
-from queues import daemons, elasticity, samples
-from queues.drivers import ProviderError, driver_for
+from queues import elasticity, samples
+from queues import services as queue_services
+from queues.elasticity import Plan, backoff_seconds, plan
 from queues.models import EventAction, Queue, QueueEvent, QueueState
 
-BACKOFF_MAX_SECONDS = 600
-
-
-def backoff_seconds(failures: int) -> float:
-    """How long a queue waits after `failures` failed launches (or ticks) in a row."""
-    return min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
-
-
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Plan:
-    wanted: int  # what the formula asks for now
-    desired: int  # what the controller moves toward (after the scale-down window)
-    delta: int  # launches (+) or terminations (−) the next tick would try
-    action: str  # launch | terminate | hold | backoff | none
-    why: str  # the human reason, for the event
-    note: str = ""  # why nothing happens, when that is not obvious (for `stats`)
-
-    @property
-    def next_action(self) -> str:
-        if self.action == "launch":
-            return f"launch {self.delta}"
-        if self.action == "terminate":
-            return f"terminate up to {-self.delta} idle"
-        if self.action in ("hold", "backoff"):
-            return f"{self.action} ({self.why})"
-        return f"none ({self.note})" if self.note else "none"
-
-
-def _signals_text(s: elasticity.Signals) -> str:
-    return f"D={s.daemons} B={s.busy} P={s.pending} U={s.utilization:.2f}"
-
-
-def plan(queue: Queue, signals: elasticity.Signals, *, now=None) -> Plan:
-    """What the next tick would do, without doing it (also `stats` and `patch --dry-run`)."""
-    now = now or timezone.now()
-    d = signals.daemons
-    if queue.state == QueueState.ARCHIVED:
-        step = max(-d, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
-        why = "archived: scale to zero"
-        return Plan(0, 0, step, "terminate" if d else "none", why, note="archived")
-    if not queue.elasticity_kind:
-        return Plan(d, d, 0, "none", "no elasticity declared", note="no elasticity declared")
-    if queue.state == QueueState.PAUSED:
-        return Plan(d, d, 0, "hold", "paused: holding the pool's size")
-    params = {
-        "min": queue.elasticity_min,
-        "max": queue.elasticity_max,
-        "threshold": queue.elasticity_threshold,
-    }
-    cap = settings.LAKESHORE_MAX_DAEMONS_PER_QUEUE
-    wanted = elasticity.desired_count(queue.elasticity_kind, params, signals, cap=cap)
-    why = f"{_signals_text(signals)}: {queue.elasticity_kind} wants {wanted}"
-    if queue.state == QueueState.DRAINING and signals.busy + signals.pending == 0:
-        wanted, why = 0, "draining and nothing left: scale to zero"
-    desired = wanted
-    if wanted < d and queue.state != QueueState.DRAINING:
-        window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
-        peak = QueueEvent.objects.filter(queue=queue, at__gt=now - window).aggregate(
-            peak=Max("wanted")
-        )["peak"]
-        if peak is not None and peak > wanted:
-            desired = min(peak, d)
-            why += f"; holding {desired} for the scale-down window ({window.seconds} s)"
-    delta = desired - d
-    if delta > 0:
-        delta = min(delta, settings.LAKESHORE_MAX_LAUNCH_PER_TICK)
-        if not queue.provider_id:
-            note = f"wants {delta} more daemon(s) but has no provider"
-            return Plan(wanted, desired, 0, "none", f"{why}; {note}", note=note)
-        if queue.launch_backoff_until and queue.launch_backoff_until > now:
-            until = queue.launch_backoff_until.strftime("%H:%M:%S")
-            return Plan(
-                wanted,
-                desired,
-                0,
-                "backoff",
-                f"{queue.launch_failures} failed launch(es) in a row; next try at {until} UTC",
-            )
-        return Plan(wanted, desired, delta, "launch", why + f" → launching {delta}")
-    if delta < 0:
-        delta = max(delta, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
-        return Plan(wanted, desired, delta, "terminate", why + f" → terminating {-delta}")
-    return Plan(wanted, desired, 0, "none", why)
 
 
 def _try_lock(queue_id: int) -> bool:
@@ -119,7 +36,6 @@ def _try_lock(queue_id: int) -> bool:
 
 def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
     """One controller decision for one queue. None when another tick holds the queue."""
-    from queues.services import queue_event_now, queue_signals
 
     now = now or timezone.now()
     # What the provider runs is asked before the transaction: a slow shell-out or HTTP
@@ -141,7 +57,7 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
             driver.sync(provider=queue.provider, queue=queue, now=now, observed=observed)
             if observed is not None:  # sync may have counted a failed launch
                 queue.refresh_from_db(fields=["launch_failures", "launch_backoff_until"])
-        signals = queue_signals(queue)["signals"]
+        signals = queue_services.queue_signals(queue)["signals"]
         decided = plan(queue, signals, now=now)
         action, delta, reason = EventAction.TICK_NOOP, 0, decided.why
         if decided.action == "hold":
@@ -151,7 +67,7 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
         elif decided.action == "terminate":
             action, delta, reason = _terminate(queue, driver, decided, now)
         hooks.point("tick.acted")
-        return queue_event_now(
+        return queue_services.queue_event_now(
             queue,
             action=action,
             reason=reason,
@@ -171,42 +87,6 @@ def _launch(queue: Queue, driver, decided: Plan, now):
         return EventAction.LAUNCH_FAILED, 0, reason
     Queue.objects.filter(pk=queue.pk).update(launch_failures=0, launch_backoff_until=None)
     return EventAction.SCALE_UP, len(launched), decided.why
-
-
-def launch_failed(queue: Queue, *, count: int, error: str, now) -> str:
-    """A launch of `count` failed with the provider's `error`: count the failure and
-    back off (the queue launches nothing until then). Returns the event's reason."""
-    failures = (
-        Queue.objects.filter(pk=queue.pk).values_list("launch_failures", flat=True).first() or 0
-    ) + 1
-    wait = backoff_seconds(failures)
-    Queue.objects.filter(pk=queue.pk).update(
-        launch_failures=failures, launch_backoff_until=now + timedelta(seconds=wait)
-    )
-    provider = queue.provider.name if queue.provider_id else "no provider"
-    return f"launch of {count} failed ({provider}: {error}); backing off {wait:.0f} s"
-
-
-def launch_failed_event(queue: Queue, *, count: int, error: str, now) -> QueueEvent:
-    """launch_failed, found outside the tick's own decision (after its commit, or while
-    reconciling): a `launch_failed` event of its own, with the queue's signals now."""
-    from queues.services import queue_event_now
-
-    reason = launch_failed(queue, count=count, error=error, now=now)
-    return queue_event_now(
-        queue, action=EventAction.LAUNCH_FAILED, reason=reason, delta=-count, now=now
-    )
-
-
-def launch_failed_after_commit(*, queue_id: int, daemon_ids: list[int], error: str) -> None:
-    """After a tick committed, the provider could not start daemons it recorded (sbatch
-    refused, the process would not start): end their rows and tokens, then record the
-    failed launch and back off, in one transaction."""
-    with transaction.atomic():
-        daemons.daemons_gone(daemon_ids=daemon_ids, reason="launch failed")
-        queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
-        if queue is not None:
-            launch_failed_event(queue, count=len(daemon_ids), error=error, now=timezone.now())
 
 
 def _terminate(queue: Queue, driver, decided: Plan, now):
@@ -313,7 +193,6 @@ def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
     """In a transaction of its own (the tick's was rolled back): count the failure,
     back off like a failed launch, and write a `tick_failed` event with the reason and
     whatever signals can still be read (zeros if none)."""
-    from queues.services import queue_event_now, queue_signals
 
     try:
         with transaction.atomic():
@@ -329,12 +208,12 @@ def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
             )
             try:
                 with transaction.atomic():  # a savepoint: a failed read spoils nothing
-                    signals = queue_signals(queue)["signals"]
+                    signals = queue_services.queue_signals(queue)["signals"]
             except Exception:  # noqa: BLE001 - the event is written with zeros instead
                 signals = elasticity.Signals(daemons=0, busy=0, pending=0)
             suffix = f"; {failures} failed tick(s) in a row: skipping this queue for {wait:.0f} s"
             cause = f"tick failed: {type(error).__name__}: {error}"
-            return queue_event_now(
+            return queue_services.queue_event_now(
                 queue,
                 action=EventAction.TICK_FAILED,
                 reason=cause[: 500 - len(suffix)] + suffix,

@@ -7,7 +7,7 @@
 
 Heartbeats, busy/idle, drop, deregister, scale-down (retire, then end once it runs
 nothing) and the reaper's lost all live here; registration and who may speak for a
-daemon in queues/registration.py. Changes to what a daemon runs go through
+daemon in fleet/registration.py. Changes to what a daemon runs go through
 jobs.transitions. A daemon's credential is revoked in the same transaction that ends
 it; asking the provider to stop it (a process, a Slurm job) happens only after that
 transaction commits."""
@@ -18,12 +18,22 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from accounts import audit
 from accounts.models import ApiToken
-from fleet.models import CLAIMING_DAEMON_STATES, LIVE_DAEMON_STATES, Daemon, DaemonState
+from fleet.driver_base import driver_for
+from fleet.models import (
+    CLAIMING_DAEMON_STATES,
+    LIVE_DAEMON_STATES,
+    Daemon,
+    DaemonCommand,
+    DaemonState,
+)
 from jobs import transitions
+from jobs.models import Invocation
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
 from lakeshore_admin.errors import Conflict, NotFound
 from queues.models import EventAction, Queue
+from queues.services import queue_event_now
 
 # ---------------------------------------------------------------------------- liveness
 
@@ -168,7 +178,6 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
     With `held` (what the daemon holds), work the server counts as running there but
     the daemon never got — a claim whose answer was lost — goes back to the queue once
     it is older than CLAIM_GRACE_SECONDS, its attempt given back."""
-    from jobs.models import Invocation
 
     check_live(daemon)
     if held is not None:
@@ -190,7 +199,6 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
 
 
 def command_add(*, daemon: Daemon, invocation, verb: str, signal: str, by: str):
-    from fleet.models import DaemonCommand
 
     return DaemonCommand.objects.create(
         daemon=daemon, invocation=invocation, verb=verb, signal=signal, requested_by=by[:200]
@@ -216,7 +224,6 @@ def commands_deliver(daemon_id: int) -> list[dict]:
 def command_done(*, daemon: Daemon, command_id, result: str):
     """The daemon did (or could not do) the order: what it says is kept. A repeat of
     the same report changes nothing."""
-    from fleet.models import DaemonCommand
 
     command = DaemonCommand.objects.filter(pk=_int_or_none(command_id), daemon=daemon).first()
     if command is None:
@@ -248,7 +255,6 @@ def daemon_drop(*, daemon: Daemon) -> dict:
     """An operator drops the daemon: it is terminated, its provider is asked to stop it,
     and its running invocations end killed. The daemon learns it at its next heartbeat
     or claim (409 daemon_terminated) and stops."""
-    from accounts import audit
 
     ended = _end([daemon.pk], requeue=False, reason="daemon removed")[0]
     if not ended["terminated"]:
@@ -315,8 +321,6 @@ def _wake_waiting_claims(ended: list[Daemon]) -> None:
 def _release(daemon: Daemon) -> None:
     """After commit: the provider stops what runs the daemon (never inside a
     transaction that could still roll back)."""
-    from queues.drivers import driver_for
-
     try:
         driver_for(daemon.provider).release(daemon=daemon)
     except Exception as exc:  # noqa: BLE001 - the provider's failure goes in the audit trail
@@ -365,7 +369,6 @@ def daemons_provider_lost(*, daemon_ids: list[int], reason: str, release: bool) 
 
 def _audit(daemon: Daemon, action: str, reason: str, *, delta: int) -> None:
     """An event, outside any tick, on the daemon's (first) queue."""
-    from queues.services import queue_event_now
 
     queue = Queue.objects.filter(name__in=daemon.queues).first()
     if queue is not None:
@@ -398,7 +401,6 @@ def daemons_retire(*, daemon_ids: list[int]) -> list[int]:
 
 def daemons_end_drained(queryset) -> list[int]:
     """Scale-down, step 2: end the draining daemons of `queryset` that run nothing."""
-    from jobs.models import Invocation
 
     busy = Invocation.objects.filter(state=transitions.RUNNING).values("daemon_id")
     ids = list(

@@ -1,8 +1,9 @@
 """lakeshore.yaml: providers and queues declared in a file, planned against what exists
 and applied in one transaction through the services every other door uses
-(queues/services.py): they validate, enforce every rule and record the audit trail.
+(queues/services.py, fleet/services.py): they validate, enforce every rule and record
+the audit trail.
 
-The document (parsed by queues.api.serializers.DeclaredDocument):
+The document (parsed by fleet.api.serializers.DeclaredDocument):
     {"providers": [{name, kind, description, config}, ...],
      "queues": [{name, kind, description, provider, elasticity {kind, min, max,
                  threshold}, instance_type, image_id, runner, max_depth, on_full,
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 
 from django.db import connection, transaction
 
+from fleet import services as fleet_services
 from fleet.models import Provider
 from lakeshore_admin.errors import DomainError, Invalid
 from queues import elasticity, services
@@ -138,7 +140,7 @@ def _provider(spec: dict, path: str) -> dict:
     current = Provider.objects.filter(name=name).first()
     with _errors_of(path, f"provider {name}"):
         if current is None:
-            created = services.provider_create(**spec)
+            created = fleet_services.provider_create(**spec)
             return _item("provider", name, CREATE, _diff({}, provider_document(created)))
         before = provider_document(current)
         changes = {
@@ -148,7 +150,7 @@ def _provider(spec: dict, path: str) -> dict:
         }
         if not changes:
             return _item("provider", name, UNCHANGED)
-        services.provider_patch(name=name, changes=changes)
+        fleet_services.provider_patch(name=name, changes=changes)
     after = provider_document(Provider.objects.get(name=name))
     return _item("provider", name, UPDATE, _diff(before, after))
 
@@ -192,7 +194,7 @@ def _delete_queue(queue: Queue) -> dict:
 def _delete_provider(provider: Provider) -> dict:
     before = provider_document(provider)
     with _errors_of(None, f"provider {provider.name}"):
-        services.provider_delete(name=provider.name)
+        fleet_services.provider_delete(name=provider.name)
     return _item("provider", provider.name, DELETE, _diff(before, {}))
 
 

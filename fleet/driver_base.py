@@ -1,7 +1,9 @@
 """What every provider driver builds on: the Driver interface, ProviderError, and the
-helpers the drivers that run `lakeshore daemon run` share (queues/drivers.py for
-`local` and `simulated`, queues/slurm.py for `slurm`)."""
+helpers the drivers that run `lakeshore daemon run` share (fleet/drivers.py for
+`local` and `simulated`, fleet/slurm.py for `slurm`)."""
 
+import contextlib
+import ctypes
 import os
 import pwd
 import shutil
@@ -15,9 +17,9 @@ from django.conf import settings
 from accounts.models import Role
 from accounts.services import credential_issue, service_user
 from fleet.models import Daemon, DaemonState, Provider
+from fleet.provider_configs import run_as_problem
 from lakeshore.private import private_dir
 from queues.models import Queue
-from queues.provider_configs import run_as_problem
 
 
 class ProviderError(Exception):
@@ -131,9 +133,15 @@ def run_as_account(name: str | None) -> pwd.struct_passwd | None:
 
 
 def _die_with_parent() -> None:
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+
+
+# Each kind's driver, filled by fleet/drivers.py when the app loads (FleetConfig.ready).
+# The daemon lifecycle (fleet/daemons.py) finds a driver here without importing the
+# drivers, which report back to it (a daemon gone, a launch failed).
+DRIVERS: dict[str, Driver] = {}
+
+
+def driver_for(provider: Provider) -> Driver:
+    return DRIVERS[provider.kind]

@@ -3,7 +3,7 @@
 `simulated` records daemons without running anything (they come up after the config's
 `startup_seconds`, default 0, and the provider keeps them heartbeating); its config may
 say `{"fail": "message"}` to make every launch fail with that message. `local` starts
-real `lakeshore daemon run` processes on this host. `slurm` (queues/slurm.py) submits
+real `lakeshore daemon run` processes on this host. `slurm` (fleet/slurm.py) submits
 one batch job per daemon to a Slurm cluster."""
 
 import os
@@ -16,9 +16,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from fleet.models import Daemon, DaemonState, Provider
-from lakeshore.private import private_dir
-from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: public here too
+from fleet.daemons import daemons_gone
+from fleet.driver_base import (
+    DRIVERS,
     Driver,
     ProviderError,
     _die_with_parent,
@@ -29,7 +29,10 @@ from queues.driver_base import (  # noqa: F401 - ProviderError and Driver: publi
     run_as_account,
     server_free_environ,
 )
-from queues.slurm import SlurmDriver
+from fleet.launches import launch_failed_after_commit
+from fleet.models import Daemon, DaemonState, Provider
+from fleet.slurm import SlurmDriver
+from lakeshore.private import private_dir
 
 
 def _pid_runs(pid: int) -> bool:
@@ -131,8 +134,6 @@ class LocalDriver(Driver):
                     **user,
                 )
         except OSError as exc:
-            from queues.controller import launch_failed_after_commit
-
             self._remove_home(daemon.pk)
             who = f" as {account.pw_name}" if user else ""
             launch_failed_after_commit(
@@ -150,8 +151,6 @@ class LocalDriver(Driver):
             shutil.rmtree(home, ignore_errors=True)  # fd-based: links inside stay inside
 
     def sync(self, *, provider, queue, now, observed=None):
-        from queues.daemons import daemons_gone
-
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]
         for pk in exited:  # reaped (no zombies); a daemon whose process died has ended
             del self.processes[pk]
@@ -179,12 +178,10 @@ class LocalDriver(Driver):
         return {"processes": processes}
 
 
-DRIVERS: dict[str, Driver] = {
-    Provider.Kind.SIMULATED: SimulatedDriver(),
-    Provider.Kind.LOCAL: LocalDriver(),
-    Provider.Kind.SLURM: SlurmDriver(),
-}
-
-
-def driver_for(provider: Provider) -> Driver:
-    return DRIVERS[provider.kind]
+DRIVERS.update(
+    {
+        Provider.Kind.SIMULATED: SimulatedDriver(),
+        Provider.Kind.LOCAL: LocalDriver(),
+        Provider.Kind.SLURM: SlurmDriver(),
+    }
+)

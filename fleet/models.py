@@ -12,8 +12,8 @@ from django.db import connection, models
 from django.urls import reverse
 
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin.names import NAME_MAX_LENGTH, name_validator
 from lakeshore_admin.rows import model_rows
-from queues.models import NAME_MAX_LENGTH, name_validator
 
 
 class Provider(models.Model):

@@ -1,5 +1,5 @@
 """What a provider's `config` may hold, per kind: the keys its driver reads
-(queues/drivers.py), their types and ranges, and which are required. A key not in its
+(fleet/drivers.py), their types and ranges, and which are required. A key not in its
 kind's schema is refused, so a config cannot carry settings no driver reads — least of
 all the modules daemons may run, which come only from the server's own settings.
 

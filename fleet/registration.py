@@ -3,7 +3,7 @@ credential).
 
 A daemon registers with a token (`lakeshore daemon run`'s, a provider's minted one, or
 an SDK worker's polling token) and gets its own credential: a daemon token bound to
-it, scoped to its queues, revoked when it ends (queues/daemons.py). From then on only
+it, scoped to its queues, revoked when it ends (fleet/daemons.py). From then on only
 that credential, or an operator, speaks the daemon protocol for it (`check_speaker`).
 A token scoped to queues registers daemons on those only (`check_scope`)."""
 
@@ -12,11 +12,12 @@ from django.utils import timezone
 
 from accounts.roles import can_operate
 from accounts.services import credential_issue
+from fleet.daemons import check_live, touch
 from fleet.models import Daemon, DaemonState
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Forbidden, Invalid
-from queues.daemons import check_live, touch
 from queues.models import Queue
+from queues.services import _provider_for
 
 MAX_DAEMON_QUEUES = 64
 NOT_YOUR_DAEMON = "not_your_daemon"
@@ -47,7 +48,6 @@ def daemon_register(
     token) may register more daemons but never acts as them. When `token` is already a
     daemon's own credential (one a provider minted for the daemon it launched), it
     registers only that daemon, and the credential is None: it keeps the one it has."""
-    from queues.services import _provider_for  # a cycle: queues.services imports this
 
     names = _served(queues)
     _check_queues_exist(names)

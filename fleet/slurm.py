@@ -34,16 +34,18 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
-from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
-from queues.driver_base import (
+from fleet.daemons import daemons_gone, daemons_provider_lost
+from fleet.driver_base import (
     Driver,
     ProviderError,
     lakeshore_command,
     mint_daemons,
     server_free_environ,
 )
+from fleet.launches import launch_failed_after_commit, launch_failed_event
+from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
+from fleet.provider_configs import SLURM_RESOURCES
 from queues.models import Queue
-from queues.provider_configs import SLURM_RESOURCES
 
 # squeue's states for a job that will not run (again): its daemon is gone.
 ENDED = {
@@ -256,8 +258,6 @@ class SlurmDriver(Driver):
     def _submit(self, provider, queue, minted, t: Template, command: str) -> None:
         """After commit: one sbatch per daemon. The first refusal fails the rest of this
         launch with Slurm's message (one launch_failed event, then back-off)."""
-        from queues.controller import launch_failed_after_commit
-
         slurm = SlurmCommands(provider)
         for index, (daemon, raw_token) in enumerate(minted):
             env = {"LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL, "LAKESHORE_TOKEN": raw_token}
@@ -299,9 +299,6 @@ class SlurmDriver(Driver):
         return Observed(asked=asked, jobs=SlurmCommands(provider).squeue(job_ids))
 
     def sync(self, *, provider, queue, now, observed=None):
-        from queues.controller import launch_failed_event
-        from queues.daemons import daemons_gone, daemons_provider_lost
-
         if not observed or not observed.asked:
             return
         rows = {

@@ -2,9 +2,9 @@
 
 from celery import shared_task
 
-from queues import controller
+from fleet import controller
 
 
-@shared_task(name="queues.tick", ignore_result=True)
+@shared_task(name="fleet.tick", ignore_result=True)
 def tick() -> dict:
     return controller.tick()

@@ -1,12 +1,21 @@
 """Console pages for daemons: the list (state, queues, every job each runs now, the last
 heartbeat) and Drop. The list uses the API's FilterSet."""
 
+from django.contrib import messages
+from django.http import Http404
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.console import console_view
 from accounts.roles import can_operate
+from fleet import daemons, services
+from fleet.filters import DaemonFilter
+from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState
+from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
-from queues.views import console_view, page_offset
+from lakeshore_admin.errors import DomainError, NotFound
+from lakeshore_admin.pagination import page_offset
 
 DAEMON_PAGE = 100
 
@@ -14,9 +23,6 @@ DAEMON_PAGE = 100
 @require_GET
 @console_view
 def daemon_list(request):
-    from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState
-    from jobs.models import Invocation, InvocationState
-    from queues.filters import DaemonFilter
 
     params = request.GET.copy()
     if "state" not in params and "id" not in params:  # live ones unless asked otherwise
@@ -65,20 +71,12 @@ def daemon_list(request):
 def daemon_drop(request, daemon_id: int):
     """Drop a daemon from the console: the same service as the API and the CLI; the
     outcome is said in the page's live region."""
-    from django.contrib import messages
-    from django.http import Http404
-    from django.urls import reverse
-
-    from lakeshore_admin.errors import DomainError
-    from queues import services
-    from queues.daemons import daemon_drop as drop
-
     try:
         daemon = services.daemon_get(daemon_id)
-    except services.NotFound as exc:
+    except NotFound as exc:
         raise Http404(exc.message) from None
     try:
-        ended = drop(daemon=daemon)
+        ended = daemons.daemon_drop(daemon=daemon)
     except DomainError as exc:
         messages.error(request, f"Daemon {daemon.pk} was not dropped: {exc.message}")
     else:

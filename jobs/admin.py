@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from jobs import services
 from jobs.models import Invocation
-from queues.admin import _run
+from lakeshore_admin.admin_actions import run_action
 
 
 @admin.register(Invocation)
@@ -43,7 +43,7 @@ class InvocationAdmin(admin.ModelAdmin):
 
     @admin.action(description="Kill the selected queued invocations")
     def kill(self, request, queryset):
-        _run(
+        run_action(
             self,
             request,
             queryset,

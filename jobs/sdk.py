@@ -23,11 +23,11 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 from django.db.models import F, Func
 
+from fleet import daemons, registration
 from jobs import services, waits
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
 from lakeshore_admin.errors import Busy, Conflict, Invalid, NotFound, TooLarge
-from queues import daemons, registration
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
 SUBMIT_BLOCK_MAX = 20.0  # the longest a submit waits for room in a full queue

@@ -15,13 +15,13 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts import audit
+from fleet import daemons
 from fleet.models import Daemon, DaemonState
 from jobs import transitions, waits, wakeup
 from jobs.claim_room import ClaimRoom
 from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
-from queues import daemons
 from queues.models import ADMITTING_QUEUE_STATES, Queue, QueueKind
 
 # module.path.name: two or more parts, each starting with a letter (so never private)

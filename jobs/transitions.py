@@ -150,7 +150,7 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
 # waits for this claim to commit and then sees (and ends) what it took. A claim that
 # takes work marks a daemon that is not busy yet busy, in the same statement (`marked`):
 # the daemon's row is written when busy/idle changes, not on every claim (idle comes
-# back lazily: queues/daemons.py, touch). A scale-down that waits on this lock sees the
+# back lazily: fleet/daemons.py, touch). A scale-down that waits on this lock sees the
 # daemon busy when it gets it. The lock is the one that write needs: with a share
 # lock, two claims of one daemon each held one and waited for the other's to write
 # (a deadlock, broken by PostgreSQL after a second); now the second waits for the

@@ -4,11 +4,11 @@ from django.shortcuts import render
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.console import console_view
 from accounts.roles import can_operate
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
-from queues.views import console_view
 
 PAGE_SIZE = 50
 FILTERS = ("queue", "function", "id", "worker", "since", "until")

@@ -35,7 +35,7 @@ CODES = {
     "namespace_unknown",  # 404: this server is one namespace
     "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
     "stream_full",  # 413: a result stream at its frame or byte limit
-    # 403: one daemon, one credential (queues/registration.py)
+    # 403: one daemon, one credential (fleet/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another
     # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)

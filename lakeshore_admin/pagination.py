@@ -3,6 +3,7 @@ works) and the next page travels in a `Link: <…>; rel="next"` header. One extr
 fetched to know whether there is a next page: no COUNT(*)."""
 
 from django.utils.http import urlencode
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
@@ -62,3 +63,18 @@ def list_response(rows, link, serializer_class) -> Response:
     if link:
         response["Link"] = link
     return response
+
+
+LIMIT = OpenApiParameter("limit", int, description="page size")
+
+
+OFFSET = OpenApiParameter("offset", int, description="rows to skip (≥ 0)")
+
+
+def page_offset(request) -> int:
+    """A page link's offset: a missing, garbled or out-of-range one is the first page."""
+    try:
+        offset = int(request.GET.get("offset", 0))
+    except ValueError:
+        return 0
+    return offset if 0 <= offset <= MAX_OFFSET else 0

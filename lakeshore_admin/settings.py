@@ -384,7 +384,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     "elasticity": {
-        "task": "queues.tick",
+        "task": "fleet.tick",
         "schedule": float(LAKESHORE_TICK_SECONDS),
         "options": {"expires": float(LAKESHORE_TICK_SECONDS)},
     },

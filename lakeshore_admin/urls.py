@@ -9,10 +9,11 @@ from drf_spectacular.views import (
 )
 
 from accounts import views as account_views
+from accounts.console import console_view
+from fleet import views as daemon_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request
 from lakeshore_admin.health import healthz, readyz
-from queues import daemon_views
 from queues import views as queue_views
 from queues.metrics import metrics_view
 
@@ -69,7 +70,7 @@ def _docs(view_class, *, page: bool, **options):
 
     public = view_class.as_view(permission_classes=[AllowAny], **options)
     private = view_class.as_view(permission_classes=[ReadOrOperate], **options)
-    for_a_person = queue_views.console_view(private)
+    for_a_person = console_view(private)
 
     def view(request, *args, **kwargs):
         if settings.LAKESHORE_PUBLIC_DOCS:
@@ -121,6 +122,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("queues.api.urls")),
+    path("api/v1/", include("fleet.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("api/v1/", include("accounts.api.urls")),
     path("api/schema/", _docs(SpectacularAPIView, page=False), name="schema"),

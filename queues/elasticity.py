@@ -1,11 +1,18 @@
-"""The elasticity rules, in one place: which parameters each kind takes, and how many
-daemons a queue wants for the signals a tick sees (SPEC "elasticity")."""
+"""The elasticity rules, in one place: which parameters each kind takes, how many
+daemons a queue wants for the signals a tick sees (SPEC "elasticity"), and the plan:
+what the controller's next tick would do for a queue (fleet/controller.py carries it
+out; `stats`, `patch --dry-run`, /metrics and the charts show it)."""
 
 import math
 from dataclasses import dataclass
+from datetime import timedelta
 from fractions import Fraction
 
-from queues.models import ElasticityKind
+from django.conf import settings
+from django.db.models import Max
+from django.utils import timezone
+
+from queues.models import ElasticityKind, Queue, QueueEvent, QueueState
 
 # kind -> (parameters it uses, parameters it requires, defaults)
 PARAMETERS: dict[str, tuple[set[str], set[str], dict]] = {
@@ -88,3 +95,90 @@ def desired_count(kind: str, params: dict, signals: Signals, *, cap: int) -> int
     else:  # pragma: no cover - the model's choices forbid it
         raise ValueError(kind)
     return max(low, min(wanted, high)) if kind != ElasticityKind.FIXED else min(low, cap)
+
+
+# ---------------------------------------------------------------------------- the plan
+
+BACKOFF_MAX_SECONDS = 600
+
+
+def backoff_seconds(failures: int) -> float:
+    """How long a queue waits after `failures` failed launches (or ticks) in a row."""
+    return min(settings.LAKESHORE_TICK_SECONDS * 2**failures, BACKOFF_MAX_SECONDS)
+
+
+@dataclass(frozen=True)
+class Plan:
+    wanted: int  # what the formula asks for now
+    desired: int  # what the controller moves toward (after the scale-down window)
+    delta: int  # launches (+) or terminations (−) the next tick would try
+    action: str  # launch | terminate | hold | backoff | none
+    why: str  # the human reason, for the event
+    note: str = ""  # why nothing happens, when that is not obvious (for `stats`)
+
+    @property
+    def next_action(self) -> str:
+        if self.action == "launch":
+            return f"launch {self.delta}"
+        if self.action == "terminate":
+            return f"terminate up to {-self.delta} idle"
+        if self.action in ("hold", "backoff"):
+            return f"{self.action} ({self.why})"
+        return f"none ({self.note})" if self.note else "none"
+
+
+def _signals_text(s: Signals) -> str:
+    return f"D={s.daemons} B={s.busy} P={s.pending} U={s.utilization:.2f}"
+
+
+def plan(queue: Queue, signals: Signals, *, now=None) -> Plan:
+    """What the next tick would do, without doing it (also `stats` and `patch --dry-run`)."""
+    now = now or timezone.now()
+    d = signals.daemons
+    if queue.state == QueueState.ARCHIVED:
+        step = max(-d, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
+        why = "archived: scale to zero"
+        return Plan(0, 0, step, "terminate" if d else "none", why, note="archived")
+    if not queue.elasticity_kind:
+        return Plan(d, d, 0, "none", "no elasticity declared", note="no elasticity declared")
+    if queue.state == QueueState.PAUSED:
+        return Plan(d, d, 0, "hold", "paused: holding the pool's size")
+    params = {
+        "min": queue.elasticity_min,
+        "max": queue.elasticity_max,
+        "threshold": queue.elasticity_threshold,
+    }
+    cap = settings.LAKESHORE_MAX_DAEMONS_PER_QUEUE
+    wanted = desired_count(queue.elasticity_kind, params, signals, cap=cap)
+    why = f"{_signals_text(signals)}: {queue.elasticity_kind} wants {wanted}"
+    if queue.state == QueueState.DRAINING and signals.busy + signals.pending == 0:
+        wanted, why = 0, "draining and nothing left: scale to zero"
+    desired = wanted
+    if wanted < d and queue.state != QueueState.DRAINING:
+        window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
+        peak = QueueEvent.objects.filter(queue=queue, at__gt=now - window).aggregate(
+            peak=Max("wanted")
+        )["peak"]
+        if peak is not None and peak > wanted:
+            desired = min(peak, d)
+            why += f"; holding {desired} for the scale-down window ({window.seconds} s)"
+    delta = desired - d
+    if delta > 0:
+        delta = min(delta, settings.LAKESHORE_MAX_LAUNCH_PER_TICK)
+        if not queue.provider_id:
+            note = f"wants {delta} more daemon(s) but has no provider"
+            return Plan(wanted, desired, 0, "none", f"{why}; {note}", note=note)
+        if queue.launch_backoff_until and queue.launch_backoff_until > now:
+            until = queue.launch_backoff_until.strftime("%H:%M:%S")
+            return Plan(
+                wanted,
+                desired,
+                0,
+                "backoff",
+                f"{queue.launch_failures} failed launch(es) in a row; next try at {until} UTC",
+            )
+        return Plan(wanted, desired, delta, "launch", why + f" → launching {delta}")
+    if delta < 0:
+        delta = max(delta, -settings.LAKESHORE_MAX_TERMINATE_PER_TICK)
+        return Plan(wanted, desired, delta, "terminate", why + f" → terminating {-delta}")
+    return Plan(wanted, desired, 0, "none", why)

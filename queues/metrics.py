@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 from accounts.permissions import ReadOrOperate
 from fleet.models import LIVE_DAEMON_STATES, DaemonState
 from jobs.models import Invocation, InvocationState
-from queues import controller, elasticity, samples
+from queues import elasticity, samples
 from queues.models import EventAction, Queue, QueueEvent, QueueState
 from queues.services import PENDING_CAP
 
@@ -106,7 +106,7 @@ class QueueCollector:
             if queue.elasticity_kind and queue.state != QueueState.ARCHIVED:
                 wanted = queue.metrics_decided
             else:  # plan answers these from the signals alone, without a query
-                wanted = controller.plan(queue, signals).desired
+                wanted = elasticity.plan(queue, signals).desired
             name = [queue.name]
             info.add_metric([queue.name, str(queue.state)], 1)
             pending.add_metric(name, signals.pending)

@@ -1,17 +1,10 @@
 from django.apps import apps
 from django.contrib.postgres.fields import ArrayField
-from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9-]*$"
-NAME_MAX_LENGTH = 63
-name_validator = RegexValidator(
-    NAME_PATTERN,
-    "Names use lower-case letters, digits and '-', starting with a letter or digit "
-    "(^[a-z0-9][a-z0-9-]*$).",
-)
+from lakeshore_admin.names import NAME_MAX_LENGTH, name_validator
 
 
 class QueueKind(models.TextChoices):

@@ -2,63 +2,34 @@
 
 import logging
 from datetime import timedelta
-from functools import partial, wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.http import Http404
+from django.db.models import Count, DateTimeField, Func, IntegerField, OuterRef, Subquery
+from django.http import Http404, HttpResponse, HttpResponseServerError
 from django.shortcuts import redirect, render
+from django.template import loader
+from django.template.loader import render_to_string
 from django.utils import timezone
 from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from rest_framework.permissions import SAFE_METHODS
 
-from accounts.models import Role
-from accounts.permissions import Operate, ReadOrOperate
+from accounts import audit
+from accounts.console import console_view
 from accounts.roles import can_operate, roles_of
+from fleet.models import Daemon, DaemonState
+from jobs.models import Invocation, InvocationState
+from lakeshore_admin.errors import DomainError
+from lakeshore_admin.pagination import page_offset
+from queues import charts, samples, services
 from queues.filters import QueueFilter
+from queues.forms import QueueCreateForm, QueueEditForm
 from queues.models import Queue, QueueState
+from queues.samples import live_daemons
+from queues.services import PENDING_CAP
 
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = 100
-
-
-def console_view(view=None, *, operators_only: bool = False):
-    """Every console page and action: a login, then the API's own rule (ReadOrOperate):
-    reading needs the viewer or operator role, acting (POST) the operator role; staff
-    act as operators. With operators_only (a form that acts: `@console_view(
-    operators_only=True)`), even reading needs the operator role (the API's Operate).
-    Without the role, a 403 page names the role and who grants it."""
-    if view is None:
-        return partial(console_view, operators_only=operators_only)
-
-    @wraps(view)
-    @login_required
-    def checked(request, *args, **kwargs):
-        rule = Operate() if operators_only else ReadOrOperate()
-        if rule.has_permission(request, view):
-            return view(request, *args, **kwargs)
-        reading = request.method in SAFE_METHODS and not operators_only
-        context = {
-            "reason": rule.message,
-            "needed": (Role.VIEWER if reading else Role.OPERATOR).value,
-            "roles": sorted(roles_of(request.user)),
-        }
-        return render(request, "console/forbidden.html", context, status=403)
-
-    return checked
-
-
-def page_offset(request) -> int:
-    """A page link's offset: a missing, garbled or out-of-range one is the first page."""
-    from lakeshore_admin.pagination import MAX_OFFSET
-
-    try:
-        offset = int(request.GET.get("offset", 0))
-    except ValueError:
-        return 0
-    return offset if 0 <= offset <= MAX_OFFSET else 0
 
 
 def with_backlog(queues):
@@ -67,10 +38,6 @@ def with_backlog(queues):
     index of queued rows, inv_queued_fifo (queue, id) WHERE state = 'queued': the count
     from the index alone, the oldest as the lowest id (ids follow submit order; a
     requeued or retried invocation keeps its id and its created_at)."""
-    from django.db.models import DateTimeField, Func, IntegerField, OuterRef, Subquery
-
-    from jobs.models import Invocation, InvocationState
-    from queues.services import PENDING_CAP
 
     queued = Invocation.objects.filter(
         queue=OuterRef("name"), state=InvocationState.QUEUED
@@ -95,11 +62,6 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
     of one page: three grouped queries whatever the number of queues. Running reads the
     partial index of running rows (inv_running_daemon), failed the one of finished rows
     by queue and time (inv_finished: (queue, finished_at))."""
-    from django.db.models import Count
-
-    from fleet.models import DaemonState
-    from jobs.models import Invocation, InvocationState
-    from queues.services import PENDING_CAP
 
     now = now or timezone.now()
     names = [queue.name for queue in queues]
@@ -121,7 +83,6 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
             .values_list("queue")
             .annotate(n=Count("*"))
         )
-        from queues.samples import live_daemons
 
         for served, states in live_daemons(names).items():
             for state, n in states.items():
@@ -149,7 +110,6 @@ def short_age(delta: timedelta) -> str:
 def add_sparklines(queues: list[Queue], *, now=None) -> None:
     """Pending over the last hour, as a sparkline, for the queues of one page: one query
     (queues/charts.py draws it from the samples the controller's tick records)."""
-    from queues import charts
 
     drawn = charts.pending_sparklines(queues, now=now)
     for queue in queues:
@@ -189,9 +149,6 @@ ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 
 def _detail_context(request, name: str) -> dict:
-    from accounts import audit
-    from fleet.models import Daemon
-    from queues import services
 
     try:
         queue = Queue.objects.for_list().get(name=name)
@@ -216,7 +173,6 @@ def queue_detail(request, name: str):
     """The queue page; htmx asks for its parts: the summary (refreshed every few
     seconds), the chart with its range switch, or the chart's figure (refreshed every
     minute). `?range=hour|day` picks the chart's range (anything else: the hour)."""
-    from queues import charts, samples
 
     template = "queues/queue_detail.html"
     target = request.htmx.target if request.htmx else None
@@ -243,12 +199,6 @@ def queue_action(request, name: str, action: str):
     """drain, pause, resume, archive, unarchive from the console: the same service as
     the API. What happened (done, or refused and why) goes to the page's messages region,
     added to what is there (an htmx out-of-band swap), with the summary redrawn."""
-    from django.contrib import messages
-    from django.http import HttpResponse
-    from django.template.loader import render_to_string
-
-    from lakeshore_admin.errors import DomainError
-    from queues import services
 
     if action not in ACTIONS:
         raise Http404(f"No action '{action}'.")
@@ -271,7 +221,6 @@ def queue_action(request, name: str, action: str):
 @console_view(operators_only=True)
 def queue_add(request):
     """The create form: the API's fields, its serializer and its service (queues/forms.py)."""
-    from queues.forms import QueueCreateForm
 
     form = QueueCreateForm(request.POST if request.method == "POST" else None)
     if request.method == "POST":
@@ -292,7 +241,6 @@ def queue_add(request):
 def queue_edit(request, name: str):
     """The patch form: only the fields PATCH accepts, through the API's serializer and
     the same service; only what changed is sent."""
-    from queues.forms import QueueEditForm
 
     try:
         queue = Queue.objects.select_related("provider").get(name=name)
@@ -340,8 +288,6 @@ PLAIN_500 = (
 def server_error(request, *args, **kwargs):
     """handler500: the console's 500 page, rendered without the request (its user, its
     session or the database may be what failed). Should even that fail, a plain page."""
-    from django.http import HttpResponseServerError
-    from django.template import loader
 
     try:
         body = loader.render_to_string("500.html")

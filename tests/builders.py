@@ -3,6 +3,7 @@
 import itertools
 
 from accounts.services import token_create
+from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
 from queues import services
 
@@ -23,7 +24,7 @@ def queue(name: str | None = None, **fields):
 
 
 def provider(name: str | None = None, kind: str = "simulated", **fields):
-    return services.provider_create(name=name or f"p-{next(_seq)}", kind=kind, **fields)
+    return fleet_services.provider_create(name=name or f"p-{next(_seq)}", kind=kind, **fields)
 
 
 def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fields) -> Daemon:

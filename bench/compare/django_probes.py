@@ -5,7 +5,7 @@
     tick_setup {queues, daemons}  a `simulated` provider, `queues` queues with fixed
                                   elasticity at their size, `daemons` idle daemons
                                   spread over them (bulk_create: SQL, no API)
-    tick                          one queues.controller.tick() over all of it
+    tick                          one fleet.controller.tick() over all of it
     tick_cleanup                  remove it all
     claim_kinds {seconds}         the per-kind claim figures of bench/queue_bench.py"""
 
@@ -48,7 +48,7 @@ class Probes:
         )
 
     def tick(self) -> dict:
-        from queues import controller
+        from fleet import controller
 
         started = time.perf_counter()
         outcome = controller.tick()

@@ -833,7 +833,7 @@ class Rows:
             {LAKESHORE: lambda: self.probes.call("tick")["seconds"]},
         )
         section = Section(
-            "Controller (in-process, queues.controller.tick(), simulated provider)",
+            "Controller (in-process, fleet.controller.tick(), simulated provider)",
             [row],
             prepare=lambda: self.probes.call(
                 "tick_setup", queues=b.tick_queues, daemons=b.tick_daemons

@@ -6,8 +6,7 @@ from rest_framework import serializers
 
 from jobs.models import Invocation, Wire, shown_priority
 from lakeshore_admin.output import BuiltOnceFields
-from lakeshore_admin.strict_input import StrictInput
-from queues.api.serializers import INT_MAX, name_field, without_nul
+from lakeshore_admin.strict_input import INT_MAX, StrictInput, name_field, without_nul
 
 
 class PriorityField(serializers.FloatField):

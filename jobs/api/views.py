@@ -7,6 +7,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol, Operate
+from fleet import daemons
+from fleet.registration import check_speaker
+from fleet.services import daemon_get
 from jobs import services, waits
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
@@ -20,9 +23,6 @@ from lakeshore_admin.pagination import (
     list_response,
     next_link,
 )
-from queues import daemons
-from queues.registration import check_speaker
-from queues.services import daemon_get
 
 BATCH_MAX = 1000  # outcomes in one batch completion
 

@@ -2,19 +2,25 @@
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import DaemonProtocol, ReadRole
-from accounts.roles import can_operate
-from fleet.models import Daemon, Provider
+from fleet.api.serializers import QueueDetailSerializer  # a queue shows its daemons
+from fleet.models import Daemon
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
-from lakeshore_admin.pagination import LimitOffset, bounded_int, filtered, list_response, next_link
-from queues import controller, daemons, declarative, registration, services
+from lakeshore_admin.pagination import (
+    OFFSET,
+    LimitOffset,
+    bounded_int,
+    filtered,
+    list_response,
+    next_link,
+)
+from queues import elasticity, services
 from queues.api import serializers as s
-from queues.filters import DaemonFilter, QueueFilter
+from queues.filters import QueueFilter
 from queues.models import Queue, QueueEvent
 
 MEMBERS_SHOWN = 500
@@ -29,10 +35,6 @@ def _queue_read(name: str) -> Queue:
 
 def _truthy(request, name: str) -> bool:
     return request.query_params.get(name, "").lower() in ("1", "true", "yes")
-
-
-LIMIT = OpenApiParameter("limit", int, description="page size")
-OFFSET = OpenApiParameter("offset", int, description="rows to skip (≥ 0)")
 
 
 class QueueList(APIView):
@@ -70,14 +72,14 @@ class QueueList(APIView):
 class QueueDetail(APIView):
     @extend_schema(
         summary="One queue and its member daemons",
-        responses={200: s.QueueDetailSerializer, **errors(404)},
+        responses={200: QueueDetailSerializer, **errors(404)},
     )
     def get(self, request, name):
         queue = _queue_read(name)
         queue.member_daemons = list(
             Daemon.objects.live().subscribed_to(name).for_list().order_by("id")[:MEMBERS_SHOWN]
         )
-        return Response(s.QueueDetailSerializer(queue).data)
+        return Response(QueueDetailSerializer(queue).data)
 
     @extend_schema(
         summary="Change a queue in place (not its name, kind or elasticity kind)",
@@ -97,7 +99,7 @@ class QueueDetail(APIView):
         if dry_run:
             seen = services.queue_signals(queue)
             queue.members = _queue_read(name).members
-            queue.desired = controller.plan(queue, seen["signals"]).desired
+            queue.desired = elasticity.plan(queue, seen["signals"]).desired
             return Response(s.QueueDryRunSerializer(queue).data)
         return Response(s.QueueSerializer(_queue_read(name)).data)
 
@@ -170,151 +172,4 @@ class QueueStats(APIView):
         return Response(s.StatsSerializer(services.queue_stats(services.queue_get(name))).data)
 
 
-class ProviderList(APIView):
-    pages = LimitOffset(default=100, maximum=1000)
-
-    @extend_schema(
-        summary="List providers",
-        parameters=[LIMIT, OFFSET],
-        responses={200: s.ProviderSerializer(many=True), **errors(400)},
-    )
-    def get(self, request):
-        rows, link = self.pages.paginate(Provider.objects.order_by("name"), request)
-        return list_response(rows, link, s.ProviderSerializer)
-
-    @extend_schema(
-        summary="Add a provider (config holds no credentials: name them with credential_ref)",
-        request=s.ProviderInput,
-        responses={201: s.ProviderSerializer, **errors(400, 409)},
-    )
-    def post(self, request):
-        data = s.ProviderInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        provider = services.provider_create(**data.validated_data)
-        return Response(s.ProviderSerializer(provider).data, status=status.HTTP_201_CREATED)
-
-
-class ProviderDetail(APIView):
-    @extend_schema(
-        summary="One provider, with its live status",
-        responses={200: s.ProviderDetailSerializer, **errors(404)},
-    )
-    def get(self, request, name):
-        return Response(s.ProviderDetailSerializer(services.provider_get(name)).data)
-
-    @extend_schema(
-        summary="Change a provider's description or config",
-        request=s.ProviderPatch,
-        responses={200: s.ProviderSerializer, **errors(400, 404)},
-    )
-    def patch(self, request, name):
-        data = s.ProviderPatch(data=request.data)
-        data.is_valid(raise_exception=True)
-        provider = services.provider_patch(name=name, changes=data.validated_data)
-        return Response(s.ProviderSerializer(provider).data)
-
-    @extend_schema(
-        summary="Remove a provider (refused while a queue uses it)",
-        responses={204: None, **errors(404, 409)},
-    )
-    def delete(self, request, name):
-        services.provider_delete(name=name)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class DaemonList(APIView):
-    pages = LimitOffset(default=100, maximum=1000)
-
-    @extend_schema(
-        summary="List daemons, newest first",
-        parameters=[
-            OpenApiParameter("queue", str, description="subscribed to this queue"),
-            OpenApiParameter("state", str, many=True),
-            LIMIT,
-            OFFSET,
-        ],
-        responses={200: s.DaemonSerializer(many=True), **errors(400)},
-    )
-    def get(self, request):
-        queryset = filtered(DaemonFilter, request, Daemon.objects.for_list().order_by("-id"))
-        rows, link = self.pages.paginate(queryset, request)
-        return list_response(rows, link, s.DaemonSerializer)
-
-
-class DaemonRegisterView(APIView):
-    permission_classes = [DaemonProtocol]
-
-    @extend_schema(
-        summary="A daemon announces itself and its queues ([] = the default queue)",
-        description="Answers the daemon and, once, its own credential in `token`: from "
-        "then on only that credential (or an operator) speaks for the daemon; the token "
-        "that registered it may register more but never acts as them. A token scoped to "
-        "queues registers daemons on those only (403 queue_not_in_scope).",
-        request=s.DaemonRegister,
-        responses={201: s.RegisteredDaemonSerializer, **errors(400, 403)},
-    )
-    def post(self, request):
-        data = s.DaemonRegister(data=request.data)
-        data.is_valid(raise_exception=True)
-        daemon, credential = registration.daemon_register(
-            owner=request.user, token=request.auth, **data.validated_data
-        )
-        registered = services.daemon_get(daemon.pk)
-        registered.credential = credential
-        return Response(
-            s.RegisteredDaemonSerializer(registered).data, status=status.HTTP_201_CREATED
-        )
-
-
-class DaemonDetail(APIView):
-    @extend_schema(summary="One daemon", responses={200: s.DaemonSerializer, **errors(404)})
-    def get(self, request, daemon_id):
-        return Response(s.DaemonSerializer(services.daemon_get(daemon_id)).data)
-
-    @extend_schema(
-        summary="Drop a daemon: terminate it; its running invocation ends killed",
-        responses={200: OpenApiTypes.OBJECT, **errors(404)},
-    )
-    def delete(self, request, daemon_id):
-        return Response(daemons.daemon_drop(daemon=services.daemon_get(daemon_id)))
-
-
 # ---------------------------------------------------------------------------- lakeshore.yaml
-
-
-class Apply(APIView):
-    permission_classes = [ReadRole]
-
-    @extend_schema(
-        summary="Apply a lakeshore.yaml document, all or nothing (dry_run: plan only)",
-        description="Creates and updates the declared providers, then queues, through the "
-        "same rules as the other endpoints; with prune, removes the queues and then the "
-        "providers it does not declare (never forced). A field the document leaves out is "
-        "left alone. Errors name the document path in `fields` (`queues[1].elasticity.kind`)."
-        " A viewer may plan (dry_run); applying needs the operator role.",
-        request=s.ApplyInput,
-        responses={200: s.ApplyResult, **errors(400, 409)},
-    )
-    def post(self, request):
-        data = s.ApplyInput(data=request.data)
-        if not data.is_valid():
-            raise exceptions.ValidationError(s.document_paths(data.errors))
-        options = data.validated_data
-        if not options["dry_run"] and not can_operate(request.user):
-            raise exceptions.PermissionDenied(
-                "Applying needs the operator role; a viewer may plan it with dry_run."
-            )
-        return Response(
-            declarative.apply(
-                document=options["document"], prune=options["prune"], dry_run=options["dry_run"]
-            )
-        )
-
-
-class Export(APIView):
-    @extend_schema(
-        summary="Every provider and queue as a lakeshore.yaml document (every field)",
-        responses={200: s.DeclaredDocument, **errors()},
-    )
-    def get(self, request):
-        return Response(declarative.export())

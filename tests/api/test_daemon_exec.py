@@ -127,7 +127,7 @@ def test_a_job_that_is_not_running_there_says_where_it_is(operator, running):
 
 
 def test_a_finished_job_or_an_ended_daemon_is_refused(operator, running):
-    from queues import daemons
+    from fleet import daemons
 
     daemon, inv, _ = running
     services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)

@@ -219,8 +219,8 @@ def test_it_runs_the_same_number_of_queries_for_1_and_50_daemons(operator):
 def test_a_daemon_loaded_without_the_list_query_still_shows_what_it_runs():
     """The serializer reads the current invocation itself for a daemon that was not
     loaded through Daemon.objects.for_list() (which annotates it)."""
+    from fleet.api.serializers import DaemonSerializer
     from jobs.models import Invocation
-    from queues.api.serializers import DaemonSerializer
 
     daemon = builders.daemon(state=DaemonState.BUSY)
     Invocation.objects.create(function="m.f", state="succeeded", daemon=daemon)

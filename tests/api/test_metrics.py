@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, hash_token
+from fleet import controller
 from fleet.models import Daemon, DaemonState, Provider
 from jobs import services, transitions
 from jobs.models import Invocation
-from queues import controller
 from queues import metrics as collector
 from queues import services as queue_services
 from queues.models import QueueEvent

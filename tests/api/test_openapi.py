@@ -8,6 +8,7 @@ from django.urls import URLPattern
 from drf_spectacular.validation import validate_schema
 
 from accounts.api import urls as account_urls
+from fleet.api import urls as fleet_urls
 from queues.api import urls as queue_urls
 
 pytestmark = pytest.mark.django_db
@@ -44,10 +45,10 @@ def schema(operator) -> dict:
 
 
 def queue_api_paths() -> set[str]:
-    """Every route of queues/api/urls.py and accounts/api/urls.py, spelt as OpenAPI
+    """Every route of queues/, fleet/ and accounts/ api/urls.py, spelt as OpenAPI
     spells it."""
     paths = set()
-    for pattern in [*queue_urls.urlpatterns, *account_urls.urlpatterns]:
+    for pattern in [*queue_urls.urlpatterns, *fleet_urls.urlpatterns, *account_urls.urlpatterns]:
         assert isinstance(pattern, URLPattern)
         route = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
         paths.add(f"/api/v1/{route}")

@@ -6,10 +6,10 @@ import datetime
 import pytest
 from rest_framework import serializers
 
+from fleet.api.serializers import DaemonSerializer
 from fleet.models import Daemon
 from jobs.api.serializers import InvocationDetailSerializer, InvocationSerializer
 from jobs.models import Invocation
-from queues.api.serializers import DaemonSerializer
 from tests import builders
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""A provider's config is checked against its kind's schema (queues/provider_configs.py):
+"""A provider's config is checked against its kind's schema (fleet/provider_configs.py):
 types, ranges, required keys; unknown keys are refused, naming the allowed ones."""
 
 import pytest

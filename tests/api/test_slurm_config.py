@@ -4,9 +4,9 @@ and raw sbatch arguments or scripts are refused. No cluster needed here."""
 
 import pytest
 
+from fleet import slurm
+from fleet.driver_base import ProviderError
 from fleet.models import Provider
-from queues import slurm
-from queues.driver_base import ProviderError
 from queues.models import Queue
 from tests import builders
 from tests.api.assertions import assert_error
@@ -165,8 +165,8 @@ def test_missing_slurm_commands_fail_with_an_install_hint(monkeypatch):
 def test_a_tick_without_the_slurm_commands_records_nothing_but_the_failed_launch(
     monkeypatch,
 ):
+    from fleet import controller
     from fleet.models import Daemon
-    from queues import controller
 
     monkeypatch.setenv("PATH", "/nonexistent")
     builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})

@@ -69,7 +69,7 @@ def test_bulk_cancel_counts_first_and_cancels_only_that_queue(operator, live_ser
 
 
 def test_the_chart_switches_between_the_hour_and_the_day_in_place(operator, live_server):
-    from queues import controller
+    from fleet import controller
 
     builders.queue(name="train")
     services.invocation_submit(function="a.b", queue="train")

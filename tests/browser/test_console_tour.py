@@ -107,7 +107,7 @@ def world():
         for m in range(1, 60)
     )  # an hour of history behind the chart
     try:
-        from queues import controller
+        from fleet import controller
 
         controller.tick()  # the samples behind the charts
     except Exception:  # noqa: BLE001, S110 - the tour goes on without a chart

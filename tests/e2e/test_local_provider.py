@@ -4,11 +4,11 @@ the rows it made, run work, and leave when the controller scales down."""
 import pytest
 
 from accounts.models import ApiToken
+from fleet import controller
+from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues import controller
-from queues.drivers import DRIVERS
 from queues.services import queue_patch
 from tests import builders
 from tests.e2e.test_daemon import _wait_for

@@ -7,11 +7,11 @@ only the server's LAKESHORE_ALLOWED_MODULES, and refuse the job."""
 import httpx
 import pytest
 
+from fleet import controller
+from fleet.daemons import daemon_drop
+from fleet.driver_base import DRIVERS
 from fleet.models import Daemon, Provider
 from jobs.models import Invocation
-from queues import controller
-from queues.daemons import daemon_drop
-from queues.drivers import DRIVERS
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 

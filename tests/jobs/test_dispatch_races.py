@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from fleet import controller, daemons
 from fleet.models import Daemon
 from jobs import services, transitions
 from jobs.models import Invocation
 from lakeshore_admin import hooks
-from queues import controller, daemons
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -257,7 +257,7 @@ def _minted_token_for(daemon):
 
 def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(settings):
     from accounts.models import ApiToken
-    from queues.drivers import DRIVERS
+    from fleet.driver_base import DRIVERS
 
     local = DRIVERS["local"]
     builders.provider(name="here", kind="local")
@@ -286,7 +286,7 @@ def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(
 
 
 def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
-    from queues.drivers import DRIVERS
+    from fleet.driver_base import DRIVERS
 
     local = DRIVERS["local"]
     builders.provider(name="here", kind="local")

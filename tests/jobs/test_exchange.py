@@ -7,12 +7,12 @@ import threading
 import pytest
 from django.db import OperationalError, connection
 
+from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict
-from queues import daemons
 from tests import builders
 
 pytestmark = pytest.mark.django_db

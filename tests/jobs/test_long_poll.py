@@ -9,10 +9,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues import daemons
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from fleet.daemons import CLAIM_GRACE_SECONDS
 from jobs import services
 from jobs.models import Invocation
-from queues.daemons import CLAIM_GRACE_SECONDS
 from tests import builders
 
 pytestmark = pytest.mark.django_db

@@ -552,7 +552,7 @@ def test_it_reads_retention_days_from_the_environment(monkeypatch, tmp_path, val
 
 
 def test_daemon_commands_go_with_the_invocations_age():
-    from queues import daemons
+    from fleet import daemons
 
     builders.queue(name="q")
     daemon = builders.daemon(queues=["q"])

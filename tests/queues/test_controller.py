@@ -5,9 +5,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from fleet import controller
 from fleet.models import Daemon
 from jobs.models import Invocation
-from queues import controller
 from queues.models import Queue, QueueEvent
 from queues.services import queue_transition
 from tests import builders

@@ -8,9 +8,10 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from fleet import controller
 from fleet.models import Daemon, Provider
 from jobs.models import Invocation
-from queues import controller
+from queues import elasticity
 from queues.models import Queue, QueueEvent
 from tests import builders
 from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
@@ -126,7 +127,7 @@ def test_the_backoff_is_capped(bad_then_good):
     controller.tick()
 
     [failed] = _events(broken)
-    assert f"skipping this queue for {controller.BACKOFF_MAX_SECONDS} s" in failed.reason
+    assert f"skipping this queue for {elasticity.BACKOFF_MAX_SECONDS} s" in failed.reason
     broken.refresh_from_db()
     assert broken.tick_failures == 31
 
@@ -161,10 +162,10 @@ def test_a_failed_tick_leaves_nothing_of_what_it_did(settings):
 
 
 def test_it_logs_the_exception(bad_then_good, caplog):
-    with caplog.at_level(logging.ERROR, logger="queues.controller"):
+    with caplog.at_level(logging.ERROR, logger="fleet.controller"):
         controller.tick()
 
-    [record] = [r for r in caplog.records if r.name == "queues.controller"]
+    [record] = [r for r in caplog.records if r.name == "fleet.controller"]
     assert "failed" in record.getMessage()
     assert record.exc_info and record.exc_info[0] is ValueError
 

@@ -6,9 +6,9 @@ import threading
 import pytest
 from django.db import connection
 
+from fleet import controller
+from fleet.drivers import SimulatedDriver
 from fleet.models import Daemon
-from queues import controller
-from queues.drivers import SimulatedDriver
 from queues.models import Queue, QueueEvent
 from tests import builders
 

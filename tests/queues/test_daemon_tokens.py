@@ -4,15 +4,18 @@ import pytest
 
 from accounts.models import ApiToken
 from accounts.services import token_create
+from fleet import daemons, registration
+from fleet import services as fleet_services
 from fleet.models import Daemon
-from queues import daemons, registration, services
 from tests import builders
 
 pytestmark = pytest.mark.django_db
 
 
 def _minted(provider="sim", queues=("w",)):
-    daemon = builders.daemon(queues=list(queues), provider_id=services.provider_get(provider).pk)
+    daemon = builders.daemon(
+        queues=list(queues), provider_id=fleet_services.provider_get(provider).pk
+    )
     token, _ = builders.credential(daemon, username=f"provider-{provider}")
     return daemon, token
 
@@ -67,12 +70,12 @@ def test_it_revokes_every_daemon_token_of_a_removed_provider(pool):
     second, two = _minted()
     daemons.daemon_deregister(daemon=first)  # revoked as it ended
     Daemon.objects.filter(pk=second.pk).update(state="lost")  # lost: kept so far
-    services.provider_delete(name="sim")
+    fleet_services.provider_delete(name="sim")
     assert not ApiToken.objects.usable().filter(pk__in=[one.pk, two.pk]).exists()
 
 
 def test_a_provider_that_fails_to_stop_a_daemon_says_so_in_the_audit_trail(pool, monkeypatch):
-    from queues.drivers import DRIVERS
+    from fleet.driver_base import DRIVERS
     from queues.models import QueueEvent
 
     def refuse(*, daemon):

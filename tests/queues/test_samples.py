@@ -8,9 +8,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fleet import controller
 from jobs.models import Invocation
 from jobs.retention import retention_sweep
-from queues import controller, samples
+from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from queues.services import queue_stats, queue_transition
 from tests import builders

@@ -7,9 +7,9 @@ import msgpack
 import pytest
 from django.db import connection
 
+from fleet import registration
 from fleet.models import Daemon
 from lakeshore_admin import hooks
-from queues import registration
 from tests import builders
 
 ENVELOPE = msgpack.packb(

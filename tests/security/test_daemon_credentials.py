@@ -10,12 +10,12 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
+from fleet import controller
 from fleet.models import Daemon
 from jobs import services
 from jobs.api import views
 from jobs.models import Invocation
 from lakeshore_admin.fastpath import LeanPath
-from queues import controller
 from tests import builders
 from tests.api.test_fastpath import call
 

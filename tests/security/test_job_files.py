@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from fleet import controller, driver_base, drivers
+from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
+from fleet.provider_configs import config_errors
 from jobs import services
 from jobs.models import Invocation
 from lakeshore import config as cli_config
 from lakeshore import private
 from lakeshore_admin import settings as server_settings
-from queues import controller, driver_base, drivers
-from queues.drivers import DRIVERS
-from queues.provider_configs import config_errors
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 

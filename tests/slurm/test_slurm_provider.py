@@ -12,10 +12,10 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import ApiToken
+from fleet import controller
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from queues import controller
 from queues.models import Queue, QueueEvent
 from queues.services import queue_patch
 from tests import builders
@@ -317,7 +317,7 @@ def test_an_instance_type_maps_onto_the_jobs_resources(hpc, slurm_cluster):
 def test_a_server_without_slurm_conf_says_how_to_point_it_at_the_cluster(
     slurm_cluster, monkeypatch
 ):
-    from queues.services import provider_status
+    from fleet.services import provider_status
 
     monkeypatch.delenv("SLURM_CONF", raising=False)
     provider = builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})

@@ -11,8 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.roles import grant
+from fleet import controller
 from jobs.models import Invocation
-from queues import charts, controller, samples
+from queues import charts, samples
 from queues.models import QueueEvent, QueueSample
 from tests import builders
 

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
 from accounts.roles import grant
+from fleet import services as fleet_services
 from jobs import services as job_services
 from queues import services
 from queues.models import QueueEvent
@@ -98,10 +99,10 @@ def test_each_operator_action_is_recorded():
     job_services.invocation_bulk_cancel(queue="train", reason="too many")
     job_services.invocation_retry(invocation_id=job.pk)
     daemon = builders.daemon(queues=["train"])
-    from queues.daemons import daemon_drop
+    from fleet.daemons import daemon_drop
 
     daemon_drop(daemon=daemon)
-    services.provider_create(name="here", kind="simulated")
+    fleet_services.provider_create(name="here", kind="simulated")
     services.queue_delete(name="train", force=True)
     rows = list(AuditEvent.objects.order_by("id").values_list("action", "summary"))
     assert [action for action, _ in rows] == [
@@ -217,7 +218,7 @@ def test_tokens_made_and_revoked_by_people_are_recorded_a_provider_s_own_are_not
 
 
 def test_dropping_a_daemon_that_already_ended_records_nothing():
-    from queues.daemons import daemon_drop
+    from fleet.daemons import daemon_drop
 
     daemon = builders.daemon(name="gpu-1")
     daemon_drop(daemon=daemon)
