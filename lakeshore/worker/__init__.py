@@ -69,14 +69,10 @@ from dataclasses import dataclass
 
 from lakeshore.client import Client, path, retry_after
 from lakeshore.errors import ApiError, CliError
-from lakeshore.pool import (  # noqa: F401 - start_job_process, kill_job_group: public here too
-    Pool,
-    Running,
-    kill_job_group,
-    start_job_process,
-)
+from lakeshore.pool import Pool, Running
 from lakeshore.runner import parse_modules
 from lakeshore.sdk_job import FinalError, ResultBlob
+from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names, job_environment
 
 BACKOFF_START = 0.5
 BACKOFF_MAX = 10.0
@@ -91,74 +87,6 @@ CLAIM_LIMIT_MAX = 100  # the most one claim may ask for (the server's limit)
 EXEC_GRACE = 10.0  # seconds an invocation sent TERM or INT by an operator has to exit
 EXEC_SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 CLAIM_STALE = "claim_stale"  # a complete for a claim we no longer hold: log, no retry
-
-# ---------------------------------------------------------------------------- job environment
-
-JOB_ENV = (
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "LANG",
-    "LC_*",
-    "TZ",
-    "TMPDIR",
-    "PYTHONPATH",
-    "VIRTUAL_ENV",
-)
-"""The daemon's environment variables a job process inherits; nothing else passes.
-A trailing `*` matches a prefix (LC_ALL, LC_CTYPE, ...). The daemon then sets
-LAKESHORE_INVOCATION_ID and LAKESHORE_ATTEMPT for each job. An operator adds names with
-LAKESHORE_JOB_ENV (comma-separated, exact names); names in JOB_ENV_NEVER or starting
-with JOB_ENV_NEVER_PREFIXES are never passed, even if named there."""
-
-JOB_ENV_NEVER_PREFIXES = ("LAKESHORE_", "DJANGO_", "DATABASE_", "CELERY_")
-JOB_ENV_NEVER = frozenset(
-    {
-        # secrets
-        "DATABASE_URL",
-        "DJANGO_SECRET_KEY",
-        "LAKESHORE_TOKEN",
-        "LAKESHORE_CLIENT_TOKEN",
-        "LAKESHORE_BROKER_URL",
-        "PGPASSWORD",
-        "PGPASSFILE",
-        # the server's other settings (lakeshore_admin/settings.py)
-        "ALLOWED_HOSTS",
-        "CSRF_TRUSTED_ORIGINS",
-        "XDG_CONFIG_HOME",  # where the CLI keeps auth.yml (the daemon's token)
-    }
-)
-JOB_ENV_EXTRA = "LAKESHORE_JOB_ENV"
-
-
-def _never_passed(name: str) -> bool:
-    upper = name.upper()
-    return upper in JOB_ENV_NEVER or upper.startswith(JOB_ENV_NEVER_PREFIXES)
-
-
-def job_env_names(extra: str) -> tuple[list[str], list[str]]:
-    """LAKESHORE_JOB_ENV's value → (names passed, names refused)."""
-    names = [n.strip() for n in (extra or "").split(",") if n.strip()]
-    return [n for n in names if not _never_passed(n)], [n for n in names if _never_passed(n)]
-
-
-def job_environment(source: dict, extra_names: list[str], invocation: dict | None) -> dict:
-    """The environment of one job process: JOB_ENV ∪ extra_names from `source`, minus
-    anything never passed, plus this invocation's id and attempt (a pool process gets
-    those in its os.environ for each invocation it runs: see lakeshore.runner)."""
-    exact = {n for n in JOB_ENV if not n.endswith("*")} | set(extra_names)
-    prefixes = tuple(n[:-1] for n in JOB_ENV if n.endswith("*"))
-    env = {
-        name: value
-        for name, value in source.items()
-        if (name in exact or name.startswith(prefixes)) and not _never_passed(name)
-    }
-    if invocation is not None:
-        env["LAKESHORE_INVOCATION_ID"] = str(invocation["id"])
-        env["LAKESHORE_ATTEMPT"] = str(invocation.get("attempts", ""))
-    return env
-
 
 # ---------------------------------------------------------------------------- logging
 
