@@ -10,9 +10,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from lakeshore.allow import parse_modules
 from lakeshore.client import Client
 from lakeshore.pool import Pool, Running
-from lakeshore.runner import parse_modules
 from lakeshore.worker.calls import Calls
 from lakeshore.worker.claiming import ClaimLoop
 from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names
