@@ -22,7 +22,7 @@ os.environ (and removed after). The daemon decides what may run: `allowed_module
 comes from the daemon host's LAKESHORE_ALLOWED_MODULES, read by the daemon and sent
 with each invocation, and is checked on what the function resolves to (lakeshore.allow).
 The runner never reads it from its own environment, which the daemon scrubs (see
-lakeshore.worker)."""
+lakeshore.worker.environment)."""
 
 import contextlib
 import importlib
@@ -32,12 +32,7 @@ import signal
 import sys
 import traceback
 
-from lakeshore.allow import (
-    ALWAYS_ALLOWED,
-    name_refusal,
-    parse_modules,  # noqa: F401 - lakeshore.worker imports it here
-    target_refusal,
-)
+from lakeshore.allow import ALWAYS_ALLOWED, name_refusal, target_refusal
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -105,7 +105,9 @@ def run(
     one invocation after another (its imports stay loaded); module-level state survives
     from one to the next until the process is replaced.
     """
-    from lakeshore.worker import Worker, stderr_log
+    # Here, not at the top: the daemon's modules (pool, ctypes, SDK runner) would add
+    # about 30 ms to every lakeshore command.
+    from lakeshore.worker.daemon import Worker, stderr_log
 
     state = ctx.find_object(State) or State()
     worker = Worker(

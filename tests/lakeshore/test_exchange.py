@@ -10,11 +10,14 @@ import time
 import httpx
 import pytest
 
-from lakeshore import worker as worker_module
 from lakeshore.client import Client
 from lakeshore.errors import ApiError
 from lakeshore.pool import Running
-from lakeshore.worker import WIRES, Outcome, Reporter, Stopped, Worker
+from lakeshore.worker import calls
+from lakeshore.worker.calls import Stopped
+from lakeshore.worker.claiming import WIRES
+from lakeshore.worker.daemon import Worker
+from lakeshore.worker.reporting import Outcome, Reporter
 
 
 def _outcome(n: int, state: str = "succeeded", daemon_id: str = "7") -> Outcome:
@@ -54,7 +57,7 @@ class Server:
 
 @pytest.fixture
 def daemon(monkeypatch):
-    monkeypatch.setattr(worker_module, "BACKOFF_START", 0.01)
+    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Worker.send
 
     def make(**answers):
         server = Server(**answers)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lakeshore.pool import Pool, Running
-from lakeshore.worker import job_environment
+from lakeshore.worker.environment import job_environment
 from tests.e2e.jobfuncs import alive
 
 ROOT = Path(__file__).resolve().parents[2]

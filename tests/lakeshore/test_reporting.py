@@ -8,10 +8,11 @@ import threading
 import httpx
 import pytest
 
-from lakeshore import worker as worker_module
 from lakeshore.client import Client
 from lakeshore.pool import Running
-from lakeshore.worker import Outcome, Reporter, Worker
+from lakeshore.worker import calls
+from lakeshore.worker.daemon import Worker
+from lakeshore.worker.reporting import Outcome, Reporter
 
 
 def _outcome(n: int, state: str = "succeeded", daemon_id: str = "7") -> Outcome:
@@ -78,7 +79,7 @@ class Server:
 
 @pytest.fixture
 def daemon(monkeypatch):
-    monkeypatch.setattr(worker_module, "BACKOFF_START", 0.01)
+    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Worker.send
 
     def make(answer):
         server = Server(answer)

@@ -2,7 +2,7 @@
 daemon threads that speak the REST protocol with httpx, a ledger of their side effects,
 the chaos and reaper threads, and the database restart.
 
-A daemon thread works like the real daemon (lakeshore/worker.py): it claims up to
+A daemon thread works like the real daemon (lakeshore/worker/): it claims up to
 CLAIM_LIMIT invocations with a long-poll, "runs" each one (records it in the ledger: a
 Counter of runs per invocation and a (start, end, daemon) interval per run) and reports
 the outcomes, most threads as one list (the batch form of complete), a few one request

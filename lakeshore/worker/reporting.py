@@ -1,0 +1,260 @@
+"""Reporting outcomes: an `Outcome` (an invocation's end, as complete takes it), the
+`Reporter` (a thread of its own that sends them in batches, at REPORT_BATCH of them or
+REPORT_LINGER seconds after the first, unless the claim loop takes them along in an
+exchange), and the Worker's side of it: the complete requests and what their answers
+say of each outcome."""
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lakeshore.client import path
+from lakeshore.errors import ApiError
+from lakeshore.pool import Running
+from lakeshore.sdk_job import FinalError, ResultBlob
+from lakeshore.worker.calls import CLAIM_STALE, Stopped
+
+REPORT_BATCH = 50  # outcomes per complete request, at most (the server takes 1,000)
+REPORT_LINGER = 0.005  # seconds a batch waits for company after its first outcome
+
+
+@dataclass
+class Outcome:
+    item: Running
+    state: str  # succeeded, failed, timeout
+    result: object
+    error: str
+    took: float  # seconds from handing it out to its end
+    at: float = 0.0  # when it ended (monotonic)
+
+    def body(self) -> dict:
+        body = {
+            "invocation": int(self.item.id),
+            "attempt": self.item.invocation["attempts"],
+            "state": self.state,
+            "result": self.result,
+            "error": self.error,
+        }
+        if isinstance(self.result, ResultBlob):  # the Python SDK's result bytes (base64)
+            body["result"], body["result_blob"] = None, str(self.result)
+        if isinstance(self.error, FinalError):  # another attempt cannot help
+            body["retry"] = False
+        return body
+
+
+class Reporter:
+    """Sends outcomes from a thread of its own, many to a request: a batch leaves when it
+    holds `batch` outcomes or `linger` seconds after its first one came, whichever is
+    first (at once, if the previous request took longer than that).
+
+    The claim loop may `take` outcomes to send with its claim. While it says it will
+    (`carry`: the registration whose outcomes its next request carries), outcomes of
+    that registration past their linger wait for it; a full batch still leaves."""
+
+    def __init__(
+        self,
+        send: Callable[[list[Outcome]], None],
+        sent: Callable[[], None],
+        *,
+        batch: int = REPORT_BATCH,
+        linger: float = REPORT_LINGER,
+    ):
+        self.send = send  # sends one batch; retries and logs are its business
+        self.sent = sent  # called after each batch (the daemon's drain waits on it)
+        self.batch = batch
+        self.linger = linger
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: deque[Outcome] = deque()
+        self.busy: list[Outcome] = []  # taken from the queue (by either), not yet answered
+        self.carrier: str | None = None  # the claim loop will take this registration's
+        self.closing = False
+        self.thread = threading.Thread(target=self._loop, name="reporter", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def put(self, outcome: Outcome) -> None:
+        with self.cond:
+            outcome.at = time.monotonic()
+            self.queue.append(outcome)
+            self.cond.notify()
+
+    def pending(self) -> int:
+        with self.cond:
+            return len(self.queue) + len(self.busy)
+
+    def pending_ids(self) -> list[str]:
+        """The invocations whose outcome is not yet answered (queued or being sent)."""
+        with self.cond:
+            return [o.item.id for o in self.queue] + [o.item.id for o in self.busy]
+
+    def carry(self, daemon_id: str | None) -> None:
+        """The claim loop's next request carries this registration's outcomes (None: it
+        carries nothing soon; the reporter sends them after the linger)."""
+        with self.cond:
+            if self.carrier != daemon_id:
+                self.carrier = daemon_id
+                self.cond.notify()
+
+    def take(self, daemon_id: str | None) -> list[Outcome]:
+        """For the claim loop: the outcomes of `daemon_id` at the head of the queue (up to
+        a batch), at once. Hand them back with `finished` or `give_back`."""
+        with self.cond:
+            batch = self._pop(daemon_id)
+            self.busy.extend(batch)
+            return batch
+
+    def finished(self, batch: list[Outcome]) -> None:
+        """The server answered for `batch`."""
+        with self.cond:
+            self._unbusy(batch)
+        self.sent()
+
+    def give_back(self, batch: list[Outcome]) -> None:
+        """Not recorded for sure (the request was refused or given up): the reporter sends
+        them, before anything else."""
+        with self.cond:
+            self._unbusy(batch)
+            self.queue.extendleft(reversed(batch))
+            self.cond.notify()
+
+    def close(self, timeout: float) -> None:
+        """Sends what is queued (once: the daemon is stopping), then ends the thread."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def _take(self) -> list[Outcome] | None:
+        with self.cond:
+            while True:  # the claim loop may take what we wait for: look again each time
+                if not self.queue:
+                    if self.closing:
+                        return None
+                    self.cond.wait()
+                    continue
+                if self.closing or len(self.queue) >= self.batch:
+                    break
+                first = self.queue[0]
+                left = first.at + self.linger - time.monotonic()
+                if left > 0:
+                    self.cond.wait(left)
+                elif first.item.daemon_id == self.carrier:
+                    self.cond.wait()  # the claim loop's next request carries it
+                else:
+                    break
+            batch = self._pop(self.queue[0].item.daemon_id)
+            self.busy.extend(batch)
+            return batch
+
+    def _pop(self, daemon_id: str | None) -> list[Outcome]:
+        """Up to a batch from the head, of one registration: after a re-registration the
+        old claims' outcomes still go to the daemon id that claimed them."""
+        batch = []
+        while self.queue and len(batch) < self.batch and self.queue[0].item.daemon_id == daemon_id:
+            batch.append(self.queue.popleft())
+        return batch
+
+    def _unbusy(self, batch: list[Outcome]) -> None:
+        self.busy = [o for o in self.busy if not any(o is b for b in batch)]
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            try:
+                self.send(batch)
+            finally:
+                self.finished(batch)
+
+
+class Reporting:
+    """The Worker's reports (lakeshore.worker.daemon holds the state they use): the
+    reporter's `send` and `sent`, and the log of what the server recorded."""
+
+    def _reported(self) -> None:
+        with self.lock:
+            self.slot_free.notify_all()  # _wait_for_running waits for the reports too
+
+    def _report(self, batch: list[Outcome]) -> None:
+        """Sends one batch (the reporter's thread). Retried whole after a 5xx or an
+        unreachable server: the server answers a repeat of the same complete with 200.
+        Each outcome is fenced alone: a stale one does not refuse the others."""
+        url = path("daemons", batch[0].item.daemon_id, "complete")
+        started = time.monotonic()
+        requests = self.requests
+        try:
+            if len(batch) == 1:
+                answers = [self._report_one(url, batch[0])]
+            else:
+                answers = self._report_many(url, batch)
+        except ApiError as exc:  # for the whole request: daemon_terminated, daemon_lost
+            why = _refusal(exc.code, exc.message, exc.status)
+            answers = [{"ok": False, "why": why}] * len(batch)
+        except Stopped:
+            for outcome in batch:
+                self.log(f"invocation {outcome.item.id}: outcome not reported (stopping)")
+            return
+        took = (time.monotonic() - started) * 1000
+        self.debug(
+            f"reported {len(batch)} outcome(s) in {self.requests - requests} request(s) "
+            f"({took:.0f} ms)"
+        )
+        self._log_answers(batch, answers)
+
+    def _log_answers(self, batch: list[Outcome], answers: list[dict]) -> None:
+        for outcome, answer in zip(batch, answers, strict=True):
+            if answer.get("ok"):
+                with self.counts_lock:
+                    self.counts[outcome.state] += 1
+                self.log(f"invocation {outcome.item.id}: {outcome.state} in {outcome.took:.2f} s")
+            else:
+                self.log(f"invocation {outcome.item.id}: outcome not recorded ({answer['why']})")
+
+    def _report_one(self, url: str, outcome: Outcome) -> dict:
+        self.requests += 1
+        try:
+            self.call("POST", url, outcome.body())
+        except ApiError as exc:
+            if exc.status in (404, 409):  # the server's word on this one outcome
+                return {"ok": False, "why": _refusal(exc.code, exc.message, exc.status)}
+            raise
+        return {"ok": True}
+
+    def _report_many(self, url: str, batch: list[Outcome]) -> list[dict]:
+        self.requests += 1
+        try:
+            answers = self.call("POST", url, [outcome.body() for outcome in batch])
+        except ApiError as exc:
+            if exc.status != 400:
+                raise
+            # A server without batched completes (or one refusing the batch as a whole):
+            # one request per outcome, each with its own answer.
+            return [self._report_one(url, outcome) for outcome in batch]
+        return read_answers(batch, answers)
+
+
+def read_answers(batch: list[Outcome], answers) -> list[dict]:
+    """The server's answers to a list of outcomes (complete's, exchange's `recorded`),
+    one {"ok": bool, "why": str} per outcome."""
+    if not isinstance(answers, list) or len(answers) != len(batch):
+        why = f"the server's answer to {len(batch)} outcomes was not a list of as many"
+        return [{"ok": False, "why": why}] * len(batch)
+    out = []
+    for answer in answers:
+        if isinstance(answer, dict) and answer.get("ok"):
+            out.append({"ok": True})
+            continue
+        error = answer.get("error") if isinstance(answer, dict) else None
+        error = error if isinstance(error, dict) else {}
+        why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"))
+        out.append({"ok": False, "why": why})
+    return out
+
+
+def _refusal(code: str, message: str, status: int | None = None) -> str:
+    if code == CLAIM_STALE:
+        return f"the claim was taken away: {message}"
+    prefix = f"{status} " if status else ""
+    return f"{prefix}{code or 'error'}: {message}"
