@@ -121,29 +121,6 @@ def _daemon(queue: str):
     return builders.daemon(queues=[queue], last_heartbeat_at=timezone.now())
 
 
-def _in_state(state, *, max_attempts: int = 1, timeout_s: int | None = None) -> Invocation:
-    """An invocation in `state`, brought there by the real functions: submitted (with a
-    key), claimed, then reported by its daemon or, for killed, stopped on it (so every
-    ended one holds a daemon and an attempt, the case a stale report would match)."""
-    queue = builders.queue().name
-    inv, _ = services.invocation_submit(
-        function="x.y", queue=queue, key="k", max_attempts=max_attempts, timeout_s=timeout_s
-    )
-    if state != Q:
-        daemon = _daemon(queue)
-        (inv,) = services.invocation_claim(daemon=daemon)
-        if state == K:
-            services.daemon_exec(daemon=daemon, verb="kill", invocation_id=inv.pk)
-        elif state != R:
-            outcome = {S: "succeeded", F: "failed", T: "timeout"}[state]
-            services.invocation_complete(
-                daemon=daemon, invocation_id=inv.pk, attempt=1, outcome=outcome, retry=False
-            )
-    inv = Invocation.objects.select_related("daemon").get(pk=inv.pk)
-    assert inv.state == state
-    return inv
-
-
 def _its_daemon(inv: Invocation):
     """The daemon that ran it, or (never claimed) a live daemon of its queue."""
     return inv.daemon if inv.daemon_id else _daemon(inv.queue)
@@ -290,7 +267,7 @@ CELLS = [
 @pytest.mark.parametrize(("name", "state", "outcome"), CELLS)
 def test_each_action_from_each_state(name, state, outcome):
     action = ACTIONS[name]
-    inv = _in_state(state, max_attempts=action.max_attempts, timeout_s=action.timeout_s)
+    inv = builders.invocation(state, max_attempts=action.max_attempts, timeout_s=action.timeout_s)
     if action.prepare is not None:
         action.prepare(inv)
     before, count = _row(inv.pk), Invocation.objects.count()
@@ -320,7 +297,7 @@ def test_each_action_from_each_state(name, state, outcome):
 
 
 def test_a_second_retry_is_refused_and_changes_nothing():
-    inv = _in_state(F)
+    inv = builders.invocation(F)
     first = services.invocation_retry(invocation_id=inv.pk)
     before, count = _row(inv.pk), Invocation.objects.count()
     with pytest.raises(Conflict) as refused:
@@ -378,7 +355,7 @@ def test_an_active_state_has_a_way_out(state):
 
 @pytest.mark.parametrize("state", STATES)
 def test_the_predicates_say_what_the_table_does(state):
-    inv = _in_state(state)
+    inv = builders.invocation(state)
     column = {name: row[STATES.index(state)] for name, row in TABLE.items()}
     moves = any(_moves(outcome) for outcome in column.values())
     assert inv.is_active == moves
