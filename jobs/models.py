@@ -32,12 +32,27 @@ def shown_priority(value) -> int | float:
     return int(value) if value.is_integer() else value
 
 
+# The rules of the job state machine, one home each. The state changes themselves are
+# conditional statements in jobs/transitions.py (the state they start from is in their
+# WHERE clause); these sets say the same for code that reads a row (the services'
+# refusals, the console's buttons), and tests/jobs/test_transitions.py holds the two
+# together: for every state, a predicate is true exactly where its transition is allowed.
+
+# Ended: no transition leaves these states.
 TERMINAL_STATES = [
     InvocationState.SUCCEEDED,
     InvocationState.FAILED,
     InvocationState.KILLED,
     InvocationState.TIMEOUT,
 ]
+# Not ended yet: the invocation (and its page) still changes.
+ACTIVE_STATES = [InvocationState.QUEUED, InvocationState.RUNNING]
+# `jobs kill` (services.invocation_kill, transitions.kill_queued): only while it waits.
+KILLABLE_STATES = [InvocationState.QUEUED]
+# `daemon exec kill` (services.daemon_exec, transitions.kill_running): while it runs.
+STOPPABLE_STATES = [InvocationState.RUNNING]
+# `jobs retry` (services.invocation_retry): ended badly; the retry is a new invocation.
+RETRYABLE_STATES = [InvocationState.FAILED, InvocationState.TIMEOUT, InvocationState.KILLED]
 
 
 class InvocationQuerySet(models.QuerySet):
@@ -165,6 +180,34 @@ class Invocation(models.Model):
         from django.urls import reverse
 
         return reverse("console-job", args=[self.pk])
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    @property
+    def is_succeeded(self) -> bool:
+        return self.state == InvocationState.SUCCEEDED
+
+    @property
+    def can_kill(self) -> bool:
+        """Whether `jobs kill` takes it (a running one is stopped on its daemon)."""
+        return self.state in KILLABLE_STATES
+
+    @property
+    def can_stop(self) -> bool:
+        """Whether `daemon exec kill` on its daemon takes it."""
+        return self.state in STOPPABLE_STATES and self.daemon_id is not None
+
+    @property
+    def can_retry(self) -> bool:
+        """Whether it ended so that `jobs retry` may queue it again (once: a second
+        retry is refused, see services.retried_as)."""
+        return self.state in RETRYABLE_STATES
 
     @property
     def priority_shown(self) -> int | float:

@@ -742,9 +742,6 @@ def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     )
 
 
-RETRYABLE = (Q_.FAILED, Q_.TIMEOUT, Q_.KILLED)
-
-
 def invocation_retry(*, invocation_id) -> Invocation:
     """Queue an ended invocation (failed, timeout or killed) again, as a NEW invocation
     linked to it (`retry_of`): the old one keeps its record (error, attempts, result),
@@ -755,7 +752,7 @@ def invocation_retry(*, invocation_id) -> Invocation:
     invocation = invocation_get(invocation_id)
     with transaction.atomic():
         old = Invocation.objects.select_for_update().get(pk=invocation.pk)
-        if old.state not in RETRYABLE:
+        if not old.can_retry:  # jobs.models.RETRYABLE_STATES
             raise Conflict(
                 f"Invocation {old.pk} is {old.state}: only a failed, timed-out or killed "
                 "invocation can be retried.",

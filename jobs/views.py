@@ -188,7 +188,6 @@ def job_detail(request, invocation_id: int):
         "position": position,
         "eta": services.queue_eta(job, position),
         "retried_as": retried_as,
-        "retryable": job.state in services.RETRYABLE,
         "can_act": can_operate(request.user),
         "waited": waited,
         "ran": ran,

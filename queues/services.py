@@ -348,8 +348,9 @@ def queue_signals(queue: Queue) -> dict:
     )
     for state, n in rows:
         counts[state] = n
-    pending = _capped_count(Invocation.objects.filter(queue=queue.name, state="queued"))
-    running = _capped_count(Invocation.objects.filter(queue=queue.name, state="running"))
+    of_queue = Invocation.objects.filter(queue=queue.name)
+    pending = _capped_count(of_queue.filter(state=InvocationState.QUEUED))
+    running = _capped_count(of_queue.filter(state=InvocationState.RUNNING))
     working = counts[DaemonState.PROVISIONING] + counts[DaemonState.IDLE] + counts[DaemonState.BUSY]
     return {
         "signals": elasticity.Signals(

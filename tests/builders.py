@@ -2,9 +2,13 @@
 
 import itertools
 
+from django.utils import timezone
+
 from accounts.services import token_create
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
+from jobs import services as jobs
+from jobs.models import Invocation, InvocationState
 from queues import services
 
 _seq = itertools.count(1)
@@ -30,6 +34,30 @@ def provider(name: str | None = None, kind: str = "simulated", **fields):
 def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fields) -> Daemon:
     fields.setdefault("name", f"d-{next(_seq)}")
     return Daemon.objects.create(queues=queues or [], state=state, **fields)
+
+
+def invocation(
+    state: str = InvocationState.QUEUED, *, max_attempts: int = 1, timeout_s: int | None = None
+) -> Invocation:
+    """An invocation in `state`, brought there by the real services: submitted (key "k")
+    into a new queue, claimed by a new daemon, then reported by it or, for killed,
+    stopped on it (so every ended one holds a daemon and an attempt)."""
+    name = queue().name
+    inv, _ = jobs.invocation_submit(
+        function="x.y", queue=name, key="k", max_attempts=max_attempts, timeout_s=timeout_s
+    )
+    if state != InvocationState.QUEUED:
+        runner = daemon(queues=[name], last_heartbeat_at=timezone.now())
+        (inv,) = jobs.invocation_claim(daemon=runner)
+        if state == InvocationState.KILLED:
+            jobs.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
+        elif state != InvocationState.RUNNING:
+            jobs.invocation_complete(
+                daemon=runner, invocation_id=inv.pk, attempt=1, outcome=state, retry=False
+            )
+    inv = Invocation.objects.select_related("daemon").get(pk=inv.pk)
+    assert inv.state == state, (inv.state, state)
+    return inv
 
 
 def register(client, body: dict):

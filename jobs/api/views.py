@@ -13,7 +13,7 @@ from fleet.services import daemon_get
 from jobs import services, waits
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
-from jobs.models import Invocation
+from jobs.models import Invocation, InvocationState
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.lean_input import validated
 from lakeshore_admin.pagination import (
@@ -37,7 +37,7 @@ class JobList(APIView):
                 "state",
                 str,
                 many=True,
-                enum=["queued", "running", "succeeded", "failed", "killed", "timeout"],
+                enum=InvocationState.values,
             ),
             OpenApiParameter("worker", str, description="daemon id"),
             OpenApiParameter("queue", str, description="queue name"),

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from accounts.roles import grant
 from jobs import services
-from jobs.models import Invocation
+from jobs.models import Invocation, InvocationState
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -230,3 +230,19 @@ def test_a_viewer_sees_no_stop_button_and_cannot_stop(viewer):
     assert "Stop on daemon" not in viewer.get(f"/jobs/{inv.pk}/").content.decode()
     assert viewer.post(f"/jobs/{inv.pk}/stop/").status_code == 403
     assert Invocation.objects.get(pk=inv.pk).state == "running"
+
+
+@pytest.mark.parametrize("state", InvocationState.values)
+def test_the_page_offers_what_the_job_s_state_allows(operator, state):
+    """The template asks the model (can_kill, can_stop, can_retry, is_active,
+    is_succeeded): each button, the refresh and the result's wording, state by state."""
+    inv = builders.invocation(state)
+    page = operator.get(f"/jobs/{inv.pk}/").content.decode()
+    assert (f'id="kill-{inv.pk}"' in page) == inv.can_kill == (state == "queued")
+    assert (f'id="stop-{inv.pk}"' in page) == inv.can_stop == (state == "running")
+    retry = f'id="retry-{inv.pk}"' in page
+    assert retry == inv.can_retry == (state in ("failed", "killed", "timeout"))
+    refreshes = '<section id="job-summary" class="summary" hx-get=' in page
+    assert refreshes == inv.is_active == (state in ("queued", "running"))
+    said = {"queued": "No result yet.", "running": "No result yet.", "succeeded": "None."}
+    assert f'<p class="empty">{said.get(state, "No result.")}</p>' in page
