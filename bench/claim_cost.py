@@ -19,8 +19,9 @@ from django.core.management import call_command
 from django.db import connection
 
 from bench import queue_bench as qb  # sets up Django on the bench's own database
+from fleet import protocol
 from fleet.models import Daemon
-from jobs import services, transitions
+from jobs import transitions
 from queues.models import Queue
 
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "1000"))  # per thread, alternating
@@ -84,7 +85,7 @@ def latency(kind: str, threads: int, limit: int, claims: int) -> dict:
                 name = names[(n + i) % 2]
                 started = time.perf_counter()
                 _chosen.name = name
-                got = services.invocation_claim(daemon=daemons[i], limit=limit)
+                got = protocol.invocation_claim(daemon=daemons[i], limit=limit)
                 seen[name].append(time.perf_counter() - started)
                 if not got:
                     break
@@ -129,9 +130,9 @@ def large(size: int = 1024 * 1024, n: int = 200, limit: int = 100) -> None:
                 [size - 38, n],
             )
         daemon = Daemon.objects.create(name="big", queues=["L"])
-        services.forget_queue_rows()
+        protocol.forget_queue_rows()
         started = time.perf_counter()
-        got = services.invocation_claim(daemon=daemon, limit=limit)
+        got = protocol.invocation_claim(daemon=daemon, limit=limit)
         took = time.perf_counter() - started
         print(
             f"large  {name:8}: a claim of limit {limit} over {size // 1024} KiB invocations "

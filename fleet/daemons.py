@@ -25,13 +25,12 @@ from fleet.models import (
     CLAIMING_DAEMON_STATES,
     LIVE_DAEMON_STATES,
     Daemon,
-    DaemonCommand,
     DaemonState,
 )
 from jobs import transitions
 from jobs.models import Invocation
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
-from lakeshore_admin.errors import Conflict, NotFound
+from lakeshore_admin.errors import Conflict
 from queues.models import EventAction, Queue
 from queues.services import queue_event_now
 
@@ -191,55 +190,6 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
         "running": [str(pk) for pk in running.values_list("id", flat=True)],
         "commands": commands_deliver(daemon.pk),
     }
-
-
-# ---------------------------------------------------------------------------- commands
-# An operator's order about one invocation (daemon exec): pending → delivered (with a
-# heartbeat's answer) → done (the daemon says what it did).
-
-
-def command_add(*, daemon: Daemon, invocation, verb: str, signal: str, by: str):
-
-    return DaemonCommand.objects.create(
-        daemon=daemon, invocation=invocation, verb=verb, signal=signal, requested_by=by[:200]
-    )
-
-
-def commands_deliver(daemon_id: int) -> list[dict]:
-    """This daemon's undelivered orders, marked delivered: each goes out once."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """UPDATE queues_daemoncommand SET delivered_at = now()
-                WHERE daemon_id = %s AND delivered_at IS NULL
-            RETURNING id, verb, signal, invocation_id, requested_by""",
-            [daemon_id],
-        )
-        rows = sorted(cursor.fetchall())
-    return [
-        {"id": str(pk), "verb": verb, "signal": sig, "invocation": str(inv), "by": by}
-        for pk, verb, sig, inv, by in rows
-    ]
-
-
-def command_done(*, daemon: Daemon, command_id, result: str):
-    """The daemon did (or could not do) the order: what it says is kept. A repeat of
-    the same report changes nothing."""
-
-    command = DaemonCommand.objects.filter(pk=_int_or_none(command_id), daemon=daemon).first()
-    if command is None:
-        raise NotFound(f"Daemon {daemon.pk} has no command '{command_id}'.")
-    DaemonCommand.objects.filter(pk=command.pk, done_at__isnull=True).update(
-        done_at=timezone.now(), result=result[:500]
-    )
-    command.refresh_from_db()
-    return command
-
-
-def _int_or_none(value) -> int | None:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------- ending
@@ -451,3 +401,32 @@ def daemons_mark_lost(*, now=None) -> list[int]:
             lost = [row[0] for row in cursor.fetchall()]
         Daemon.objects.filter(pk__in=lost).update(state=DaemonState.LOST, updated_at=now)
     return lost
+
+
+def reap(*, now=None) -> dict:
+    """Daemons silent past the heartbeat timeout become lost. Running invocations whose
+    daemon is no longer live (lost, terminated, deleted) go back to the queue while
+    attempts remain, else fail ("daemon gone"). Invocations past timeout_s become
+    timeout. Safe to run twice at once: every change is conditional."""
+    now = now or timezone.now()
+    lost = daemons_mark_lost(now=now)
+    with transaction.atomic():
+        rescued = transitions.rescue_orphans()
+    timed_out = transitions.timeout_overdue(now=now)
+    return {"lost": len(lost), **rescued, "timeout": timed_out}
+
+
+def commands_deliver(daemon_id: int) -> list[dict]:
+    """This daemon's undelivered orders, marked delivered: each goes out once."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE queues_daemoncommand SET delivered_at = now()
+                WHERE daemon_id = %s AND delivered_at IS NULL
+            RETURNING id, verb, signal, invocation_id, requested_by""",
+            [daemon_id],
+        )
+        rows = sorted(cursor.fetchall())
+    return [
+        {"id": str(pk), "verb": verb, "signal": sig, "invocation": str(inv), "by": by}
+        for pk, verb, sig, inv, by in rows
+    ]

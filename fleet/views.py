@@ -9,12 +9,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from accounts.console import console_view
 from accounts.roles import can_operate
-from fleet import daemons, services
+from fleet import commands, daemons, services
 from fleet.filters import DaemonFilter
 from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState
+from jobs import services as job_services
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
-from lakeshore_admin.errors import DomainError, NotFound
+from lakeshore_admin.errors import Conflict, DomainError, NotFound
 from lakeshore_admin.pagination import page_offset
 
 DAEMON_PAGE = 100
@@ -88,3 +89,29 @@ def daemon_drop(request, daemon_id: int):
             messages.success(request, f"Daemon {daemon.pk} ({daemon.name}) dropped{what}.")
     daemons_page = reverse("console-daemons")
     return after_action(request, back_url(request, daemons_page) if request.htmx else daemons_page)
+
+
+@require_POST
+@console_view
+def job_stop(request, invocation_id: int):
+    """Stop a running job on its daemon from the console (daemon exec kill): the same
+    service as the API and `lakeshore daemon exec`."""
+    try:
+        job = job_services.invocation_get(invocation_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from None
+    try:
+        if job.daemon is None:
+            raise Conflict(
+                f"Job {job.pk} is not running on a daemon ({job.state}).",
+                code="invocation_not_running",
+            )
+        commands.daemon_exec(daemon=job.daemon, verb="kill", invocation_id=job.pk)
+        messages.success(
+            request,
+            f"Job {job.pk} killed; daemon {job.daemon_id} stops its processes at its next "
+            "heartbeat.",
+        )
+    except DomainError as exc:
+        messages.error(request, f"Job {job.pk} was not stopped: {exc.message}")
+    return after_action(request, reverse("console-job", args=[job.pk]))

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 from django.db.models import F, Func
 
-from fleet import daemons, registration
+from fleet import daemons, protocol, registration
 from jobs import services, waits
 from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
@@ -234,7 +234,7 @@ def poll(body: dict, *, user, token=None) -> dict:
     queue = _text(body, "queue", max_length=63)
     wait = _number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)
     daemon = registration.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
-    claimed = services.invocation_claim(
+    claimed = protocol.invocation_claim(
         daemon=daemon, limit=1, wait=min(wait, POLL_MAX_SECONDS), wires=SDK_WIRES
     )
     return {"commands": [_run_command(inv) for inv in claimed]}
@@ -291,7 +291,7 @@ def ack(body: dict, *, token) -> dict:
         return {"ignored": True, "state": _SDK_STATE[current], "reason": "not running"}
     message = str(error.get("message") or error.get("type") or "failed")[:100_000]
     try:
-        done = services.invocation_complete(
+        done = protocol.invocation_complete(
             daemon=invocation.daemon,
             invocation_id=pk,
             attempt=invocation.attempts,

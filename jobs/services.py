@@ -15,10 +15,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts import audit
-from fleet import daemons
-from fleet.models import Daemon, DaemonState
-from jobs import transitions, waits, wakeup
-from jobs.claim_room import ClaimRoom
+from jobs import transitions
 from jobs.models import Invocation, InvocationState, Wire
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
@@ -222,9 +219,9 @@ def _by_queue_and_key(pairs: set[tuple[str, str]]) -> dict[tuple[str, str], int]
     return {(q, k): pk for pk, q, k in rows.values_list("id", "queue", "key") if (q, k) in pairs}
 
 
-# ---------------------------------------------------------------------------- claim
-
-_ORDER = {QueueKind.FIFO: "oldest", QueueKind.FILO: "newest", QueueKind.PRIORITY: "priority"}
+# ---------------------------------------------------------------------------- boltzmann levels
+# A boltzmann queue's queued invocations by priority level: the claim (fleet/protocol.py)
+# picks a level from them, and a queued invocation's position reads them.
 
 
 def boltzmann_levels(queue: str) -> dict[int, int]:
@@ -243,7 +240,7 @@ _levels_cache: dict[int, tuple[float, dict[int, int]]] = {}
 _levels_lock = threading.Lock()
 
 
-def _levels_for(queue: Queue, *, fresh: bool = False) -> dict[int, int]:
+def levels_for(queue: Queue, *, fresh: bool = False) -> dict[int, int]:
     """Level counts, counted at most every LEVELS_TTL seconds per queue and process, so
     a claim does not scan the backlog. Counts a few seconds old only nudge the odds; a
     level found empty is dropped at once, and an empty answer is always recounted."""
@@ -257,6 +254,14 @@ def _levels_for(queue: Queue, *, fresh: bool = False) -> dict[int, int]:
     with _levels_lock:
         _levels_cache[queue.pk] = (now, levels)
     return dict(levels)
+
+
+def levels_learnt(queue: Queue, levels: dict[int, int]) -> None:
+    """What a claim learnt of a queue's levels (taken, or found empty), kept for the
+    next claim in this process until the counts are due again."""
+    with _levels_lock:
+        if queue.pk in _levels_cache:
+            _levels_cache[queue.pk] = (_levels_cache[queue.pk][0], levels)
 
 
 def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Random) -> int:
@@ -273,362 +278,6 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
     return weights[-1][0]
 
 
-def _claim_boltzmann(
-    daemon_id: int,
-    queue: Queue,
-    limit: int,
-    rng: random.Random,
-    wires=None,
-    room: ClaimRoom | None = None,
-) -> tuple[list[Invocation], bool]:
-    """What it claimed, and whether it ran a claim statement at all (which locks the
-    daemon's row) or found no level with work."""
-    room = room or ClaimRoom()
-    levels = _levels_for(queue)
-    claimed: list[Invocation] = []
-    recounted = ran = False
-    while len(claimed) < limit and not room.full():
-        if not levels:
-            if recounted:
-                break
-            levels, recounted = _levels_for(queue, fresh=True), True
-            continue
-        level = boltzmann_pick(levels, queue.temperature, rng)
-        ran = True
-        got = room.took(
-            transitions.claim(
-                daemon_id=daemon_id,
-                queue=queue.name,
-                order="oldest",
-                limit=1,
-                priority=level,
-                wires=wires,
-                **room.left(),
-            )
-        )
-        claimed.extend(got)
-        # taken, or found empty (another daemon got there first): count it down
-        levels[level] = levels[level] - 1 if got else 0
-        if levels[level] <= 0:
-            del levels[level]
-    with _levels_lock:  # what this claim learnt, for the next one in this process
-        if queue.pk in _levels_cache:
-            _levels_cache[queue.pk] = (_levels_cache[queue.pk][0], levels)
-    return claimed, ran
-
-
-QUEUE_ROWS_TTL = 2.0  # seconds a process reuses a queue's row (kind, temperature)
-_queue_rows: dict[str, tuple[float, Queue | None]] = {}
-_queue_rows_lock = threading.Lock()
-
-
-def _queues_of(names: list[str]) -> list[Queue | str]:
-    """The daemon's queues in its order ('' = default), skipping names with no queue.
-    Their rows (kind, temperature) are reused for QUEUE_ROWS_TTL s per process: a
-    claim costs no queue query. Whether a queue dispatches now (not paused) is checked
-    by the claim statement itself, never from this cache."""
-    if not names:
-        return [""]
-    now = time.monotonic()
-    with _queue_rows_lock:
-        stale = [
-            n
-            for n in names
-            if now - _queue_rows.get(n, (-QUEUE_ROWS_TTL, None))[0] >= QUEUE_ROWS_TTL
-        ]
-    if stale:
-        found = {q.name: q for q in Queue.objects.filter(name__in=stale)}
-        with _queue_rows_lock:
-            for name in stale:
-                _queue_rows[name] = (now, found.get(name))
-    with _queue_rows_lock:
-        rows = [_queue_rows.get(n, (now, None))[1] for n in names]
-    return [row for row in rows if row is not None]
-
-
-def forget_queue_rows() -> None:
-    """Drop the reused queue rows (a test's database is rolled back under them)."""
-    with _queue_rows_lock:
-        _queue_rows.clear()
-
-
-def invocation_claim(
-    *,
-    daemon: Daemon,
-    limit: int = 1,
-    wait: float = 0.0,
-    rng: random.Random | None = None,
-    wires: list[str] | None = None,
-) -> list[Invocation]:
-    """Hand up to `limit` queued invocations of the daemon's queues to it, each to
-    exactly one daemon. Queues are served in the daemon's order; a draining daemon
-    gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
-    daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
-    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection; a wait
-    refused a slot (jobs/waits.py) answers at once, its `retry_after` set.
-    `wires` says what the daemon can run: JSON invocations by default (this project's
-    daemon), the SDK's blobs for an SDK worker."""
-    rng = rng or random.Random()  # noqa: S311 - scheduling, not security
-    wires = [Wire.JSON] if wires is None else wires
-    deadline = time.monotonic() + wait
-    fresh = True  # the caller just loaded the daemon
-    while True:
-        if not fresh:
-            daemons.refresh_live(daemon)
-        daemons.check_live(daemon)
-        listening = daemon.queues or [""]  # paused ones too: a resume wakes them
-        seen = wakeup.listener.snapshot(listening) if wait else ()
-        # a long-poll first asks whether anything is queued at all (one indexed read in
-        # place of a transaction) unless it was just woken because something was
-        claimed = _claim_once(daemon, limit, rng, wires, probe=wait > 0 and fresh)
-        fresh = False
-        left = deadline - time.monotonic()
-        if claimed or left <= 0:
-            return claimed
-        if not connection.in_atomic_block:
-            connection.close()  # hold no connection while waiting
-        with waits.slots.admit() as admitted:  # no thread sleeps past LAKESHORE_MAX_WAITS
-            if not admitted:
-                return waits.refused(claimed, wait)
-            if not wakeup.listener.wait(listening, seen, left):
-                return []
-
-
-def _claim_once(
-    daemon: Daemon,
-    limit: int,
-    rng: random.Random,
-    wires=None,
-    *,
-    probe: bool = False,
-) -> list[Invocation]:
-    claimed: list[Invocation] = []
-    if daemon.state == DaemonState.DRAINING:
-        if daemons.heartbeat_due(daemon):
-            daemons.touch(daemon.pk)
-        return claimed
-    queues = _queues_of(daemon.queues)
-    if probe and not daemons.idle_owed(daemon):
-        # An idle daemon's long-poll: when none of its queues holds a queued row there
-        # is nothing to take, and the transaction below would only say so. (A row queued
-        # after this look wakes the wait: the caller's snapshot was taken before it.)
-        names = [q if isinstance(q, str) else q.name for q in queues]
-        if not transitions.any_queued(names):
-            hooks.point("claim.probed_empty")
-            return claimed
-    # One transaction for the claims and the touch: if anything in it fails (the
-    # database restarting, say), nothing was taken, so no answer is lost with work in it.
-    # A claim that takes work marks its daemon busy in its own statement; one that
-    # finds nothing touches a busy daemon (back to idle unless it still runs something).
-    with transaction.atomic():
-        hooks.point("claim.before_statement")
-        locked = False  # whether a claim statement ran: it locks the daemon's row
-        room = ClaimRoom()  # the answer's bytes (LAKESHORE_CLAIM_MAX_BYTES)
-        for queue in queues:
-            want = limit - len(claimed)
-            if want <= 0 or room.full():
-                break
-            if isinstance(queue, str):
-                claimed += room.took(
-                    transitions.claim(
-                        daemon_id=daemon.pk,
-                        queue=queue,
-                        order="oldest",
-                        limit=want,
-                        wires=wires,
-                        **room.left(),
-                    )
-                )
-                locked = True
-            elif queue.kind == QueueKind.BOLTZMANN:
-                got, ran = _claim_boltzmann(daemon.pk, queue, want, rng, wires, room)
-                claimed += got
-                locked = locked or ran
-            else:
-                claimed += room.took(
-                    transitions.claim(
-                        daemon_id=daemon.pk,
-                        queue=queue.name,
-                        order=_ORDER[queue.kind],
-                        limit=want,
-                        wires=wires,
-                        **room.left(),
-                    )
-                )
-                locked = True
-        hooks.point("claim.before_touch")
-        if daemons.heartbeat_due(daemon) or (not claimed and daemons.idle_owed(daemon)):
-            daemons.touch(daemon.pk, locked=locked)
-        hooks.point("claim.before_commit")
-    return claimed
-
-
-# ---------------------------------------------------------------------------- complete
-
-
-def invocation_complete(
-    *,
-    daemon: Daemon,
-    invocation_id: int,
-    attempt: int,
-    outcome: str = "succeeded",
-    succeeded: bool | None = None,
-    result=None,
-    error: str = "",
-    result_blob: bytes | None = None,
-    retry: bool = True,
-) -> Invocation:
-    """Record an outcome: succeeded (with a JSON result, or the SDK's result bytes),
-    failed (with an error) or timeout (the daemon stopped it at timeout_s). Fenced by
-    daemon and attempt: a daemon that lost its claim (reaped, killed, re-dispatched)
-    gets a Conflict (claim_stale) and changes nothing. A retry of a report that was
-    recorded (its response lost) gets the stored row. A failure with attempts left
-    goes back to the queue after a back-off, unless `retry` is False (the SDK's
-    worker says when a failure is final)."""
-    if succeeded is not None:
-        outcome = "succeeded" if succeeded else "failed"
-    invocation = _complete_one(
-        daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
-    )
-    daemons.completed(daemon)
-    return invocation
-
-
-def invocation_complete_batch(
-    *, daemon: Daemon, outcomes: list[dict], claim_follows: bool = False
-) -> list[dict]:
-    """Many outcomes in one request and one transaction, each fenced alone: a stale one
-    is refused by itself and the others are recorded. A daemon that is no longer live
-    records nothing: the whole batch gets its Conflict (daemon_terminated, daemon_lost),
-    unless the batch is a retry of reports already recorded, which still answer ok.
-    `claim_follows`: a claim comes next (an exchange), which says busy or idle."""
-    try:
-        daemons.check_live(daemon)
-    except Conflict as gone:
-        return _answers_of_a_gone_daemon(daemon, outcomes, gone)
-    answers = []
-    ids = [int(item["invocation"]) for item in outcomes]
-    with transaction.atomic():
-        # The common case in one statement; what it did not record (stale, repeated,
-        # unknown, or an id twice in the batch) goes the careful way, one by one.
-        recorded = (
-            transitions.complete_many(daemon_id=daemon.pk, outcomes=outcomes)
-            if len(set(ids)) == len(ids)
-            else {}
-        )
-        for item in outcomes:
-            row = recorded.get(int(item["invocation"]))
-            if row is not None:
-                answers.append(_recorded(row))
-                continue
-            try:
-                invocation = _complete_one(
-                    daemon,
-                    item["invocation"],
-                    item["attempt"],
-                    item["state"],
-                    item.get("result"),
-                    item.get("error", ""),
-                    item.get("result_blob"),
-                    item.get("retry", True),
-                )
-            except (Conflict, NotFound) as exc:
-                answers.append(_refused(item, exc))
-            else:
-                answers.append(_recorded(invocation))
-        daemons.completed(daemon, claim_follows=claim_follows)
-    return answers
-
-
-def invocation_exchange(
-    *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
-):
-    """Report outcomes and claim more in one call: invocation_complete_batch, then
-    invocation_claim, each with its own rules and transaction. Answers
-    {"recorded": [the batch's answers], "claimed": [Invocation, ...]}.
-
-    No outcomes: only a claim. `limit` 0: nothing is claimed. A daemon that is no longer
-    live claims nothing: its batch raises its Conflict, or, when it is a retry of reports
-    already recorded, answers them and the claim does not run. Outcomes commit before the
-    claim starts: a claim that then fails (a Conflict, the database going away) leaves
-    them recorded, and a retry of the same outcomes answers them as recorded."""
-    recorded = (
-        invocation_complete_batch(daemon=daemon, outcomes=outcomes, claim_follows=limit > 0)
-        if outcomes
-        else []
-    )
-    try:
-        daemons.check_live(daemon)
-    except Conflict:
-        if not recorded:
-            raise
-        return {"recorded": recorded, "claimed": []}
-    claimed = invocation_claim(daemon=daemon, limit=limit, wait=wait, wires=wires) if limit else []
-    return {"recorded": recorded, "claimed": claimed}
-
-
-def _answers_of_a_gone_daemon(daemon, outcomes, gone: Conflict) -> list[dict]:
-    rows = Invocation.objects.in_bulk([item["invocation"] for item in outcomes])
-    answers, any_recorded = [], False
-    for item in outcomes:
-        row = rows.get(item["invocation"])
-        seen = row is not None and transitions.already_recorded(
-            row, daemon_id=daemon.pk, attempt=item["attempt"], outcome=item["state"]
-        )
-        any_recorded |= bool(seen)
-        answers.append(_recorded(row) if seen else _refused(item, gone))
-    if not any_recorded:
-        raise gone
-    return answers
-
-
-def _recorded(invocation: Invocation) -> dict:
-    return {"invocation": str(invocation.pk), "ok": True, "state": invocation.state}
-
-
-def _refused(item: dict, exc) -> dict:
-    error = {"code": exc.code, "message": exc.message, **exc.extra}
-    return {"invocation": str(item["invocation"]), "ok": False, "error": error}
-
-
-def _complete_one(
-    daemon, invocation_id, attempt, outcome, result, error, result_blob=None, retry=True
-) -> Invocation:
-    recorded = transitions.complete(
-        daemon_id=daemon.pk,
-        invocation_id=invocation_id,
-        attempt=attempt,
-        outcome=outcome,
-        result=result,
-        error=error,
-        result_blob=result_blob,
-        retry=retry,
-    )
-    if recorded is not None:
-        return recorded
-    current = Invocation.objects.filter(pk=invocation_id).first()
-    if current is None:
-        raise NotFound(f"Invocation {invocation_id} does not exist.")
-    seen = transitions.already_recorded(
-        current, daemon_id=daemon.pk, attempt=attempt, outcome=outcome
-    )
-    if seen:
-        return current
-    if seen is False:
-        raise Conflict(
-            f"Invocation {invocation_id} attempt {attempt} was already reported as "
-            f"{current.state}; the outcome {outcome} was not recorded.",
-            extra={"state": current.state},
-            code="already_completed",
-        )
-    raise Conflict(
-        f"Invocation {invocation_id} is no longer yours to complete (it is "
-        f"{current.state}, attempt {current.attempts}); the outcome was not recorded.",
-        extra={"state": current.state},
-        code="claim_stale",
-    )
-
-
 # ---------------------------------------------------------------------------- kill / cancel
 
 
@@ -637,80 +286,6 @@ def invocation_get(invocation_id) -> Invocation:
         return Invocation.objects.select_related("daemon").get(pk=int(invocation_id))
     except (Invocation.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"Invocation '{invocation_id}' does not exist.") from None
-
-
-EXEC_VERBS = {"kill": ("KILL",), "signal": ("TERM", "INT", "KILL")}
-
-
-def daemon_exec(*, daemon, verb: str, invocation_id, signal: str | None = None) -> dict:
-    """An operator stops one running invocation on its daemon (`lakeshore daemon exec
-    DAEMON kill JOB`, `… signal JOB TERM|INT|KILL`, the console's "Stop on daemon").
-    Only these verbs exist. The invocation ends `killed` at once, with the reason and
-    who asked; the daemon gets the order with its next heartbeat and stops the
-    invocation's process group (a TERM or INT that it outlives is followed by KILL after
-    a grace); until then, the daemon's heartbeat already tells it the invocation is no
-    longer its own."""
-    if verb not in EXEC_VERBS:
-        raise Invalid(
-            f"Unknown verb {verb!r}: use one of {', '.join(EXEC_VERBS)}.",
-            fields={"verb": "unknown"},
-        )
-    signal = "KILL" if verb == "kill" else (signal or "").upper().removeprefix("SIG")
-    if signal not in EXEC_VERBS[verb]:
-        raise Invalid(
-            f"Signal {signal or '(none)'} is not one of {', '.join(EXEC_VERBS[verb])}.",
-            fields={"signal": "unknown"},
-        )
-    daemons.check_live(daemon)
-    invocation = invocation_get(invocation_id)
-    who, via = audit.actor_and_via()
-    order = f"daemon exec {verb}" + (f" {signal}" if verb == "signal" else "")
-    reason = f"stopped on daemon {daemon.pk} by {who} ({order})"
-    with transaction.atomic():
-        killed = transitions.kill_running(
-            invocation_id=invocation.pk, daemon_id=daemon.pk, reason=reason
-        )
-        if not killed:
-            invocation.refresh_from_db()
-            _not_running_here(invocation, daemon)
-        command = daemons.command_add(
-            daemon=daemon, invocation=invocation, verb=verb, signal=signal, by=f"{who} ({via})"
-        )
-        audit.record(
-            "daemon.exec",
-            queue=invocation.queue,
-            target=f"job {invocation.pk}",
-            summary=f"{order} on daemon {daemon.pk} ({daemon.name})",
-        )
-    return {
-        "command": str(command.pk),
-        "daemon": str(daemon.pk),
-        "invocation": str(invocation.pk),
-        "verb": verb,
-        "signal": signal,
-        "state": Q_.KILLED,
-        "reason": reason,
-    }
-
-
-def _not_running_here(invocation: Invocation, daemon) -> None:
-    if invocation.state == Q_.RUNNING:
-        raise Conflict(
-            f"Invocation {invocation.pk} runs on daemon {invocation.daemon_id}, not "
-            f"{daemon.pk}: 'lakeshore daemon exec {invocation.daemon_id} kill {invocation.pk}'.",
-            extra={"state": invocation.state, "worker": str(invocation.daemon_id)},
-            code="invocation_elsewhere",
-        )
-    hint = (
-        f" ('lakeshore jobs kill {invocation.pk}' kills it while it waits)"
-        if invocation.state == Q_.QUEUED
-        else ""
-    )
-    raise Conflict(
-        f"Invocation {invocation.pk} is not running ({invocation.state}): nothing to stop{hint}.",
-        extra={"state": invocation.state},
-        code="invocation_not_running",
-    )
 
 
 def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
@@ -822,22 +397,6 @@ def invocation_bulk_cancel(
     return cancelled
 
 
-# ---------------------------------------------------------------------------- reaper
-
-
-def reap(*, now=None) -> dict:
-    """Daemons silent past the heartbeat timeout become lost. Running invocations whose
-    daemon is no longer live (lost, terminated, deleted) go back to the queue while
-    attempts remain, else fail ("daemon gone"). Invocations past timeout_s become
-    timeout. Safe to run twice at once: every change is conditional."""
-    now = now or timezone.now()
-    lost = daemons.daemons_mark_lost(now=now)
-    with transaction.atomic():
-        rescued = transitions.rescue_orphans()
-    timed_out = transitions.timeout_overdue(now=now)
-    return {"lost": len(lost), **rescued, "timeout": timed_out}
-
-
 # ---------------------------------------------------------------------------- position
 
 
@@ -895,7 +454,7 @@ def queue_position(invocation: Invocation) -> dict | None:
     else:
         # Expected number claimed before it: older ones at its level, plus for each other
         # level the chance that one of its invocations wins a draw against this one.
-        levels = _levels_for(queue)  # counted at most every LEVELS_TTL s: no scan per request
+        levels = levels_for(queue)  # counted at most every LEVELS_TTL s: no scan per request
         same_level = capped(same.filter(priority=invocation.priority, id__lt=invocation.pk))
         top = max([*levels, invocation.priority])
         mine = math.exp((invocation.priority - top) / queue.temperature)

@@ -2,12 +2,7 @@
 
 from celery import shared_task
 
-from jobs import retention, services
-
-
-@shared_task(name="jobs.reap", ignore_result=True)
-def reap() -> dict:
-    return services.reap()
+from jobs import retention
 
 
 @shared_task(name="jobs.retention", ignore_result=True)

@@ -225,35 +225,6 @@ def job_kill(request, invocation_id: int):
 
 @require_POST
 @console_view
-def job_stop(request, invocation_id: int):
-    """Stop a running job on its daemon from the console (daemon exec kill): the same
-    service as the API and `lakeshore daemon exec`."""
-    from django.contrib import messages
-    from django.urls import reverse
-
-    from jobs import services
-    from lakeshore_admin.errors import Conflict, DomainError
-
-    job = _job_or_404(invocation_id)
-    try:
-        if job.daemon is None:
-            raise Conflict(
-                f"Job {job.pk} is not running on a daemon ({job.state}).",
-                code="invocation_not_running",
-            )
-        services.daemon_exec(daemon=job.daemon, verb="kill", invocation_id=job.pk)
-        messages.success(
-            request,
-            f"Job {job.pk} killed; daemon {job.daemon_id} stops its processes at its next "
-            "heartbeat.",
-        )
-    except DomainError as exc:
-        messages.error(request, f"Job {job.pk} was not stopped: {exc.message}")
-    return after_action(request, reverse("console-job", args=[job.pk]))
-
-
-@require_POST
-@console_view
 def job_retry(request, invocation_id: int):
     """Retry an ended job from the console (a new job linked to it): the same service as
     the API and the CLI. Success goes to the new job's page."""

@@ -389,7 +389,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": float(LAKESHORE_TICK_SECONDS)},
     },
     "reap": {
-        "task": "jobs.reap",
+        "task": "fleet.reap",
         "schedule": float(LAKESHORE_TICK_SECONDS),
         "options": {"expires": float(LAKESHORE_TICK_SECONDS)},  # a missed tick is not owed
     },

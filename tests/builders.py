@@ -5,6 +5,7 @@ import itertools
 from django.utils import timezone
 
 from accounts.services import token_create
+from fleet import commands, protocol
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
 from jobs import services as jobs
@@ -48,11 +49,11 @@ def invocation(
     )
     if state != InvocationState.QUEUED:
         runner = daemon(queues=[name], last_heartbeat_at=timezone.now())
-        (inv,) = jobs.invocation_claim(daemon=runner)
+        (inv,) = protocol.invocation_claim(daemon=runner)
         if state == InvocationState.KILLED:
-            jobs.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
+            commands.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
         elif state != InvocationState.RUNNING:
-            jobs.invocation_complete(
+            protocol.invocation_complete(
                 daemon=runner, invocation_id=inv.pk, attempt=1, outcome=state, retry=False
             )
     inv = Invocation.objects.select_related("daemon").get(pk=inv.pk)

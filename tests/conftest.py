@@ -107,7 +107,7 @@ def _fresh_cache():
     counts kept there (bad tokens per address, API rates) start from zero each test."""
     from django.core.cache import cache
 
-    from jobs.services import forget_queue_rows
+    from fleet.protocol import forget_queue_rows
 
     cache.clear()
     forget_queue_rows()

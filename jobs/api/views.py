@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import DaemonProtocol, Operate
-from fleet import daemons
+from fleet import commands, daemons, protocol
 from fleet.registration import check_speaker
 from fleet.services import daemon_get
 from jobs import services, waits
@@ -100,7 +100,7 @@ def heartbeat_answer(request, daemon_id, data):
 def claim_answer(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
-    claimed = services.invocation_claim(daemon=daemon, **fields)
+    claimed = protocol.invocation_claim(daemon=daemon, **fields)
     return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK, waits.headers(claimed)
 
 
@@ -110,10 +110,10 @@ def complete_answer(request, daemon_id, data):
         if not data or len(data) > BATCH_MAX:
             raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
         outcomes = validated(s.CompleteInput, data, many=True)
-        answers = services.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
+        answers = protocol.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
         return answers, status.HTTP_200_OK
     fields = validated(s.CompleteInput, data)
-    invocation = services.invocation_complete(
+    invocation = protocol.invocation_complete(
         daemon=daemon,
         invocation_id=fields["invocation"],
         attempt=fields["attempt"],
@@ -129,7 +129,7 @@ def complete_answer(request, daemon_id, data):
 def exchange_answer(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
-    answer = services.invocation_exchange(daemon=daemon, **fields)
+    answer = protocol.invocation_exchange(daemon=daemon, **fields)
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
     payload = {"recorded": answer["recorded"], "claimed": claimed}
     return payload, status.HTTP_200_OK, waits.headers(answer["claimed"])
@@ -282,7 +282,7 @@ class DaemonExec(APIView):
         daemon = daemon_get(daemon_id, with_provider=False)
         data = s.ExecInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        answer = services.daemon_exec(
+        answer = commands.daemon_exec(
             daemon=daemon,
             verb=data.validated_data["verb"],
             invocation_id=data.validated_data["job"],
@@ -303,7 +303,7 @@ class DaemonCommandDone(APIView):
         daemon = own_daemon(request, daemon_id)
         data = s.CommandDoneInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        command = daemons.command_done(
+        command = commands.command_done(
             daemon=daemon, command_id=command_id, result=data.validated_data["result"]
         )
         return Response(

@@ -5,6 +5,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
+from fleet import protocol
 from fleet.models import DaemonCommand
 from jobs import services
 from jobs.models import Invocation
@@ -130,7 +131,7 @@ def test_a_finished_job_or_an_ended_daemon_is_refused(operator, running):
     from fleet import daemons
 
     daemon, inv, _ = running
-    services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
+    protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
     finished = operator.post(exec_url(daemon), {"verb": "kill", "job": inv.pk}, format="json")
     assert_error(finished, 409, "invocation_not_running", says="succeeded")
 

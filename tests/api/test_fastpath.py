@@ -12,6 +12,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.db import OperationalError
 
 from accounts.authentication import token_cache
+from fleet import protocol
 from jobs import services
 from lakeshore_admin.fastpath import LeanPath
 from tests import builders
@@ -180,14 +181,14 @@ def test_a_failure_answers_the_same_500_and_503(world, monkeypatch):
     def broken(**kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(services, "invocation_claim", broken)
+    monkeypatch.setattr(protocol, "invocation_claim", broken)
     lean, full = both(world, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)
     assert lean == full and lean[0] == 500
 
     def unavailable(**kwargs):
         raise OperationalError("server closed the connection")
 
-    monkeypatch.setattr(services, "invocation_claim", unavailable)
+    monkeypatch.setattr(protocol, "invocation_claim", unavailable)
     lean, full = both(world, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)
     assert lean == full and lean[0] == 503
 

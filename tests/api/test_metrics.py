@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken, hash_token
-from fleet import controller
+from fleet import controller, daemons, protocol
 from fleet.models import Daemon, DaemonState, Provider
 from jobs import services, transitions
 from jobs.models import Invocation
@@ -175,7 +175,7 @@ def test_the_queue_gauges_match_the_queues_stats(viewer):
         for i in range(n):
             services.invocation_submit(function=ECHO, queue=queue, args=[i])
     worker = builders.daemon(queues=["plain"], state=DaemonState.IDLE)
-    services.invocation_claim(daemon=worker, limit=3)
+    protocol.invocation_claim(daemon=worker, limit=3)
     Invocation.objects.filter(queue="plain", state="queued").update(
         created_at=timezone.now() - timedelta(minutes=10)
     )
@@ -208,7 +208,7 @@ def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
             builders.daemon(queues=[name], state=DaemonState.BUSY)
             services.invocation_submit(function=ECHO, queue=name)
             services.invocation_submit(function=ECHO, queue=name)
-            services.invocation_claim(daemon=builders.daemon(queues=[name]))
+            protocol.invocation_claim(daemon=builders.daemon(queues=[name]))
 
     def queries() -> tuple[int, int]:
         with CaptureQueriesContext(connection) as whole:
@@ -300,7 +300,7 @@ def test_the_counters_match_the_database_after_real_work(
         # one past its timeout (reaped)
         for name in ("dropped", "lost", "slow"):
             daemon = builders.daemon(queues=["c"], name=name)
-            services.invocation_claim(daemon=daemon)
+            protocol.invocation_claim(daemon=daemon)
         Invocation.objects.filter(queue="c", daemon__name="lost").update(max_attempts=1)
         Invocation.objects.filter(queue="c", daemon__name="slow").update(
             timeout_s=1, started_at=timezone.now() - timedelta(seconds=30)
@@ -308,7 +308,7 @@ def test_the_counters_match_the_database_after_real_work(
         dropped = Daemon.objects.get(name="dropped").pk
         assert operator.delete(f"/api/v1/daemons/{dropped}/").status_code == 200
         Daemon.objects.filter(name="lost").update(state=DaemonState.LOST)
-        services.reap()
+        daemons.reap()
 
     after = scrape(viewer)
     in_db = ended_in_db()
@@ -346,7 +346,7 @@ def test_the_histograms_buckets_add_up_to_their_count(viewer, django_capture_on_
     with django_capture_on_commit_callbacks(execute=True):
         for _ in range(3):
             services.invocation_submit(function=ECHO, queue="h")
-        services.invocation_claim(daemon=builders.daemon(queues=["h"]), limit=3)
+        protocol.invocation_claim(daemon=builders.daemon(queues=["h"]), limit=3)
 
     samples = scrape(viewer)
 
@@ -368,7 +368,7 @@ def test_a_rolled_back_change_counts_nothing(viewer):
 
     before = scrape(viewer)
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert services.invocation_claim(daemon=daemon, limit=1)
+        assert protocol.invocation_claim(daemon=daemon, limit=1)
         assert transitions.kill_queued(invocation_id=queued[1].pk, reason="rolled back")
         raise RuntimeError("the caller fails after the statements")
     rolled_back = scrape(viewer)
@@ -415,9 +415,9 @@ def test_what_ran_is_timed_from_claim_to_end(viewer, django_capture_on_commit_ca
     daemon = builders.daemon(queues=["t"])
     before = scrape(viewer)
     with django_capture_on_commit_callbacks(execute=True):
-        services.invocation_claim(daemon=daemon)
+        protocol.invocation_claim(daemon=daemon)
         Invocation.objects.filter(pk=inv.pk).update(started_at=F("started_at") - timedelta(7))
-        services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
+        protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
 
     after = scrape(viewer)
     assert delta(before, after, RUN_SECONDS, queue="t") == pytest.approx(7 * 86400, abs=5)

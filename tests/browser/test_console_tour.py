@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from fleet import protocol
 from jobs import services as job_services
 from jobs.models import Invocation
 from queues import services
@@ -67,7 +68,7 @@ def world():
         job_services.invocation_submit(
             function="train.loop.step", queue="training-h100", args=[i], priority=i % 4
         )
-    job_services.invocation_claim(daemon=daemons[0], limit=2)
+    protocol.invocation_claim(daemon=daemons[0], limit=2)
     failed, _ = job_services.invocation_submit(
         function="train.loop.step", queue="eval", args=[{"lr": 3e-4, "batch": 512}],
         kwargs={"checkpoint": "s3://bucket/checkpoints/run-42/step-0009000.pt"},

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from tests import builders
@@ -65,7 +66,7 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function="x.y", queue="w", max_attempts=2)
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     Daemon.objects.filter(pk=daemon.pk).update(
         last_heartbeat_at=timezone.now() - timedelta(seconds=120)
     )
@@ -82,7 +83,7 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
     inv.refresh_from_db()
     assert (inv.state, inv.daemon_id) == ("queued", None)
     text = (tmp_path / "celery.log").read_text()
-    assert "jobs.reap" in text and "'lost': 1" in text
+    assert "fleet.reap" in text and "'lost': 1" in text
 
 
 @pytest.mark.parametrize("broker", BROKERS)

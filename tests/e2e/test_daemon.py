@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -118,7 +119,7 @@ def test_kill_9_then_the_reaper_requeues_or_fails_as_attempts_allow(live_server,
     _wait_for(lambda: Invocation.objects.filter(state="running").count() == 2, what="both claims")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    report = services.reap(now=timezone.now() + timedelta(seconds=61))
+    report = daemons.reap(now=timezone.now() + timedelta(seconds=61))
     assert report["lost"] == 1
     retry.refresh_from_db()
     once.refresh_from_db()

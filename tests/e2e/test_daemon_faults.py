@@ -16,6 +16,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from fleet.daemons import reap
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -148,9 +149,7 @@ def test_kill_9_of_the_daemon_kills_its_job_so_the_requeued_run_never_overlaps(d
     first.wait(10)
     assert _state(inv) == "running"  # the server cannot know yet
 
-    report = services.reap(
-        now=timezone.now() + timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1)
-    )
+    report = reap(now=timezone.now() + timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     assert report["lost"] == 1
     inv.refresh_from_db()
     assert (inv.state, inv.attempts, inv.daemon_id) == ("queued", 1, None)
@@ -179,9 +178,7 @@ def test_a_daemon_marked_lost_kills_its_copy_before_it_runs_the_work_again(daemo
     job = starts(ledger)[0]["pid"]
     # The reaper thinks the daemon silent (a `now` past the timeout) and hands its work
     # back: the daemon's next heartbeat gets 409 daemon_lost.
-    report = services.reap(
-        now=timezone.now() + timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1)
-    )
+    report = reap(now=timezone.now() + timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     assert report["lost"] == 1
     _wait_for(lambda: _state(inv) == "succeeded", what="the run after registering again")
     assert _stop(proc, "daemon") == 0, _log(tmp_path, "daemon")

@@ -5,6 +5,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from fleet import protocol
 from jobs import services, transitions
 from jobs.models import Invocation
 from tests import builders
@@ -30,7 +31,7 @@ def test_it_leaves_running_and_other_queues_alone():
     builders.queue(name="w")
     builders.queue(name="other")
     running, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="w")
-    services.invocation_claim(daemon=builders.daemon(queues=["w"]))
+    protocol.invocation_claim(daemon=builders.daemon(queues=["w"]))
     queued, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="w")
     elsewhere, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="other")
     assert services.invocation_bulk_cancel(queue="w") == 1

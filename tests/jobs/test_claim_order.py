@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from fleet import protocol
 from jobs import services
 from jobs.models import Invocation
 from queues.models import QueueKind
@@ -30,7 +31,7 @@ def _submit(queue: str, priorities: list[int]) -> list[int]:
 def _drain(daemon, n: int, limit: int = 1, rng: random.Random | None = None) -> list[Invocation]:
     got: list[Invocation] = []
     while len(got) < n:
-        batch = services.invocation_claim(daemon=daemon, limit=limit, rng=rng)
+        batch = protocol.invocation_claim(daemon=daemon, limit=limit, rng=rng)
         if not batch:
             break
         got += batch
@@ -70,7 +71,7 @@ def _batch(kind: str) -> tuple[list[int], list[int]]:
     builders.queue(name="q", kind=kind)
     ids = _submit("q", priorities)
     daemon = builders.daemon(queues=["q"])
-    batch = services.invocation_claim(daemon=daemon, limit=len(expected))
+    batch = protocol.invocation_claim(daemon=daemon, limit=len(expected))
     return [i.pk for i in batch], [ids[k] for k in expected]
 
 
@@ -111,7 +112,7 @@ def _boltzmann_share() -> int:
     rng = random.Random(99)
     picked = Counter()
     for _ in range(BOLTZMANN_DRAWS):
-        (inv,) = services.invocation_claim(daemon=daemon, limit=1, rng=rng)
+        (inv,) = protocol.invocation_claim(daemon=daemon, limit=1, rng=rng)
         picked[inv.priority] += 1
     return picked[1]
 
@@ -190,11 +191,11 @@ def test_it_dispatches_nothing_from_paused_or_archived_queues():
     (inv,) = _submit("held", [0])
     daemon = builders.daemon(queues=["held"])
     queue_services.queue_transition(name="held", action="pause")
-    assert services.invocation_claim(daemon=daemon) == []
+    assert protocol.invocation_claim(daemon=daemon) == []
     queue_services.queue_transition(name="held", action="archive")
-    assert services.invocation_claim(daemon=daemon) == []
+    assert protocol.invocation_claim(daemon=daemon) == []
     queue_services.queue_transition(name="held", action="resume")
-    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv]
+    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv]
 
 
 def test_a_draining_queue_still_dispatches_what_it_admitted():
@@ -204,7 +205,7 @@ def test_a_draining_queue_still_dispatches_what_it_admitted():
     (inv,) = _submit("d", [0])
     queue_services.queue_transition(name="d", action="drain")
     daemon = builders.daemon(queues=["d"])
-    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv]
+    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv]
 
 
 # ---------------------------------------------------------------------------- boltzmann
@@ -258,7 +259,7 @@ def test_boltzmann_claims_follow_the_distribution_through_the_database():
     ],
 )
 def test_the_order_checks_see_a_queue_claimed_in_another_kinds_order(monkeypatch, kind, wrong_as):
-    monkeypatch.setitem(services._ORDER, kind, services._ORDER[wrong_as])
+    monkeypatch.setitem(protocol._ORDER, kind, protocol._ORDER[wrong_as])
     claimed, expected = _one_at_a_time(kind)
     assert sorted(claimed) == sorted(expected)  # the same rows: only the order is wrong
     assert claimed != expected
@@ -267,8 +268,8 @@ def test_the_order_checks_see_a_queue_claimed_in_another_kinds_order(monkeypatch
 @pytest.mark.parametrize("kind", list(BATCH))
 def test_the_batch_check_sees_the_right_rows_in_the_wrong_order(monkeypatch, kind):
     """What a sorted() comparison let through: the right batch, handed back reversed."""
-    claim = services.invocation_claim
-    monkeypatch.setattr(services, "invocation_claim", lambda **kw: list(reversed(claim(**kw))))
+    claim = protocol.invocation_claim
+    monkeypatch.setattr(protocol, "invocation_claim", lambda **kw: list(reversed(claim(**kw))))
     claimed, expected = _batch(kind)
     assert sorted(claimed) == sorted(expected)
     assert claimed != expected
@@ -276,14 +277,14 @@ def test_the_batch_check_sees_the_right_rows_in_the_wrong_order(monkeypatch, kin
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_the_queue_order_check_sees_the_daemons_queues_served_backwards(monkeypatch, limit):
-    queues_of = services._queues_of
-    monkeypatch.setattr(services, "_queues_of", lambda names: queues_of(names)[::-1])
+    queues_of = protocol._queues_of
+    monkeypatch.setattr(protocol, "_queues_of", lambda names: queues_of(names)[::-1])
     claimed, expected = _daemon_queue_order(limit)
     assert claimed != expected
 
 
 def test_the_cold_boltzmann_check_sees_the_lowest_level_picked_first(monkeypatch):
-    monkeypatch.setattr(services, "boltzmann_pick", lambda levels, temperature, rng: min(levels))
+    monkeypatch.setattr(protocol, "boltzmann_pick", lambda levels, temperature, rng: min(levels))
     claimed, expected = _cold_boltzmann()
     assert claimed != expected
 
@@ -303,6 +304,6 @@ _REAL_PICK = services.boltzmann_pick
     ],
 )
 def test_the_distribution_check_sees_a_pick_that_ignores_the_weights(monkeypatch, wrong_pick):
-    monkeypatch.setattr(services, "boltzmann_pick", wrong_pick)
+    monkeypatch.setattr(protocol, "boltzmann_pick", wrong_pick)
     likely = _likely_range(BOLTZMANN_EACH_LEVEL, BOLTZMANN_EACH_LEVEL, BOLTZMANN_DRAWS, 1.0)
     assert _boltzmann_share() not in likely

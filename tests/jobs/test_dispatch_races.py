@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet import controller, daemons
+from fleet import controller, daemons, protocol
 from fleet.models import Daemon
 from jobs import services, transitions
 from jobs.models import Invocation
@@ -74,7 +74,7 @@ def test_a_drop_between_the_liveness_check_and_the_claim_strands_nothing():
         ),
     )
 
-    claimed = services.invocation_claim(daemon=daemon)  # it passed the check; then the drop
+    claimed = protocol.invocation_claim(daemon=daemon)  # it passed the check; then the drop
 
     assert claimed == []
     inv.refresh_from_db()
@@ -98,7 +98,7 @@ def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
     daemon = builders.daemon(queues=["w"])
     drop = _BehindTheClaim(lambda: daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
     hooks.register("claim.before_commit", drop.start_and_see_it_wait)
-    claimed = services.invocation_claim(daemon=daemon)  # commits; the drop then goes on
+    claimed = protocol.invocation_claim(daemon=daemon)  # commits; the drop then goes on
     drop.join()
 
     assert drop.errors == []
@@ -172,7 +172,7 @@ def test_the_reaper_rescues_work_left_running_on_a_terminated_daemon():
             cursor.execute(OLD_CLAIM_SQL, {"daemon": daemon.pk, "queue": "w"})
     Daemon.objects.filter(pk=daemon.pk).update(state="terminated")
 
-    report = services.reap()
+    report = daemons.reap()
 
     again.refresh_from_db()
     last.refresh_from_db()
@@ -211,7 +211,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 
     def submit_and_claim():  # after the tick chose the idle daemon, before it acts
         services.invocation_submit(function=ECHO, queue="pool")
-        got.extend(services.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
+        got.extend(protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
 
     hooks.register("scale_down.chosen", lambda: _in_other_thread(submit_and_claim))
 
@@ -221,7 +221,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
     daemon.refresh_from_db()
     assert daemon.state == "busy"  # neither retired nor ended
     assert (event.action, event.delta) == ("tick_noop", 0)
-    done = services.invocation_complete(
+    done = protocol.invocation_complete(
         daemon=daemon, invocation_id=got[0].pk, attempt=1, outcome="succeeded", result=1
     )
     assert done.state == "succeeded"
@@ -230,7 +230,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 def test_negative_control_ending_the_chosen_daemon_outright_kills_the_claimed_job(settings):
     queue, daemon = _pool_of_one_idle_daemon(settings)
     job, _ = services.invocation_submit(function=ECHO, queue="pool")
-    services.invocation_claim(daemon=daemon)  # claimed after the old code chose it
+    protocol.invocation_claim(daemon=daemon)  # claimed after the old code chose it
     daemons.daemon_drop(daemon=daemon)  # the old scale-down: terminate the chosen one
     job.refresh_from_db()
     assert job.state == "killed"
@@ -386,17 +386,17 @@ def test_a_failed_attempt_waits_its_back_off_before_it_can_be_claimed_again(sett
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
     daemon = builders.daemon(queues=["w"])
-    services.invocation_claim(daemon=daemon)
-    services.invocation_complete(
+    protocol.invocation_claim(daemon=daemon)
+    protocol.invocation_complete(
         daemon=daemon, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
     )
     inv.refresh_from_db()
     wait = (inv.scheduled_at - inv.created_at).total_seconds()
     assert inv.state == "queued" and 10 <= wait <= 21  # 20 s × a jitter in [0.5, 1)
 
-    assert services.invocation_claim(daemon=daemon) == []
+    assert protocol.invocation_claim(daemon=daemon) == []
     Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)  # its time has come
-    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv.pk]
+    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv.pk]
 
 
 def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
@@ -408,7 +408,7 @@ def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
     waits = []
     for attempt in (1, 2, 3):
         Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)
-        services.invocation_claim(daemon=daemon)
+        protocol.invocation_claim(daemon=daemon)
         with transaction.atomic():
             transitions.complete(
                 daemon_id=daemon.pk,
@@ -450,7 +450,7 @@ def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
 
     def claim(name):
         try:
-            got = services.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk))
+            got = protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk))
             results[name] = [inv.pk for inv in got]
         except BaseException as exc:  # noqa: BLE001 - asserted below
             errors.append(exc)
@@ -484,7 +484,7 @@ def _heartbeat_during_a_claim_of_a_busy_daemon():
         lambda: daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
     )
     hooks.register("claim.before_commit", beat.start_and_see_it_wait)
-    claimed = services.invocation_claim(daemon=daemon)
+    claimed = protocol.invocation_claim(daemon=daemon)
     beat.join()
     assert beat.errors == []
     assert [i.pk for i in claimed] == [inv.pk]

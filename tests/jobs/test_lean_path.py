@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -123,11 +124,11 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
 
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+    protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
     invocation, _ = services.invocation_submit(function=ECHO, queue="w")
     services.invocation_submit(function=ECHO, queue="w")  # a backlog
 
-    claimed, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    claimed, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
     assert [i.pk for i in claimed] == [invocation.pk]
     # the claim: daemon liveness, queue state and marking the daemon busy all inside
     assert len(_work(sql)) == 1
@@ -135,7 +136,7 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
 
     daemon.refresh_from_db()
     done, sql = _statements(
-        lambda: services.invocation_complete(
+        lambda: protocol.invocation_complete(
             daemon=daemon, invocation_id=invocation.pk, attempt=1, outcome="succeeded"
         )
     )
@@ -145,7 +146,7 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
     assert [q.split()[0] for q in _work(sql)] == ["UPDATE", "SELECT"]
     assert "queues_daemon" not in " ".join(sql)
 
-    claimed, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    claimed, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
     assert len(claimed) == 1
     assert len(_work(sql)) == 1  # busy already: the claim writes nothing of the daemon
 
@@ -153,14 +154,14 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
 def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
     builders.queue(name="p")
     daemon = builders.daemon(queues=["p"])
-    assert services.invocation_claim(daemon=daemon) == []  # the row is now reused
+    assert protocol.invocation_claim(daemon=daemon) == []  # the row is now reused
     queue_services.queue_transition(name="p", action="pause")
     invocation, _ = services.invocation_submit(function=ECHO, queue="p")  # paused admits
 
-    assert services.invocation_claim(daemon=daemon) == []
+    assert protocol.invocation_claim(daemon=daemon) == []
 
     queue_services.queue_transition(name="p", action="resume")
-    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [invocation.pk]
+    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [invocation.pk]
 
 
 def test_negative_control_without_the_state_check_the_paused_queue_dispatches(monkeypatch):
@@ -171,7 +172,7 @@ def test_negative_control_without_the_state_check_the_paused_queue_dispatches(mo
     queue_services.queue_transition(name="p", action="pause")
     services.invocation_submit(function=ECHO, queue="p")
     monkeypatch.setitem(transitions._STATES, "dispatching", ["active", "draining", "paused"])
-    assert len(services.invocation_claim(daemon=daemon)) == 1
+    assert len(protocol.invocation_claim(daemon=daemon)) == 1
 
 
 def test_a_claim_that_fails_after_its_statement_takes_nothing():
@@ -190,7 +191,7 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
     hooks.register("claim.before_commit", fail)
     try:
         with pytest.raises(ConnectionError):
-            services.invocation_claim(daemon=daemon)
+            protocol.invocation_claim(daemon=daemon)
     finally:
         hooks.clear()
 
@@ -205,15 +206,15 @@ def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
 
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    services.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+    protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
 
-    _, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    _, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
     assert len(_work(sql)) == 1  # the claim alone: nothing a touch would write
 
     old = timezone.now() - timedelta(minutes=5)
     Daemon.objects.filter(pk=daemon.pk).update(last_heartbeat_at=old)
     daemon.refresh_from_db()
-    _, sql = _statements(lambda: services.invocation_claim(daemon=daemon))
+    _, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
     # and the touch, which keeps it from being reaped (under the claim's lock on its row)
     assert len(_work(sql)) == 2
     daemon.refresh_from_db()
@@ -227,7 +228,7 @@ def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     for n in range(10):
         services.invocation_submit(function=ECHO, queue="w", args=[n], max_attempts=2)
-    claimed = services.invocation_claim(daemon=daemon, limit=10)
+    claimed = protocol.invocation_claim(daemon=daemon, limit=10)
     daemon.refresh_from_db()  # busy, as a request would load it
     outcomes = [
         {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [inv.pk]}
@@ -237,7 +238,7 @@ def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
         for inv, r in zip(claimed[8:], [True, False], strict=True)
     ]
     answers, sql = _statements(
-        lambda: services.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
+        lambda: protocol.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
     )
     assert [a["ok"] for a in answers] == [True] * 10
     assert [a["state"] for a in answers] == ["succeeded"] * 8 + ["queued", "failed"]

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleet import daemons
+from fleet import daemons, protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -33,7 +33,7 @@ class Claimer(threading.Thread):
     def run(self):
         try:
             with CaptureQueriesContext(connection) as ctx:
-                self.claimed = services.invocation_claim(
+                self.claimed = protocol.invocation_claim(
                     daemon=Daemon.objects.get(pk=self.daemon.pk), wait=self.wait
                 )
             self.queries = len(ctx.captured_queries) - 1  # minus the daemon lookup above
@@ -78,7 +78,7 @@ def _until(condition, timeout=15.0):
 def test_an_empty_20_second_wait_costs_less_than_an_empty_instant_claim():
     builders.queue(name="idle")
     daemon = builders.daemon(queues=["idle"])
-    services.invocation_claim(daemon=daemon)  # this process now knows the queue's kind
+    protocol.invocation_claim(daemon=daemon)  # this process now knows the queue's kind
     instant = Claimer(daemon, wait=0)
     instant.start()
     assert instant.result() == []
@@ -115,11 +115,11 @@ def test_a_waiting_claim_wakes_when_a_failed_attempt_is_requeued(settings):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
     first = builders.daemon(queues=["w"])
-    services.invocation_claim(daemon=first)
+    protocol.invocation_claim(daemon=first)
     claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
     claimer.start()
     time.sleep(0.5)
-    services.invocation_complete(
+    protocol.invocation_complete(
         daemon=first, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
     )
     got = claimer.result()
@@ -131,8 +131,8 @@ def test_a_waiting_claim_wakes_when_its_retry_back_off_ends(settings):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
     first = builders.daemon(queues=["w"])
-    services.invocation_claim(daemon=first)
-    services.invocation_complete(
+    protocol.invocation_claim(daemon=first)
+    protocol.invocation_complete(
         daemon=first, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
     )
     due = Invocation.objects.get(pk=inv.pk).scheduled_at
@@ -189,22 +189,22 @@ def test_busy_and_idle_are_written_at_once_whatever_the_heartbeat_interval(setti
 
     first, _ = services.invocation_submit(function=ECHO, queue="w")
     second, _ = services.invocation_submit(function=ECHO, queue="w")
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     daemon.refresh_from_db()
     state, current, written = seen()
     assert (state, current) == ("busy", first.pk)
-    services.invocation_complete(daemon=daemon, invocation_id=first.pk, attempt=1, result=1)
+    protocol.invocation_complete(daemon=daemon, invocation_id=first.pk, attempt=1, result=1)
     assert seen() == ("busy", None, written)  # the second is queued: not written
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     assert seen() == ("busy", second.pk, written)  # busy already: not written
-    services.invocation_complete(daemon=daemon, invocation_id=second.pk, attempt=1, result=1)
+    protocol.invocation_complete(daemon=daemon, invocation_id=second.pk, attempt=1, result=1)
     assert seen()[:2] == ("idle", None)
 
 
 def test_released_waiters_answer_empty_at_once_without_another_query_and_later_waits_still_wait():
     builders.queue(name="idle")
     daemon = builders.daemon(queues=["idle"])
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     short = Claimer(daemon, wait=0.2)  # what a wait that runs out costs
     short.start()
     short.result()

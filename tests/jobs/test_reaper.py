@@ -4,6 +4,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from fleet import daemons, protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -19,7 +20,7 @@ def _running(max_attempts=1, timeout_s=None):
         function="x.y", queue="w", max_attempts=max_attempts, timeout_s=timeout_s
     )
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    (claimed,) = services.invocation_claim(daemon=daemon)
+    (claimed,) = protocol.invocation_claim(daemon=daemon)
     assert claimed.pk == inv.pk
     return daemon, claimed
 
@@ -30,14 +31,14 @@ def _later(seconds):
 
 def test_it_leaves_a_daemon_that_heartbeats_alone():
     daemon, inv = _running()
-    assert services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT - 5))["lost"] == 0
+    assert daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT - 5))["lost"] == 0
     daemon.refresh_from_db()
     assert daemon.state == "busy"
 
 
 def test_it_requeues_the_work_of_a_lost_daemon_while_attempts_remain():
     daemon, inv = _running(max_attempts=2)
-    report = services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
+    report = daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     assert report["lost"] == 1 and report["requeued"] == 1
     daemon.refresh_from_db()
     inv.refresh_from_db()
@@ -48,7 +49,7 @@ def test_it_requeues_the_work_of_a_lost_daemon_while_attempts_remain():
 
 def test_it_fails_the_work_of_a_lost_daemon_without_attempts_left():
     daemon, inv = _running(max_attempts=1)
-    report = services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
+    report = daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     assert report["failed"] == 1
     inv.refresh_from_db()
     assert inv.state == "failed" and inv.error == "daemon gone (lost: no heartbeat)"
@@ -56,10 +57,10 @@ def test_it_fails_the_work_of_a_lost_daemon_without_attempts_left():
 
 def test_a_stale_completion_after_a_reap_changes_nothing():
     daemon, inv = _running(max_attempts=2)
-    services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
+    daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     before = Invocation.objects.filter(pk=inv.pk).values().get()
     with pytest.raises(Conflict):
-        services.invocation_complete(
+        protocol.invocation_complete(
             daemon=daemon, invocation_id=inv.pk, attempt=1, succeeded=True, result=1
         )
     assert Invocation.objects.filter(pk=inv.pk).values().get() == before
@@ -67,13 +68,13 @@ def test_a_stale_completion_after_a_reap_changes_nothing():
 
 def test_a_completion_for_an_older_attempt_is_refused():
     daemon, inv = _running(max_attempts=2)
-    services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
+    daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     other = builders.daemon(queues=["w"])
-    (again,) = services.invocation_claim(daemon=other)
+    (again,) = protocol.invocation_claim(daemon=other)
     assert again.attempts == 2
     with pytest.raises(Conflict):
-        services.invocation_complete(daemon=other, invocation_id=inv.pk, attempt=1, succeeded=True)
-    done = services.invocation_complete(
+        protocol.invocation_complete(daemon=other, invocation_id=inv.pk, attempt=1, succeeded=True)
+    done = protocol.invocation_complete(
         daemon=other, invocation_id=inv.pk, attempt=2, succeeded=True, result={"ok": True}
     )
     assert done.state == "succeeded" and done.result == {"ok": True}
@@ -81,16 +82,16 @@ def test_a_completion_for_an_older_attempt_is_refused():
 
 def test_it_times_out_invocations_past_their_timeout():
     daemon, inv = _running(timeout_s=30)
-    assert services.reap(now=_later(10))["timeout"] == 0
-    assert services.reap(now=_later(31))["timeout"] == 1
+    assert daemons.reap(now=_later(10))["timeout"] == 0
+    assert daemons.reap(now=_later(31))["timeout"] == 1
     inv.refresh_from_db()
     assert inv.state == "timeout" and inv.finished_at is not None
 
 
 def test_terminal_states_never_change():
     daemon, inv = _running()
-    services.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1, succeeded=True)
-    services.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 100))
+    protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1, succeeded=True)
+    daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 100))
     with pytest.raises(Conflict):
         services.invocation_kill(invocation_id=inv.pk)
     assert services.invocation_bulk_cancel() == 0
@@ -101,8 +102,8 @@ def test_terminal_states_never_change():
 def test_running_it_twice_at_once_is_harmless():
     daemon, inv = _running(max_attempts=3)
     now = _later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1)
-    first = services.reap(now=now)
-    second = services.reap(now=now)
+    first = daemons.reap(now=now)
+    second = daemons.reap(now=now)
     assert first["requeued"] == 1 and second == {
         "lost": 0,
         "requeued": 0,

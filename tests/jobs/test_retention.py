@@ -18,6 +18,7 @@ from django.db import connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from fleet import commands
 from fleet.models import Daemon, DaemonCommand
 from jobs import retention, tasks
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState
@@ -552,13 +553,12 @@ def test_it_reads_retention_days_from_the_environment(monkeypatch, tmp_path, val
 
 
 def test_daemon_commands_go_with_the_invocations_age():
-    from fleet import daemons
 
     builders.queue(name="q")
     daemon = builders.daemon(queues=["q"])
     inv = _invocations(1)[0]
-    old = daemons.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="x")
-    new = daemons.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="y")
+    old = commands.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="x")
+    new = commands.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="y")
     DaemonCommand.objects.filter(pk=old.pk).update(created_at=OLD)
     DaemonCommand.objects.filter(pk=new.pk).update(created_at=YOUNG)
 

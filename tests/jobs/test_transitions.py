@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from fleet import daemons
+from fleet import commands, daemons, protocol
 from jobs import services, transitions
 from jobs.models import (
     ACTIVE_STATES,
@@ -64,16 +64,16 @@ E_NORETRY = Refused("invocation_not_retryable")
 NEW = "a new queued invocation retries it"
 
 # resubmit        services.invocation_submit with the row's key: the row comes back
-# claim           services.invocation_claim by a daemon of its queue
+# claim           protocol.invocation_claim by a daemon of its queue
 # succeed, fail-retry, fail-last, report-timeout
 #                 transitions.complete by its daemon, for its attempt (fail-retry: with
 #                 an attempt left; fail-last: none left)
 # overdue         transitions.timeout_overdue (the reaper): past its timeout_s
 # unheld          transitions.release_unheld (a heartbeat): its daemon does not hold it
 # leave-*         fleet.daemons.daemon_deregister: its daemon leaves (attempt left/none)
-# lost-*          services.reap: its daemon went silent past the heartbeat timeout
+# lost-*          daemons.reap: its daemon went silent past the heartbeat timeout
 # drop            fleet.daemons.daemon_drop: an operator drops its daemon
-# exec-kill       services.daemon_exec kill on its daemon (console: Stop on daemon)
+# exec-kill       commands.daemon_exec kill on its daemon (console: Stop on daemon)
 # kill            services.invocation_kill (jobs kill)
 # bulk-cancel     services.invocation_bulk_cancel of its queue
 # queue-remove    queues.services.queue_delete of its queue, with force
@@ -158,7 +158,7 @@ def _resubmit(inv):
 
 
 def _claim(inv):
-    return services.invocation_claim(daemon=_daemon(inv.queue))
+    return protocol.invocation_claim(daemon=_daemon(inv.queue))
 
 
 def _overdue(inv):
@@ -184,7 +184,7 @@ def _leave(inv):
 
 def _lost(inv):
     _its_daemon(inv)  # a queued one's queue has a daemon too: it goes lost all the same
-    report = services.reap(now=timezone.now() + LATER)
+    report = daemons.reap(now=timezone.now() + LATER)
     assert report["lost"] == 1
     return report["requeued"] + report["failed"] + report["timeout"]
 
@@ -194,7 +194,7 @@ def _drop(inv):
 
 
 def _exec_kill(inv):
-    return services.daemon_exec(daemon=_its_daemon(inv), verb="kill", invocation_id=inv.pk)
+    return commands.daemon_exec(daemon=_its_daemon(inv), verb="kill", invocation_id=inv.pk)
 
 
 def _kill(inv):

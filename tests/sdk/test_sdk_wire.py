@@ -12,6 +12,7 @@ import msgpack
 import pytest
 from django.test import override_settings
 
+from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -206,11 +207,11 @@ def test_an_sdk_worker_killed_during_a_job_has_it_rerun_after_the_lease_not_befo
         os.killpg(first.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         time.sleep(2.0)  # past the heartbeat timeout, within the lease
-        services.reap()
+        daemons.reap()
         row = Invocation.objects.get(pk=int(inv))
         assert (row.state, row.attempts) == ("running", 1)  # not rerun before the lease
         time.sleep(max(0.0, 4.5 - (time.monotonic() - killed_at)))
-        services.reap()
+        daemons.reap()
         row = Invocation.objects.get(pk=int(inv))
         assert (row.state, row.attempts) == ("queued", 1)  # handed back after it
         assert Daemon.objects.get(worker_id__isnull=False).state == "lost"

@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
+from fleet import protocol
 from jobs import services
 from jobs.claim_room import claim_bytes
 from jobs.models import Invocation, Wire
@@ -30,7 +31,7 @@ UNBOUNDED = 1 << 50  # the rule before issue 17: no bound but the limit
 def sixteen_mib(settings):
     settings.LAKESHORE_CLAIM_MAX_BYTES = 16 * MiB
     yield
-    services.forget_queue_rows()
+    protocol.forget_queue_rows()
 
 
 def _queued(queue: str, n: int, *, size: int = SIX, wire: str = Wire.JSON, priority=0):
@@ -69,7 +70,7 @@ def _still_queued(ids) -> bool:
 def test_a_claim_of_five_6_mib_invocations_holds_two_and_the_rest_stay_queued():
     builders.queue(name="big")
     ids = _queued("big", 5)
-    claimed = services.invocation_claim(daemon=_daemon("big"), limit=5)
+    claimed = protocol.invocation_claim(daemon=_daemon("big"), limit=5)
 
     assert [inv.pk for inv in claimed] == ids[:2]  # oldest first, as ever
     assert [claim_bytes(inv) for inv in claimed] == [SIX, SIX]
@@ -81,7 +82,7 @@ def test_negative_control_without_the_bound_all_five_come_back(settings):
     settings.LAKESHORE_CLAIM_MAX_BYTES = UNBOUNDED
     builders.queue(name="big")
     ids = _queued("big", 5)
-    claimed = services.invocation_claim(daemon=_daemon("big"), limit=5)
+    claimed = protocol.invocation_claim(daemon=_daemon("big"), limit=5)
     assert [inv.pk for inv in claimed] == ids
     assert sum(claim_bytes(inv) for inv in claimed) == 5 * SIX  # 30 MiB in one answer
 
@@ -91,15 +92,15 @@ def test_an_invocation_bigger_than_the_bound_is_still_claimed_alone(settings):
     builders.queue(name="big")
     ids = _queued("big", 3)
     daemon = _daemon("big")
-    assert [inv.pk for inv in services.invocation_claim(daemon=daemon, limit=5)] == ids[:1]
-    assert [inv.pk for inv in services.invocation_claim(daemon=daemon, limit=5)] == ids[1:2]
+    assert [inv.pk for inv in protocol.invocation_claim(daemon=daemon, limit=5)] == ids[:1]
+    assert [inv.pk for inv in protocol.invocation_claim(daemon=daemon, limit=5)] == ids[1:2]
     assert _still_queued(ids[2:])
 
 
 def test_the_sdk_wire_is_bounded_by_its_blobs():
     builders.queue(name="sdk")
     ids = _queued("sdk", 5, wire=Wire.ENVELOPE)
-    claimed = services.invocation_claim(
+    claimed = protocol.invocation_claim(
         daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE, Wire.VALUE]
     )
     assert [inv.pk for inv in claimed] == ids[:2]
@@ -111,7 +112,7 @@ def test_negative_control_the_sdk_wire_without_the_bound(settings):
     settings.LAKESHORE_CLAIM_MAX_BYTES = UNBOUNDED
     builders.queue(name="sdk")
     ids = _queued("sdk", 5, wire=Wire.ENVELOPE)
-    claimed = services.invocation_claim(daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE])
+    claimed = protocol.invocation_claim(daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE])
     assert [inv.pk for inv in claimed] == ids
 
 
@@ -119,7 +120,7 @@ def test_the_bound_holds_across_a_daemons_queues():
     builders.queue(name="a")
     builders.queue(name="b")
     in_a, in_b = _queued("a", 1), _queued("b", 4)
-    claimed = services.invocation_claim(daemon=_daemon("a", "b"), limit=5)
+    claimed = protocol.invocation_claim(daemon=_daemon("a", "b"), limit=5)
     assert [inv.pk for inv in claimed] == in_a + in_b[:1]
     assert _still_queued(in_b[1:])
 
@@ -127,7 +128,7 @@ def test_the_bound_holds_across_a_daemons_queues():
 def test_the_bound_holds_across_a_boltzmann_queues_levels():
     builders.queue(name="bz", kind=QueueKind.BOLTZMANN, temperature=1.0)
     ids = [i for level in (1, 2, 3) for i in _queued("bz", 2, priority=level)]
-    claimed = services.invocation_claim(daemon=_daemon("bz"), limit=5)
+    claimed = protocol.invocation_claim(daemon=_daemon("bz"), limit=5)
     assert len(claimed) == 2
     assert _still_queued(sorted(set(ids) - {inv.pk for inv in claimed}))
 
@@ -135,7 +136,7 @@ def test_the_bound_holds_across_a_boltzmann_queues_levels():
 def test_the_bound_holds_in_priority_order():
     builders.queue(name="pq", kind=QueueKind.PRIORITY)
     low, high = _queued("pq", 2, priority=1), _queued("pq", 3, priority=9)
-    claimed = services.invocation_claim(daemon=_daemon("pq"), limit=5)
+    claimed = protocol.invocation_claim(daemon=_daemon("pq"), limit=5)
     assert [inv.pk for inv in claimed] == high[:2]
     assert _still_queued(low + high[2:])
 
@@ -144,7 +145,7 @@ def test_small_invocations_are_not_held_back():
     builders.queue(name="small")
     for i in range(100):
         services.invocation_submit(function="m.f", queue="small", args=[i], kwargs={"k": "é"})
-    assert len(services.invocation_claim(daemon=_daemon("small"), limit=100)) == 100
+    assert len(protocol.invocation_claim(daemon=_daemon("small"), limit=100)) == 100
 
 
 @pytest.mark.parametrize(
@@ -192,7 +193,7 @@ def test_the_exchange_endpoint_answers_within_the_bound(operator):
     builders.queue(name="big")
     ids = _queued("big", 6)
     daemon = _daemon("big")
-    (first,) = services.invocation_claim(daemon=daemon, limit=1)
+    (first,) = protocol.invocation_claim(daemon=daemon, limit=1)
     body = {
         "outcomes": [{"invocation": first.pk, "attempt": 1, "state": "succeeded", "result": 1}],
         "limit": 5,

@@ -13,6 +13,7 @@ import time
 import pytest
 from django.db import connection
 
+from fleet import protocol
 from fleet.models import Daemon
 from jobs import services, transitions
 from jobs.models import Invocation
@@ -32,7 +33,7 @@ LOCK = re.compile(r"\s+FOR KEY SHARE")
 def _no_hooks_left():
     yield
     hooks.clear()
-    services.forget_queue_rows()
+    protocol.forget_queue_rows()
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def _rm_behind_a_claim():
         rm[0].wait_until_blocked_on_a_lock()
 
     hooks.register("claim.before_commit", start_rm)
-    claimed = services.invocation_claim(daemon=daemon)
+    claimed = protocol.invocation_claim(daemon=daemon)
     rm[0].join()
     assert [i.pk for i in claimed] == [inv.pk]
     return inv, rm[0]
@@ -139,7 +140,7 @@ def _claim_behind_a_removal():
         late.join()
         assert late.errors == []
         claim.append(
-            _Other(lambda: services.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
+            _Other(lambda: protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
         )
         claim[0].wait_until_blocked_on_a_lock()  # the daemon's row, which rm unbinds
 

@@ -31,6 +31,8 @@ from pathlib import Path
 import httpx
 from django.db import InterfaceError, OperationalError, connection, connections
 
+from fleet import daemons
+
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE = "soak"
 LOST = "daemon_lost"
@@ -856,7 +858,7 @@ class Chaos:
 
 
 class Reaper:
-    """jobs.services.reap() every `every` seconds, as the Celery beat task would (in
+    """jobs.daemons.reap() every `every` seconds, as the Celery beat task would (in
     this process, on the test's settings: the same heartbeat timeout as the server's)."""
 
     def __init__(self, shared: Shared, every: float = 0.5):
@@ -869,13 +871,12 @@ class Reaper:
         self.thread = self.shared.thread(self.run, "reaper")
 
     def run(self) -> None:
-        from jobs import services
 
         stats = self.shared.stats
         try:
             while not self.done.wait(self.every):
                 try:
-                    report = services.reap()
+                    report = daemons.reap()
                 except (OperationalError, InterfaceError):
                     stats.add("reaper: database unavailable")
                     connection.close()

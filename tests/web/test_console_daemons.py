@@ -4,6 +4,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.roles import grant
+from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from tests import builders
@@ -33,7 +34,7 @@ def test_an_operator_drops_a_daemon_and_its_work_ends_killed(client):
     operator = _login(client, "operator")
     inv, _ = services.invocation_submit(function="lakeshore.functions.echo")
     daemon = builders.daemon(name="gpu-1")
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     response = operator.post(f"/daemons/{daemon.pk}/drop/")
     assert response.status_code == 302 and response["Location"] == "/daemons/"
     inv.refresh_from_db()
@@ -61,7 +62,7 @@ def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
     for _ in range(49):
         daemon = builders.daemon(provider=provider)
         services.invocation_submit(function="a.b")
-        services.invocation_claim(daemon=daemon)  # each runs a job, shown on the page
+        protocol.invocation_claim(daemon=daemon)  # each runs a job, shown on the page
     assert count() == one
 
 
@@ -73,7 +74,7 @@ def test_it_shows_every_job_a_daemon_runs_and_its_heartbeat_relative_with_the_ti
     viewer = _login(client, "viewer")
     daemon = builders.daemon(name="gpu-8", queues=[])
     jobs = [services.invocation_submit(function=f"a.job{i}")[0] for i in range(3)]
-    services.invocation_claim(daemon=daemon, limit=3)
+    protocol.invocation_claim(daemon=daemon, limit=3)
     Daemon.objects.filter(pk=daemon.pk).update(
         last_heartbeat_at=timezone.now() - timedelta(seconds=75)
     )
@@ -97,7 +98,7 @@ def test_a_drop_says_what_it_did_in_the_live_region(client):
     operator = _login(client, "operator")
     services.invocation_submit(function="a.b")
     daemon = builders.daemon(name="gpu-1")
-    services.invocation_claim(daemon=daemon)
+    protocol.invocation_claim(daemon=daemon)
     page = operator.get("/daemons/").content.decode()
     assert f'aria-label="Drop daemon {daemon.pk}"' in page and "hx-confirm=" in page
     body = operator.post(f"/daemons/{daemon.pk}/drop/", follow=True).content.decode()

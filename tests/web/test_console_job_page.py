@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.roles import grant
+from fleet import protocol
 from jobs import services
 from jobs.models import Invocation, InvocationState
 from tests import builders
@@ -200,7 +201,7 @@ def _running_on_a_daemon():
     builders.queue(name="q")
     daemon = builders.daemon(queues=["q"])
     inv, _ = services.invocation_submit(function="a.b", queue="q")
-    assert [i.pk for i in services.invocation_claim(daemon=daemon)] == [inv.pk]
+    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv.pk]
     return daemon, inv
 
 

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from jobs.services import reap
+from fleet.daemons import reap
 
 
 class Command(BaseCommand):
