@@ -11,11 +11,12 @@ blob (an Envelope for `@udf` calls and thunks, a bare value for `SyncQueue.submi
 which the server never decodes beyond the function's name, to show it. The id the SDK
 holds is the invocation's id: the submit answers it and the SDK adopts it.
 
-An SDK worker is a daemon: its first poll registers it (registration.sdk_worker_seen). It
-sends no heartbeat while it runs a job, so a lease keeps the job (daemons._SILENT_SQL).
-Its ack carries no worker id: the invocation names its daemon, and the token must own
-that daemon. A late or repeated ack answers 2xx with `ignored` (a 4xx would end the
-stock worker), and changes nothing."""
+An SDK worker is a daemon (its side of the wire: fleet/sdk_worker.py): its first poll
+registers it (fleet.registration.sdk_worker_seen). It sends no heartbeat while it runs
+a job, so a lease keeps the job (fleet/daemons.py, _SILENT_SQL). Its ack carries no
+worker id: the invocation names its daemon, and the token must own that daemon. A late
+or repeated ack answers 2xx with `ignored` (a 4xx would end the stock worker), and
+changes nothing."""
 
 import time
 
@@ -23,11 +24,10 @@ from django.conf import settings
 from django.db import IntegrityError, connection
 from django.db.models import F, Func
 
-from fleet import daemons, protocol, registration
 from jobs import services, waits
-from jobs.models import SDK_WIRES, TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
+from jobs.models import TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
-from lakeshore_admin.errors import Busy, Conflict, Invalid, NotFound, TooLarge
+from lakeshore_admin.errors import Busy, Invalid, NotFound, TooLarge
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
 SUBMIT_BLOCK_MAX = 20.0  # the longest a submit waits for room in a full queue
@@ -36,7 +36,7 @@ FUNCTION_MAX = 300
 VALUE_FUNCTION = "(value)"  # what a bare SyncQueue.submit(value) shows as its function
 
 # The states the SDK knows: it waits on pending/running and raises on the others.
-_SDK_STATE = {
+SDK_STATE = {
     InvocationState.QUEUED: "pending",
     InvocationState.RUNNING: "running",
     InvocationState.SUCCEEDED: "succeeded",
@@ -58,7 +58,7 @@ def check_namespace(namespace: str) -> None:
         )
 
 
-def _blob(value, name: str, *, required: bool = True) -> bytes | None:
+def read_blob(value, name: str, *, required: bool = True) -> bytes | None:
     if value is None and not required:
         return None
     if not isinstance(value, bytes | bytearray):
@@ -73,7 +73,7 @@ def _blob(value, name: str, *, required: bool = True) -> bytes | None:
     return bytes(value)
 
 
-def _text(body: dict, name: str, *, max_length: int = 200, allow_empty: bool = False) -> str:
+def read_text(body: dict, name: str, *, max_length: int = 200, allow_empty: bool = False) -> str:
     value = body.get(name)
     if not isinstance(value, str) or (not value and not allow_empty):
         raise Invalid(f"{name} must be a non-empty string.", fields={name: "missing"})
@@ -84,7 +84,7 @@ def _text(body: dict, name: str, *, max_length: int = 200, allow_empty: bool = F
     return value
 
 
-def _number(value, name: str, *, default: float, low: float, high: float) -> float:
+def read_number(value, name: str, *, default: float, low: float, high: float) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
@@ -94,7 +94,7 @@ def _number(value, name: str, *, default: float, low: float, high: float) -> flo
     return float(value)
 
 
-def _invocation_id(value) -> int:
+def read_invocation_id(value) -> int:
     """The SDK holds our id as a string."""
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
     if not text.isdigit() or len(text) > 18:
@@ -124,12 +124,12 @@ def describe(blob: bytes) -> tuple[str, str]:
 def submit(body: dict) -> tuple[Invocation, bool]:
     """POST …/producer/submit: queue the blob. (invocation, created); an idempotent
     key already used in the queue answers its invocation, whatever its state."""
-    queue = _text(body, "queue", max_length=63)
-    blob = _blob(body.get("args_blob"), "args_blob")
+    queue = read_text(body, "queue", max_length=63)
+    blob = read_blob(body.get("args_blob"), "args_blob")
     run_config = body.get("run_config") or {}
     if not isinstance(run_config, dict):
         raise Invalid("run_config must be a map.", fields={"run_config": "not a map"})
-    priority = _number(
+    priority = read_number(
         run_config.get("priority"), "run_config.priority", default=0.0, low=-1e6, high=1e6
     )
     key = run_config.get("key") or ""
@@ -139,7 +139,7 @@ def submit(body: dict) -> tuple[Invocation, bool]:
     timeout_s = (
         None
         if timeout in (None, 0)
-        else int(_number(timeout, "run_config.timeout_s", default=0, low=1, high=2**31 - 1))
+        else int(read_number(timeout, "run_config.timeout_s", default=0, low=1, high=2**31 - 1))
     )
     wire, function = describe(blob)
     try:
@@ -182,8 +182,8 @@ def await_result(body: dict) -> dict:
     """POST …/producer/await: the invocation's state once it is terminal, or when
     `timeout_s` (at most AWAIT_MAX_SECONDS) passes first. A wait refused a slot
     (jobs/waits.py) answers the current state at once: the SDK asks again."""
-    pk = _invocation_id(body.get("invocation_id"))
-    wait = _number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
+    pk = read_invocation_id(body.get("invocation_id"))
+    wait = read_number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
     deadline = time.monotonic() + min(wait, AWAIT_MAX_SECONDS)
     row = _await_row(pk)
     if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
@@ -214,7 +214,7 @@ def _await_row(pk: int) -> dict:
 
 def _await_answer(row: dict) -> dict:
     state = row["state"]
-    answer = {"state": _SDK_STATE[state], "result_blob": None, "result_ref": None, "error": None}
+    answer = {"state": SDK_STATE[state], "result_blob": None, "result_ref": None, "error": None}
     if state == InvocationState.SUCCEEDED:
         blob = row["result_blob"]
         answer["result_blob"] = bytes(blob) if blob is not None else None
@@ -223,115 +223,6 @@ def _await_answer(row: dict) -> dict:
     elif state in (InvocationState.FAILED, InvocationState.KILLED):
         answer["error"] = {"message": row["error"] or state}
     return answer
-
-
-# ---------------------------------------------------------------------------- worker
-
-
-def poll(body: dict, *, user, token=None) -> dict:
-    """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`."""
-    worker_id = _text(body, "worker_id")
-    queue = _text(body, "queue", max_length=63)
-    wait = _number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)
-    daemon = registration.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
-    claimed = protocol.invocation_claim(
-        daemon=daemon, limit=1, wait=min(wait, POLL_MAX_SECONDS), wires=SDK_WIRES
-    )
-    return {"commands": [_run_command(inv) for inv in claimed]}
-
-
-def _run_command(invocation: Invocation) -> dict:
-    blob = invocation.args_blob
-    return {
-        "kind": "run",
-        "body": {
-            "invocation_id": str(invocation.pk),
-            "args_blob": bytes(blob) if blob is not None else b"",
-            "attempt": invocation.attempts,
-            "queue": invocation.queue,
-            "run_config": invocation.run_config or {},
-        },
-    }
-
-
-def _held_by(pk: int, token) -> Invocation | None:
-    """The running invocation, if the token that polled it is this one. On the SDK's
-    wire the token that polled an attempt is its holder: its ack carries no worker id
-    and no attempt, so when the lease moved on to a worker polling with another token,
-    an ack from the first is late (two workers sharing one token cannot be told apart:
-    the README's "Guarantees" recommends one token per worker pool)."""
-    invocation = Invocation.objects.select_related("daemon").filter(pk=pk).first()
-    if invocation is None:
-        raise NotFound(f"Invocation {pk} does not exist.")
-    if invocation.state != InvocationState.RUNNING or invocation.daemon is None:
-        return None
-    if token is None or invocation.daemon.token_id != token.pk:
-        return None
-    return invocation
-
-
-def ack(body: dict, *, token) -> dict:
-    """POST /v1/daemon/ack: succeeded with result_blob, or failed with an error whose
-    `retry` says whether another attempt may run (when attempts remain). An ack from a
-    token that does not hold the running attempt changes nothing: 2xx `ignored`
-    with claim_stale (a 4xx would end the stock worker)."""
-    pk = _invocation_id(body.get("invocation_id"))
-    state = body.get("state")
-    if state not in ("succeeded", "failed"):
-        raise Invalid("state must be 'succeeded' or 'failed'.", fields={"state": "unknown"})
-    error = body.get("error") or {}
-    if not isinstance(error, dict):
-        error = {"message": str(error)}
-    result_blob = _blob(body.get("result_blob"), "result_blob", required=False)
-    invocation = _held_by(pk, token)
-    if invocation is None:
-        current = Invocation.objects.values_list("state", flat=True).get(pk=pk)
-        if current == InvocationState.RUNNING:  # held under another token
-            return {"ignored": True, "state": _SDK_STATE[current], "reason": "claim_stale"}
-        return {"ignored": True, "state": _SDK_STATE[current], "reason": "not running"}
-    message = str(error.get("message") or error.get("type") or "failed")[:100_000]
-    try:
-        done = protocol.invocation_complete(
-            daemon=invocation.daemon,
-            invocation_id=pk,
-            attempt=invocation.attempts,
-            outcome=state,
-            result_blob=result_blob if state == "succeeded" else None,
-            error="" if state == "succeeded" else message.replace("\x00", "\\x00"),
-            retry=bool(error.get("retry", True)),
-        )
-    except Conflict as stale:  # lease expired and re-dispatched meanwhile, or dropped
-        return {"ignored": True, "reason": stale.code}
-    return {"state": _SDK_STATE[done.state], "attempt": done.attempts}
-
-
-def result_chunk(body: dict, *, token) -> dict:
-    """POST /v1/daemon/result-chunk: one frame; the first write of (id, seq) wins.
-
-    An invocation's stream (a numeric id) takes frames only from the token that holds
-    its running attempt: anything else is ignored (2xx, claim_stale), before anything
-    is written, so nobody can forge or end another's result. Any other id is a
-    topic's name, open to every daemon token. A stream holds at most
-    LAKESHORE_SDK_STREAM_MAX_FRAMES frames and _MAX_BYTES bytes (413 stream_full).
-    A chunk from the worker running the job renews its lease."""
-    stream = body.get("invocation_id")
-    if isinstance(stream, int) and not isinstance(stream, bool):
-        stream = str(stream)
-    stream = _text({"invocation_id": stream}, "invocation_id")
-    seq = body.get("seq")
-    if isinstance(seq, bool) or not isinstance(seq, int) or not -(2**63) <= seq < 2**63:
-        raise Invalid("seq must be an integer.", fields={"seq": "not an integer"})
-    data = _blob(body.get("bytes"), "bytes")
-    final = bool(body.get("final", False))
-    holder = None
-    if stream.isdigit():
-        holder = _held_by(_invocation_id(stream), token)
-        if holder is None:
-            return {"seq": seq, "ignored": True, "reason": "claim_stale"}
-    created = _insert_frame(stream, seq, data, final)
-    if holder is not None:
-        daemons.touch(holder.daemon_id)
-    return {"seq": seq, "duplicate": not created}
 
 
 # One statement: count the frame into its stream's totals while they leave room, and
@@ -355,7 +246,7 @@ SELECT (SELECT count(*) FROM room), (SELECT count(*) FROM written)
 """
 
 
-def _insert_frame(stream: str, seq: int, data: bytes, final: bool) -> bool:
+def insert_frame(stream: str, seq: int, data: bytes, final: bool) -> bool:
     max_frames = settings.LAKESHORE_SDK_STREAM_MAX_FRAMES
     max_bytes = settings.LAKESHORE_SDK_STREAM_MAX_BYTES
     if len(data) > max_bytes:

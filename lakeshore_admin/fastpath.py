@@ -10,7 +10,8 @@ serves these requests itself:
     POST /api/v1/jobs/                                   submit, batch submit
     POST /api/v1/daemons/<id>/claim|exchange|complete|heartbeat/
 
-through the same answer functions as the DRF views (jobs/api/views.py: the rules,
+through the same answer functions as the DRF views (fleet/api/protocol.py and
+jobs/api/views.py: the rules,
 the validation, the services, the serializers, the error bodies of api_errors). It
 takes a request only when it is sure to answer as the full stack would, and hands
 everything else to Django, unchanged:
@@ -66,13 +67,14 @@ _SUBMIT = "/api/v1/jobs/"
 
 def _routes():
     """route → (its DRF view, the answer function the view serves)."""
+    from fleet.api import protocol
     from jobs.api import views
 
     return {
-        "claim": (views.DaemonClaim, views.claim_answer),
-        "exchange": (views.DaemonExchange, views.exchange_answer),
-        "complete": (views.DaemonComplete, views.complete_answer),
-        "heartbeat": (views.DaemonHeartbeat, views.heartbeat_answer),
+        "claim": (protocol.DaemonClaim, protocol.claim_answer),
+        "exchange": (protocol.DaemonExchange, protocol.exchange_answer),
+        "complete": (protocol.DaemonComplete, protocol.complete_answer),
+        "heartbeat": (protocol.DaemonHeartbeat, protocol.heartbeat_answer),
         "submit": (views.JobList, views.submit_answer),
     }
 

@@ -143,5 +143,6 @@ urlpatterns = [
     ),
     re_path(r"^api/", api_not_found),
     path("v1/", include("jobs.api.sdk_urls")),
+    path("v1/", include("fleet.api.sdk_urls")),
     re_path(r"^v1/", sdk_not_found),
 ]

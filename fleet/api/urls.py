@@ -1,6 +1,6 @@
 from django.urls import path
 
-from fleet.api import views
+from fleet.api import protocol, views
 
 NAME = "<str:name>"
 
@@ -12,4 +12,31 @@ urlpatterns = [
     path("daemons/", views.DaemonList.as_view(), name="daemon-list"),
     path("daemons/register/", views.DaemonRegisterView.as_view(), name="daemon-register"),
     path("daemons/<str:daemon_id>/", views.DaemonDetail.as_view(), name="daemon-detail"),
+    path(
+        "daemons/<str:daemon_id>/heartbeat/",
+        protocol.DaemonHeartbeat.as_view(),
+        name="daemon-heartbeat",
+    ),
+    path("daemons/<str:daemon_id>/claim/", protocol.DaemonClaim.as_view(), name="daemon-claim"),
+    path(
+        "daemons/<str:daemon_id>/complete/",
+        protocol.DaemonComplete.as_view(),
+        name="daemon-complete",
+    ),
+    path(
+        "daemons/<str:daemon_id>/exchange/",
+        protocol.DaemonExchange.as_view(),
+        name="daemon-exchange",
+    ),
+    path("daemons/<str:daemon_id>/exec/", protocol.DaemonExec.as_view(), name="daemon-exec"),
+    path(
+        "daemons/<str:daemon_id>/commands/<str:command_id>/done/",
+        protocol.DaemonCommandDone.as_view(),
+        name="daemon-command-done",
+    ),
+    path(
+        "daemons/<str:daemon_id>/deregister/",
+        protocol.DaemonDeregister.as_view(),
+        name="daemon-deregister",
+    ),
 ]

@@ -20,7 +20,4 @@ urlpatterns = [
         views.ProducerResultStream.as_view(),
         name="sdk-stream",
     ),
-    path("daemon/poll", views.DaemonPoll.as_view(), name="sdk-poll"),
-    path("daemon/ack", views.DaemonAck.as_view(), name="sdk-ack"),
-    path("daemon/result-chunk", views.DaemonResultChunk.as_view(), name="sdk-result-chunk"),
 ]

@@ -10,16 +10,13 @@ No token: 401; a viewer: 403; another namespace: 404 (namespace_unknown). Bodies
 msgpack both ways (lakeshore_admin/msgpack_api.py)."""
 
 import logging
-import time
 
-from django.db import OperationalError, connection
-from django.db.utils import InterfaceError
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import DaemonProtocol, Operate
+from accounts.permissions import Operate
 from jobs import sdk
 from lakeshore_admin.errors import Invalid
 from lakeshore_admin.msgpack_api import AlwaysMsgPack, MsgPackParser, MsgPackRenderer
@@ -73,32 +70,3 @@ class ProducerResultStream(SdkView):
         response["Cache-Control"] = "no-store"
         response["X-Accel-Buffering"] = "no"  # a proxy in front must not hold frames back
         return response
-
-
-class DaemonPoll(SdkView):
-    permission_classes = [DaemonProtocol]
-
-    def post(self, request):
-        try:
-            return Response(sdk.poll(request.data, user=request.user, token=request.auth))
-        except (OperationalError, InterfaceError) as exc:
-            # Any error answer ends the SDK's worker: a database that is away for a
-            # moment answers "no work" after a pause instead, and the worker polls again.
-            log.warning("SDK poll: database unavailable (%s); answering no work", exc)
-            connection.close()
-            time.sleep(1.0)
-            return Response({"commands": []})
-
-
-class DaemonAck(SdkView):
-    permission_classes = [DaemonProtocol]
-
-    def post(self, request):
-        return Response(sdk.ack(request.data, token=request.auth))
-
-
-class DaemonResultChunk(SdkView):
-    permission_classes = [DaemonProtocol]
-
-    def post(self, request):
-        return Response(sdk.result_chunk(request.data, token=request.auth))

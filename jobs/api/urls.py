@@ -8,31 +8,4 @@ urlpatterns = [
     path("jobs/<str:invocation_id>/", views.JobDetail.as_view(), name="job-detail"),
     path("jobs/<str:invocation_id>/kill/", views.JobKill.as_view(), name="job-kill"),
     path("jobs/<str:invocation_id>/retry/", views.JobRetry.as_view(), name="job-retry"),
-    path(
-        "daemons/<str:daemon_id>/heartbeat/",
-        views.DaemonHeartbeat.as_view(),
-        name="daemon-heartbeat",
-    ),
-    path("daemons/<str:daemon_id>/claim/", views.DaemonClaim.as_view(), name="daemon-claim"),
-    path(
-        "daemons/<str:daemon_id>/complete/",
-        views.DaemonComplete.as_view(),
-        name="daemon-complete",
-    ),
-    path(
-        "daemons/<str:daemon_id>/exchange/",
-        views.DaemonExchange.as_view(),
-        name="daemon-exchange",
-    ),
-    path("daemons/<str:daemon_id>/exec/", views.DaemonExec.as_view(), name="daemon-exec"),
-    path(
-        "daemons/<str:daemon_id>/commands/<str:command_id>/done/",
-        views.DaemonCommandDone.as_view(),
-        name="daemon-command-done",
-    ),
-    path(
-        "daemons/<str:daemon_id>/deregister/",
-        views.DaemonDeregister.as_view(),
-        name="daemon-deregister",
-    ),
 ]

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.exceptions import ValidationError
 
+from fleet.api import serializers as fs
 from jobs.api import serializers as s
 from lakeshore_admin.lean_input import validated
 
-CLASSES = [s.SubmitInput, s.ClaimInput, s.CompleteInput, s.HeartbeatInput, s.ExchangeInput]
+CLASSES = [s.SubmitInput, fs.ClaimInput, fs.CompleteInput, fs.HeartbeatInput, fs.ExchangeInput]
 
 tricky = st.sampled_from(
     [
@@ -61,10 +62,10 @@ values = st.recursive(
 
 BASES = {
     s.SubmitInput: {"function": "lakeshore.functions.echo", "queue": "bench", "args": [1]},
-    s.ClaimInput: {"limit": 1},
-    s.CompleteInput: {"invocation": 7, "attempt": 1, "state": "succeeded"},
-    s.HeartbeatInput: {"held": [1, 2]},
-    s.ExchangeInput: {"outcomes": [], "limit": 1},
+    fs.ClaimInput: {"limit": 1},
+    fs.CompleteInput: {"invocation": 7, "attempt": 1, "state": "succeeded"},
+    fs.HeartbeatInput: {"held": [1, 2]},
+    fs.ExchangeInput: {"outcomes": [], "limit": 1},
 }
 
 
@@ -73,10 +74,12 @@ def objects_for(cls):
     it does not know now and then: mostly one mistake away from valid."""
     names = list(cls().fields) + ["unknown"]
     changes = st.dictionaries(st.sampled_from(names), values, max_size=3)
-    if cls is s.ExchangeInput:
+    if cls is fs.ExchangeInput:
         changes = st.one_of(
             changes,
-            st.fixed_dictionaries({"outcomes": st.lists(objects_for(s.CompleteInput), max_size=3)}),
+            st.fixed_dictionaries(
+                {"outcomes": st.lists(objects_for(fs.CompleteInput), max_size=3)}
+            ),
         )
     removed = st.sets(st.sampled_from(names), max_size=2)
     return st.builds(
@@ -120,13 +123,13 @@ def test_a_batch_answers_what_drf_answers(items):
 
 EXAMPLES = [
     (s.SubmitInput, {"function": "f", "queue": "bench", "args": [1], "priority": 5.5}),
-    (s.ClaimInput, {"limit": 10, "wait": 20, "wires": ["json", "envelope"]}),
+    (fs.ClaimInput, {"limit": 10, "wait": 20, "wires": ["json", "envelope"]}),
     (
-        s.CompleteInput,
+        fs.CompleteInput,
         {"invocation": 7, "attempt": 1, "state": "succeeded", "result": {"a": [1]}, "retry": False},
     ),
     (
-        s.ExchangeInput,
+        fs.ExchangeInput,
         {
             "outcomes": [{"invocation": 7, "attempt": 1, "state": "failed", "error": "x"}],
             "limit": 1,

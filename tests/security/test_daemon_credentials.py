@@ -11,9 +11,9 @@ from django.core.handlers.wsgi import WSGIHandler
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
 from fleet import controller, protocol
+from fleet.api import protocol as protocol_views
 from fleet.models import Daemon
 from jobs import services
-from jobs.api import views
 from jobs.models import Invocation
 from lakeshore_admin.fastpath import LeanPath
 from tests import builders
@@ -84,7 +84,7 @@ def test_negative_control_under_the_owner_rule_a_heartbeat_gives_away_anothers_w
     door, fleet, monkeypatch
 ):
     a, b, minted, job = fleet
-    monkeypatch.setattr(views, "check_speaker", owner_rule)
+    monkeypatch.setattr(protocol_views, "check_speaker", owner_rule)
     status, _, _ = call(
         door, f"/api/v1/daemons/{b.pk}/heartbeat/", {"held": []}, token=minted[a.pk]
     )
@@ -122,7 +122,7 @@ def test_negative_control_under_the_owner_rule_the_bootstrap_token_acts_as_its_d
     bootstrap = builders.token("daemon")
     _, _, made = call(door, "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]},
                       token=bootstrap)  # fmt: skip
-    monkeypatch.setattr(views, "check_speaker", owner_rule)
+    monkeypatch.setattr(protocol_views, "check_speaker", owner_rule)
     status, _, _ = call(door, f"/api/v1/daemons/{made['id']}/claim/", {}, token=bootstrap)
     assert status == 200
 

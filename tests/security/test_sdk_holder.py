@@ -7,6 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.services import token_create
+from fleet import sdk_worker
 from fleet.models import Daemon
 from jobs import sdk, transitions
 from jobs.models import Invocation, InvocationState, ResultFrame
@@ -84,7 +85,7 @@ def test_a_late_ack_after_the_lease_moved_to_another_token_changes_nothing(world
 def test_negative_control_under_the_old_fence_the_late_ack_completes_the_retry(world, monkeypatch):
     inv, one, two = world
     _move_lease_to("w2", two, inv)
-    monkeypatch.setattr(sdk, "_held_by", owner_rule)
+    monkeypatch.setattr(sdk_worker, "_held_by", owner_rule)
     _post("/v1/daemon/ack", {"invocation_id": inv, "state": "succeeded",
                              "result_blob": b"late"}, one)  # fmt: skip
     row = Invocation.objects.get(pk=int(inv))
@@ -115,7 +116,7 @@ def test_nobody_writes_ahead_into_an_invocation_that_does_not_exist_yet(world):
 
 def test_negative_control_without_the_holder_check_a_stranger_forges_the_result(world, monkeypatch):
     inv, _, _ = world
-    monkeypatch.setattr(sdk, "_held_by", lambda pk, token: Invocation.objects.get(pk=pk))
+    monkeypatch.setattr(sdk_worker, "_held_by", lambda pk, token: Invocation.objects.get(pk=pk))
     forged = {"invocation_id": inv, "seq": 0, "bytes": b"forged", "final": True}
     _post("/v1/daemon/result-chunk", forged, builders.token("daemon"))
     assert bytes(ResultFrame.objects.get(stream=inv).data) == b"forged"

@@ -1,0 +1,184 @@
+"""The daemon protocol's doors: heartbeat, claim, complete, exchange, deregister, an
+operator's exec, and a command's report. The lean path (lakeshore_admin/fastpath.py)
+serves the hot ones through the same answer functions."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.permissions import DaemonProtocol, Operate
+from fleet import commands, daemons, protocol
+from fleet.api import serializers as s
+from fleet.registration import check_speaker
+from fleet.services import daemon_get
+from jobs import waits
+from lakeshore_admin.api_docs import errors
+from lakeshore_admin.lean_input import validated
+
+BATCH_MAX = 1000  # outcomes in one batch completion
+
+
+def heartbeat_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.HeartbeatInput, data or {})
+    return daemons.daemon_heartbeat(daemon=daemon, **fields), status.HTTP_200_OK
+
+
+def claim_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.ClaimInput, data or {})
+    claimed = protocol.invocation_claim(daemon=daemon, **fields)
+    return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK, waits.headers(claimed)
+
+
+def complete_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    if isinstance(data, list):
+        if not data or len(data) > BATCH_MAX:
+            raise ValidationError({"__all__": f"a batch holds 1 to {BATCH_MAX} outcomes."})
+        outcomes = validated(s.CompleteInput, data, many=True)
+        answers = protocol.invocation_complete_batch(daemon=daemon, outcomes=outcomes)
+        return answers, status.HTTP_200_OK
+    fields = validated(s.CompleteInput, data)
+    invocation = protocol.invocation_complete(
+        daemon=daemon,
+        invocation_id=fields["invocation"],
+        attempt=fields["attempt"],
+        outcome=fields["state"],
+        result=fields["result"],
+        error=fields["error"],
+        result_blob=fields["result_blob"],
+        retry=fields["retry"],
+    )
+    return s.InvocationSerializer(invocation).data, status.HTTP_200_OK
+
+
+def exchange_answer(request, daemon_id, data):
+    daemon = own_daemon(request, daemon_id)
+    fields = validated(s.ExchangeInput, data or {})
+    answer = protocol.invocation_exchange(daemon=daemon, **fields)
+    claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
+    payload = {"recorded": answer["recorded"], "claimed": claimed}
+    return payload, status.HTTP_200_OK, waits.headers(answer["claimed"])
+
+
+def own_daemon(request, daemon_id):
+    """Only the daemon's own credential speaks for it; operators for any."""
+    daemon = daemon_get(daemon_id, with_provider=False)
+    return check_speaker(daemon, user=request.user, token=request.auth)
+
+
+class DaemonHeartbeat(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon is alive; answers its state and what it should be running",
+        request=s.HeartbeatInput,
+        responses={200: s.HeartbeatOutput, **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        return Response(*heartbeat_answer(request, daemon_id, request.data))
+
+
+class DaemonClaim(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Claim up to `limit` invocations of the daemon's queues (long-poll `wait` s)",
+        request=s.ClaimInput,
+        responses={200: s.ClaimedSerializer(many=True), **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        payload, code, headers = claim_answer(request, daemon_id, request.data)
+        return Response(payload, code, headers=headers)
+
+
+class DaemonComplete(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Report an outcome, or a list of up to 1,000 (each fenced by daemon and "
+        "attempt: a stale claim gets 409 claim_stale, alone in a list)",
+        request=s.CompleteInput,
+        responses={
+            200: s.InvocationSerializer,
+            **errors(400, 404, 409),
+        },
+    )
+    def post(self, request, daemon_id):
+        return Response(*complete_answer(request, daemon_id, request.data))
+
+
+class DaemonExchange(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Report outcomes (a list of up to 1,000, each fenced as in complete) and "
+        "claim up to `limit` more in one request",
+        description="The outcomes are recorded first, then the claim runs (long-poll `wait` "
+        "s when it finds nothing). A daemon no longer live gets 409 (daemon_terminated, "
+        "daemon_lost) and claims nothing; a retry of outcomes already recorded answers them "
+        "in `recorded`. Outcomes recorded before a claim that failed stay recorded: retry "
+        "the same request.",
+        request=s.ExchangeInput,
+        responses={200: s.ExchangeOutput, **errors(400, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        payload, code, headers = exchange_answer(request, daemon_id, request.data)
+        return Response(payload, code, headers=headers)
+
+
+class DaemonDeregister(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon leaves after finishing its work (SIGTERM)",
+        request=None,
+        responses={200: None, **errors(404)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        return Response(daemons.daemon_deregister(daemon=daemon))
+
+
+class DaemonExec(APIView):
+    permission_classes = [Operate]
+
+    @extend_schema(
+        summary="Stop one running invocation on its daemon (kill, or a signal): operators",
+        request=s.ExecInput,
+        responses={201: s.ExecOutput, **errors(400, 403, 404, 409)},
+    )
+    def post(self, request, daemon_id):
+        daemon = daemon_get(daemon_id, with_provider=False)
+        data = s.ExecInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        answer = commands.daemon_exec(
+            daemon=daemon,
+            verb=data.validated_data["verb"],
+            invocation_id=data.validated_data["job"],
+            signal=data.validated_data["signal"],
+        )
+        return Response(answer, status=status.HTTP_201_CREATED)
+
+
+class DaemonCommandDone(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="The daemon reports what it did with an order (daemon exec)",
+        request=s.CommandDoneInput,
+        responses={200: s.CommandDoneOutput, **errors(400, 404)},
+    )
+    def post(self, request, daemon_id, command_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.CommandDoneInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        command = commands.command_done(
+            daemon=daemon, command_id=command_id, result=data.validated_data["result"]
+        )
+        return Response(
+            {"id": str(command.pk), "result": command.result, "done_at": command.done_at}
+        )
