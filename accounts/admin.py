@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 
 from accounts.models import ApiToken
+from accounts.services import token_revoke
 
 
 @admin.register(ApiToken)
@@ -37,7 +38,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected tokens")
     def revoke(self, request, queryset):
-        from accounts.services import token_revoke
 
         for token in queryset:
             token_revoke(token)

@@ -9,7 +9,11 @@ request behind it (management commands, Celery, tests) is the system's."""
 
 import contextvars
 
-from django.db import models
+from django.db import connection, models
+from django.utils.dateparse import parse_datetime
+
+from accounts.models import AuditEvent
+from queues.models import EventAction
 
 _request: contextvars.ContextVar = contextvars.ContextVar("lakeshore_request", default=None)
 
@@ -45,7 +49,6 @@ def actor_and_via(request=None) -> tuple[str, str]:
 def record(action: str, *, queue: str = "", target: str = "", summary: str = "", detail=None):
     """One audit row for an action that just happened (in the caller's transaction, if
     any: an action rolled back leaves no row)."""
-    from accounts.models import AuditEvent
 
     who, via = actor_and_via()
     return AuditEvent.objects.create(
@@ -133,7 +136,6 @@ def encode_cursor(row: dict) -> str:
 
 def decode_cursor(value: str):
     """(at, kind, id) from a cursor, or None for a missing or garbled one."""
-    from django.utils.dateparse import parse_datetime
 
     try:
         at, kind, pk = value.replace(" ", "+").rsplit(",", 2)  # a '+' read as a space
@@ -159,7 +161,6 @@ def timeline(
     """One timeline across queues: the controller's decisions (actor 'controller') and
     every operator action, newest first, `limit` a page. Returns (rows, next cursor or
     None). tick_noop decisions only with `noop`."""
-    from django.db import connection
 
     after = decode_cursor(cursor) if cursor else None
     params = {
@@ -186,7 +187,6 @@ def timeline(
 
 def known_actions() -> list[str]:
     """The action names the timeline may hold, for its filter."""
-    from queues.models import EventAction
 
     operator = [
         "queue.create", "queue.patch", "queue.drain", "queue.pause", "queue.resume",

@@ -2,6 +2,7 @@ import math
 import threading
 import time
 
+from axes.helpers import get_client_username, get_cool_off, get_failure_limit
 from django.conf import settings
 from django.shortcuts import render
 from django.utils import timezone
@@ -107,7 +108,6 @@ def authenticate_token(raw: str):
 def login_locked_out(request, original_response=None, credentials=None):
     """django-axes' answer to a locked-out login (AXES_LOCKOUT_CALLABLE): a page that says
     the login is locked and for how long, with 429 like axes' own answer."""
-    from axes.helpers import get_client_username, get_cool_off, get_failure_limit
 
     cool_off = get_cool_off(request)
     return render(

@@ -2,19 +2,20 @@
 action, across queues (accounts/audit.py reads them)."""
 
 from django.shortcuts import render
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from accounts import audit
 from accounts.console import console_view
+from queues.models import Queue
 
 FILTERS = ("queue", "action", "actor", "since", "until", "noop")
 
 
 def _moment(value: str, name: str, errors: dict):
     """A datetime-local value (UTC), or None; a bad one is an error for its field."""
-    from django.utils import timezone
-    from django.utils.dateparse import parse_datetime
 
     if not value:
         return None
@@ -33,7 +34,6 @@ def _moment(value: str, name: str, errors: dict):
 @require_GET
 @console_view
 def event_list(request):
-    from queues.models import Queue
 
     get = request.GET
     errors: dict[str, str] = {}

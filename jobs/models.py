@@ -1,6 +1,7 @@
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Length
+from django.urls import reverse
 
 
 class InvocationState(models.TextChoices):
@@ -177,7 +178,6 @@ class Invocation(models.Model):
 
     def get_absolute_url(self) -> str:
         """Its console page (Django admin links to it as "View on site")."""
-        from django.urls import reverse
 
         return reverse("console-job", args=[self.pk])
 

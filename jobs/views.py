@@ -1,14 +1,23 @@
 """Console pages for jobs: the same FilterSet and keyset order as the API's list."""
 
+import json
+
+from django.contrib import messages
+from django.http import Http404
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.console import console_view
+from accounts.models import AuditEvent
 from accounts.roles import can_operate
+from jobs import services
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
+from lakeshore_admin.errors import DomainError
+from queues.models import Queue
 
 PAGE_SIZE = 50
 FILTERS = ("queue", "function", "id", "worker", "since", "until")
@@ -21,8 +30,6 @@ CANCEL_COUNT_CAP = 10_000  # the bulk-cancel button counts up to this, then says
 def job_list(request):
     """Newest first, keyset-paged both ways: `cursor` (older than an id, the API's) and
     `after` (newer than an id, this page's way back)."""
-    from jobs import services
-    from queues.models import Queue
 
     params = request.GET.copy()
     after = _id_param(params.pop("after", [""])[-1])
@@ -103,11 +110,6 @@ def _id_param(value: str) -> int | None:
 def job_bulk_cancel(request):
     """Cancel what is queued in one queue, from the jobs list's queue filter: the same
     service as the API and the CLI."""
-    from django.contrib import messages
-    from django.urls import reverse
-
-    from jobs import services
-    from lakeshore_admin.errors import DomainError
 
     queue = request.POST.get("queue")
     back = back_url(request, f"{reverse('console-jobs')}?{urlencode({'queue': queue or ''})}")
@@ -126,9 +128,6 @@ def job_bulk_cancel(request):
 
 
 def _job_or_404(invocation_id) -> Invocation:
-    from django.http import Http404
-
-    from jobs import services
 
     try:
         return services.invocation_get(invocation_id)
@@ -137,7 +136,6 @@ def _job_or_404(invocation_id) -> Invocation:
 
 
 def _pretty(value) -> str:
-    import json
 
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False)
 
@@ -160,7 +158,6 @@ def _timeline(job: Invocation, retried_as: int | None) -> list[dict]:
         steps.append({"at": job.finished_at, "text": f"ended {job.state}{why}"})
     if job.scheduled_at and job.state == InvocationState.QUEUED:
         steps.append({"at": job.scheduled_at, "text": "next attempt may start (retry back-off)"})
-    from accounts.models import AuditEvent
 
     for row in AuditEvent.objects.filter(target=f"job {job.pk}").order_by("at")[:TIMELINE_ACTIONS]:
         steps.append({"at": row.at, "text": f"{row.actor} (via {row.via}): {row.summary}"})
@@ -173,7 +170,6 @@ def _timeline(job: Invocation, retried_as: int | None) -> list[dict]:
 @require_GET
 @console_view
 def job_detail(request, invocation_id: int):
-    from jobs import services
 
     job = _job_or_404(invocation_id)
     position = services.queue_position(job)
@@ -208,11 +204,6 @@ def job_detail(request, invocation_id: int):
 @console_view
 def job_kill(request, invocation_id: int):
     """Kill a queued job from the console: the same service as the API and the CLI."""
-    from django.contrib import messages
-    from django.urls import reverse
-
-    from jobs import services
-    from lakeshore_admin.errors import DomainError
 
     job = _job_or_404(invocation_id)
     try:
@@ -228,11 +219,6 @@ def job_kill(request, invocation_id: int):
 def job_retry(request, invocation_id: int):
     """Retry an ended job from the console (a new job linked to it): the same service as
     the API and the CLI. Success goes to the new job's page."""
-    from django.contrib import messages
-    from django.urls import reverse
-
-    from jobs import services
-    from lakeshore_admin.errors import DomainError
 
     job = _job_or_404(invocation_id)
     try:

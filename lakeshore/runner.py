@@ -48,6 +48,8 @@ def run(payload: dict) -> dict:
     function = str(payload["function"])
     allowed = allowed_modules(payload)
     if payload.get("wire") == "envelope":  # the Python SDK's: its own exec contract
+        # Here, not at the top: msgpack and the SDK's loader would cost every JSON job's
+        # process their import time.
         from lakeshore import sdk_job
 
         return sdk_job.run_envelope(payload, allowed=allowed, timeout=None)
@@ -175,7 +177,7 @@ def _become_subreaper() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes
+        import ctypes  # here: Linux only, and only in the daemon's job processes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):

@@ -1,6 +1,10 @@
 """What every console page's template gets (a context processor)."""
 
+from urllib.parse import urlsplit
+
 from django.conf import settings
+from django.http import HttpResponse
+from django.shortcuts import redirect
 
 
 def context(request) -> dict:
@@ -13,7 +17,6 @@ def back_url(request, default: str) -> str:
     """Where a console action returns to: the page it was sent from (htmx says which, in
     HX-Current-URL; only its path and query are kept, so it never leaves this site), or
     `default`."""
-    from urllib.parse import urlsplit
 
     current = urlsplit(request.headers.get("HX-Current-URL", ""))
     if not current.path.startswith("/"):
@@ -24,8 +27,6 @@ def back_url(request, default: str) -> str:
 def after_action(request, url: str):
     """Back to a page after a console action, as a full load (htmx follows HX-Redirect),
     so the action's message shows in the page's live region."""
-    from django.http import HttpResponse
-    from django.shortcuts import redirect
 
     if request.htmx:
         return HttpResponse(status=204, headers={"HX-Redirect": url})

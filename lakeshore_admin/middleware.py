@@ -5,7 +5,11 @@ bare page of its own. Django's limits sit below the server's (see README, Deploy
 so an oversized header gets 431 here: the API's error body under /api/, a small page
 elsewhere."""
 
+from urllib.parse import quote, urlsplit
+
 from django.conf import settings
+from django.http import HttpResponse
+from django.utils.cache import patch_vary_headers
 
 from lakeshore_admin.api_errors import error_response
 
@@ -65,7 +69,6 @@ class HtmxLoginRedirectMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        from django.utils.cache import patch_vary_headers
 
         response = self.get_response(request)
         # A page and its htmx partial share an address: caches (the browser's, for a
@@ -73,10 +76,6 @@ class HtmxLoginRedirectMiddleware:
         patch_vary_headers(response, ("HX-Request", "HX-Target"))
         if request.headers.get("HX-Request") != "true" or response.status_code not in (301, 302):
             return response
-        from urllib.parse import quote, urlsplit
-
-        from django.conf import settings
-        from django.http import HttpResponse
 
         if urlsplit(response.get("Location", "")).path != settings.LOGIN_URL:
             return response

@@ -1,18 +1,24 @@
+import msgpack
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
+from django.utils.csp import CSP
+from django.views.decorators.csp import csp_override
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
     SpectacularSwaggerSplitView,
 )
+from rest_framework.permissions import AllowAny
 
 from accounts import views as account_views
 from accounts.console import console_view
+from accounts.permissions import ReadOrOperate
 from fleet import views as daemon_views
 from jobs import views as job_views
-from lakeshore_admin.api_errors import bad_request
+from lakeshore_admin.api_errors import bad_request, error_body
 from lakeshore_admin.health import healthz, readyz
 from queues import views as queue_views
 from queues.metrics import metrics_view
@@ -20,7 +26,6 @@ from queues.metrics import metrics_view
 
 def api_not_found(request, *args, **kwargs):
     """Unknown addresses under /api/ answer the API's error body, not an HTML page."""
-    from lakeshore_admin.api_errors import error_body
 
     hint = "" if request.path.endswith("/") else " (API addresses end with '/')"
     message = f"No API endpoint at {request.path}{hint}; see /api/docs/."
@@ -29,10 +34,6 @@ def api_not_found(request, *args, **kwargs):
 
 def sdk_not_found(request, *args, **kwargs):
     """Unknown addresses under /v1/ (the Python SDK's) answer msgpack, as the SDK reads."""
-    import msgpack
-    from django.http import HttpResponse
-
-    from lakeshore_admin.api_errors import error_body
 
     body = error_body("not_found", f"No SDK endpoint at {request.path}.")
     return HttpResponse(msgpack.packb(body), status=404, content_type="application/x-msgpack")
@@ -41,8 +42,6 @@ def sdk_not_found(request, *args, **kwargs):
 def _json_for_api(status: int, code: str, message: str, html_view):
     def view(request, *args, **kwargs):
         if request.path.startswith("/api/"):
-            from lakeshore_admin.api_errors import error_body
-
             return JsonResponse(error_body(code, message), status=status)
         return html_view(request, *args, **kwargs)
 
@@ -61,12 +60,6 @@ def _docs(view_class, *, page: bool, **options):
     otherwise they need a read role, as the API does, through a bearer token or a console
     session. A person not logged in is sent to the login page (and back); an API client
     gets the API's 401."""
-    from django.conf import settings
-    from django.utils.csp import CSP
-    from django.views.decorators.csp import csp_override
-    from rest_framework.permissions import AllowAny
-
-    from accounts.permissions import ReadOrOperate
 
     public = view_class.as_view(permission_classes=[AllowAny], **options)
     private = view_class.as_view(permission_classes=[ReadOrOperate], **options)

@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 
 from lakeshore_admin.admin_actions import run_action
 from lakeshore_admin.errors import DomainError
-from queues import services
+from queues import elasticity, services
 from queues.models import Queue, QueueEvent
 
 
@@ -148,8 +148,6 @@ class QueueAdmin(admin.ModelAdmin):
                 name=Queue.objects.get(pk=obj.pk).name, changes=changes, dry_run=True
             )
         elif obj.elasticity_kind:
-            from queues import elasticity
-
             _, errors = elasticity.normalise(
                 obj.elasticity_kind,
                 {

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from queues import samples
 from queues.models import Queue
+from queues.services import PENDING_CAP
 
 # The queue page's chart, in viewBox units (the SVG scales to its box).
 WIDTH = 640
@@ -111,7 +112,6 @@ class Sparkline:
 
 def _count(value: int) -> str:
     """A count as the queue page shows it: above the cap, "10000+"."""
-    from queues.services import PENDING_CAP
 
     return f"{PENDING_CAP}+" if value > PENDING_CAP else str(value)
 

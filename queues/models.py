@@ -3,6 +3,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
+from django.urls import reverse
 
 from lakeshore_admin.names import NAME_MAX_LENGTH, name_validator
 
@@ -120,7 +121,6 @@ class Queue(models.Model):
 
     def get_absolute_url(self) -> str:
         """Its console page (Django admin: "View on site")."""
-        from django.urls import reverse
 
         return reverse("console-queue", args=[self.name])
 

@@ -45,7 +45,8 @@ from django.db.models import (
 from django.utils import timezone
 
 from fleet.models import Daemon, DaemonState
-from queues import elasticity
+from jobs.models import Invocation, InvocationState
+from queues import elasticity, services
 from queues.models import Queue, QueueEvent, QueueSample, QueueState
 
 PERIOD = timedelta(minutes=1)
@@ -66,15 +67,13 @@ def minute_of(at: datetime) -> datetime:
 
 
 def capped_queued():
-    """The queue's queued invocations, counted up to PENDING_CAP + 1 ("more"), as a
+    """The queue's queued invocations, counted up to services.PENDING_CAP + 1 ("more"), as a
     subquery that reads the partial index of queued rows (a backlog may be millions)."""
-    from jobs.models import Invocation, InvocationState
-    from queues.services import PENDING_CAP
 
     rows = Invocation.objects.filter(queue=OuterRef("name"), state=InvocationState.QUEUED)
     rows = rows.order_by()
     return Func(
-        Subquery(rows.values("id")[: PENDING_CAP + 1]),
+        Subquery(rows.values("id")[: services.PENDING_CAP + 1]),
         template="(SELECT COUNT(*) FROM %(expressions)s AS capped)",
         output_field=IntegerField(),
     )
@@ -152,8 +151,6 @@ WORKING = (DaemonState.PROVISIONING, DaemonState.IDLE, DaemonState.BUSY)
 def running_counts(names: list[str]) -> dict[str, int]:
     """Running invocations by queue, for all `names` in one grouped query (running rows
     are few: at most the daemons' slots), capped like the queue page's count."""
-    from jobs.models import Invocation, InvocationState
-    from queues.services import PENDING_CAP
 
     rows = (
         Invocation.objects.filter(state=InvocationState.RUNNING, queue__in=names)
@@ -161,7 +158,7 @@ def running_counts(names: list[str]) -> dict[str, int]:
         .values_list("queue")
         .annotate(n=Count("*"))
     )
-    return {queue: min(n, PENDING_CAP + 1) for queue, n in rows}
+    return {queue: min(n, services.PENDING_CAP + 1) for queue, n in rows}
 
 
 def live_daemons(names: list[str]) -> dict[str, dict[str, int]]:

@@ -2,6 +2,9 @@
 console, admin actions and tasks all call these; the rules live here once (STYLE: one
 rule, one place). Providers and daemons: fleet/services.py."""
 
+import json
+
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.db.models import Count, F, Func, Value
 from django.utils import timezone
@@ -214,9 +217,6 @@ def queue_patch(*, name: str, changes: dict, dry_run: bool = False) -> Queue:
 
 def _json_safe(value):
     """Values as an audit row stores them (numbers, strings, lists, dicts)."""
-    import json
-
-    from django.core.serializers.json import DjangoJSONEncoder
 
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
 

@@ -1,5 +1,7 @@
 """`lakeshore daemon run` (start a daemon here) and `lakeshore daemon remove` (drop one)."""
 
+import re
+
 import click
 
 from lakeshore.client import Client, path
@@ -9,7 +11,6 @@ from lakeshore.params import NAME_MAX_LENGTH, NAME_PATTERN
 
 
 def _queue_list(ctx, param, value: str) -> list[str]:
-    import re
 
     names = [n.strip() for n in (value or "").split(",") if n.strip()]
     for name in names:
