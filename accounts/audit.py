@@ -7,6 +7,7 @@ context variable for the services to read: the API's token user (DRF sets it on 
 request as it authenticates), the console's or admin's session user. Work with no
 request behind it (management commands, Celery, tests) is the system's."""
 
+import contextlib
 import contextvars
 
 from django.db import connection, models
@@ -62,6 +63,16 @@ def record(action: str, *, queue: str = "", target: str = "", summary: str = "",
     )
 
 
+@contextlib.contextmanager
+def serving(request):
+    """While it lasts, record() names this request's user and door."""
+    token = _request.set(request)
+    try:
+        yield
+    finally:
+        _request.reset(token)
+
+
 class AuditMiddleware:
     """Keeps the request being served where record() finds it."""
 
@@ -69,11 +80,8 @@ class AuditMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        token = _request.set(request)
-        try:
+        with serving(request):
             return self.get_response(request)
-        finally:
-            _request.reset(token)
 
 
 # ---------------------------------------------------------------------------- the timeline

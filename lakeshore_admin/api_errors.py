@@ -43,8 +43,19 @@ def _shorten(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _claimed_host(request) -> str:
+    """The host the request names, unchecked: what get_host() read and refused."""
+    meta = request.META
+    if settings.USE_X_FORWARDED_HOST and "HTTP_X_FORWARDED_HOST" in meta:
+        return meta["HTTP_X_FORWARDED_HOST"]
+    if "HTTP_HOST" in meta:
+        return meta["HTTP_HOST"]
+    host, port = meta.get("SERVER_NAME", ""), request.get_port()
+    return host if port == ("443" if request.is_secure() else "80") else f"{host}:{port}"
+
+
 def disallowed_host(request) -> str:
-    host = request._get_raw_host()  # what get_host() refused: Host, or X-Forwarded-Host
+    host = _claimed_host(request)
     domain, port = split_domain_port(host)
     if not domain:
         return f"Host '{_shorten(host)}' is not a valid host name."

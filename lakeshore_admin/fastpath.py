@@ -2,24 +2,27 @@
 Django's middleware stack and DRF's dispatch.
 
 A daemon claims, reports and heartbeats many times a second; an idle one long-polls.
-Thirteen middlewares, URL resolving and DRF's request wrapping cost 0.5–1.2 ms of
-server CPU per request (measured when this came in, over HTTP: submit 2.9 → 2.4 ms,
-an exchange 5.5 → 4.3 ms). This WSGI wrapper (lakeshore_admin/wsgi.py)
-serves these requests itself:
+The middleware, URL resolving and DRF's request wrapping cost more than the answer
+itself: bench/lean_path.py measures the server's CPU per request through the real WSGI
+application, and plain Django views take 1.3–2.0× the lean path's (a submit 0.6 →
+1.2 ms, an exchange 2.6 → 3.5 ms), and still 1.1–1.9× with the middleware narrowed to
+what an API answer needs. So it stays, in this one module. This WSGI wrapper
+(lakeshore_admin/wsgi.py) serves these requests itself:
 
     POST /api/v1/jobs/                                   submit, batch submit
     POST /api/v1/daemons/<id>/claim|exchange|complete|heartbeat/
 
 through the same answer functions as the DRF views (fleet/api/protocol.py and
-jobs/api/views.py: the rules,
-the validation, the services, the serializers, the error bodies of api_errors). It
+jobs/api/views.py: the rules, the validation, the services, the serializers, the error
+bodies of api_errors). It
 takes a request only when it is sure to answer as the full stack would, and hands
 everything else to Django, unchanged:
 
 - JSON only (msgpack and forms go to DRF's parsers), a Host in ALLOWED_HOSTS, headers
   within RequestHeaderLimitMiddleware's limits, a body within Django's limit and JSON
-  nesting limit, no API rate limit configured (LAKESHORE_API_RATE: DRF throttles), and
-  over HTTPS when LAKESHORE_HTTPS redirects plain HTTP;
+  nesting limit, no API rate limit configured (LAKESHORE_API_RATE: DRF throttles), no
+  DISALLOWED_USER_AGENTS or PREPEND_WWW (CommonMiddleware's), and over HTTPS when
+  LAKESHORE_HTTPS redirects plain HTTP;
 - a bearer token that authenticates (accounts/authentication.authenticate_token, the
   rule DRF's authentication uses): a bad one goes the full way, which counts bad
   tokens and answers 401 or 429;
@@ -31,10 +34,16 @@ its parsers run, so a stranger's body is never read or parsed (tests/security/
 test_token_before_body.py).
 
 Its answers carry the headers the middleware would add (tests/api/test_fastpath.py
-compares both ways request by request). It sends Django's request_started and
-request_finished signals, so database connections go back to the pool as after any
-request, and it keeps the request where the audit trail reads who acts.
-LAKESHORE_LEAN_PATH=0 turns it off."""
+compares both ways request by request). ACCOUNTED lists every middleware of
+settings.MIDDLEWARE with what stands in for it here: one it does not list turns the
+lean path off, and tests/api/test_fastpath_contract.py fails until it is listed; the
+same test turns on each of Django's security settings and compares the headers.
+
+It sends Django's request_started and request_finished signals, so database
+connections go back to the pool as after any request, and it keeps the request where
+the audit trail reads who acts.
+LAKESHORE_LEAN_PATH=0 turns it off. Under ASGI (asgi.py) everything takes the full
+stack."""
 
 import functools
 import io
@@ -48,7 +57,7 @@ from django.core import signals
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpHeaders
 from django.http.request import split_domain_port, validate_host
-from django.utils.csp import build_policy
+from django.utils.csp import CSP, build_policy
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils import json as drf_json
@@ -63,6 +72,47 @@ from lakeshore_admin.parsers import json_depth
 from lakeshore_admin.urls import handler500
 
 log = logging.getLogger("django.request")
+
+# Every middleware of settings.MIDDLEWARE, and what stands in for it on the requests the
+# lean path takes. A middleware that is not listed turns the lean path off (a warning
+# names it), so a new one is never skipped unseen; tests/api/test_fastpath_contract.py
+# fails until it is listed here.
+ACCOUNTED = {
+    "django.middleware.security.SecurityMiddleware": (
+        "HSTS, nosniff, Referrer-Policy, COOP: _static_headers and _hsts; "
+        "plain HTTP under SECURE_SSL_REDIRECT goes to Django"
+    ),
+    "whitenoise.middleware.WhiteNoiseMiddleware": "serves STATIC_URL only, never /api/",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware": (
+        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: _static_headers"
+    ),
+    "lakeshore_admin.middleware.RequestHeaderLimitMiddleware": (
+        "header_problem(): headers over a limit go to Django"
+    ),
+    "django.contrib.sessions.middleware.SessionMiddleware": (
+        "a bearer token never reads the session: no cookie, no Vary: Cookie"
+    ),
+    "django.middleware.common.CommonMiddleware": (
+        "the lean routes end in a slash; DISALLOWED_USER_AGENTS or PREPEND_WWW set: "
+        "everything goes to Django; Content-Length is set"
+    ),
+    "django.middleware.csrf.CsrfViewMiddleware": "DRF's views are CSRF-exempt for a token",
+    "django.contrib.auth.middleware.AuthenticationMiddleware": "the token's user",
+    "django.contrib.messages.middleware.MessageMiddleware": "the API adds no message",
+    "lakeshore_admin.middleware.HtmxLoginRedirectMiddleware": (
+        "Vary: HX-Request, HX-Target (_static_headers); an API answer never redirects"
+    ),
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: _static_headers",
+    "django_htmx.middleware.HtmxMiddleware": "request.htmx: the API does not read it",
+    "accounts.audit.AuditMiddleware": "audit.serving(request) around the answer",
+    "axes.middleware.AxesMiddleware": "console logins only; a bad token goes to Django",
+}
+
+
+def unaccounted(middleware) -> list[str]:
+    """The middleware the lean path does not know how to stand in for."""
+    return [name for name in middleware if name not in ACCOUNTED]
+
 
 _DAEMON = re.compile(r"^/api/v1/daemons/([0-9]{1,19})/(claim|exchange|complete|heartbeat)/$")
 _SUBMIT = "/api/v1/jobs/"
@@ -106,9 +156,10 @@ class LeanPath:
         self._routes = None
         self._renderer = JSONRenderer()
         self._headers = None
+        self._checked = self._accounted = None
 
     def __call__(self, environ, start_response):
-        if environ.get("REQUEST_METHOD") != "POST" or not settings.LAKESHORE_LEAN_PATH:
+        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
             return self.app(environ, start_response)
         path = environ.get("PATH_INFO", "")
         if path == _SUBMIT:
@@ -139,6 +190,18 @@ class LeanPath:
         allow = _allow(view)
         return self._serve(environ, start_response, request, answer, args, data, secure, allow)
 
+    def _enabled(self) -> bool:
+        middleware = settings.MIDDLEWARE
+        if middleware is not self._checked:  # once per list (tests swap it)
+            self._checked, self._accounted = middleware, not unaccounted(middleware)
+            if not self._accounted:
+                log.warning(
+                    "the lean path is off: it does not account for %s (see ACCOUNTED in %s)",
+                    ", ".join(unaccounted(middleware)),
+                    __name__,
+                )
+        return self._accounted and settings.LAKESHORE_LEAN_PATH
+
     # ------------------------------------------------------------------ who may take it
 
     def _take(self, environ):
@@ -152,8 +215,8 @@ class LeanPath:
             return None  # another type or charset: DRF's parsers read it
         if "HTTP_TRANSFER_ENCODING" in environ:
             return None  # a body without a length: Django's way of reading it
-        if settings.LAKESHORE_API_RATE:
-            return None
+        if settings.LAKESHORE_API_RATE or settings.DISALLOWED_USER_AGENTS or settings.PREPEND_WWW:
+            return None  # DRF's throttles, CommonMiddleware's refusal or redirect
         secure = _secure(environ)
         if settings.SECURE_SSL_REDIRECT and not secure:
             return None
@@ -173,19 +236,18 @@ class LeanPath:
     # ------------------------------------------------------------------ the answer
 
     def _serve(self, environ, start_response, request, answer, args, data, secure, allow):
-        kept = audit._request.set(request)
         try:
-            try:  # a claim's or an exchange's answer adds its headers (Retry-After)
-                payload, status, *headers = answer(request, *args, data)
-            except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
-                payload, status, extra = self._error(exc, request)
-            else:
-                extra = tuple(headers[0].items()) if headers else ()
+            with audit.serving(request):
+                try:  # a claim's or an exchange's answer adds its headers (Retry-After)
+                    payload, status, *headers = answer(request, *args, data)
+                except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
+                    payload, status, extra = self._error(exc, request)
+                else:
+                    extra = tuple(headers[0].items()) if headers else ()
             if status != 500:  # Django's own 500 page comes without DRF's Allow
                 extra = (("Allow", allow), *extra)
             body = self._renderer.render(payload)
         finally:
-            audit._request.reset(kept)
             signals.request_finished.send(sender=self.__class__)
         headers = [
             ("Content-Type", "application/json"),
@@ -224,8 +286,12 @@ class LeanPath:
             if settings.X_FRAME_OPTIONS:
                 headers.append(("X-Frame-Options", settings.X_FRAME_OPTIONS))
             headers.append(("Vary", "HX-Request, HX-Target"))
-            if settings.SECURE_CSP:
-                headers.append(("Content-Security-Policy", build_policy(settings.SECURE_CSP)))
+            for header, config in (
+                (CSP.HEADER_ENFORCE, settings.SECURE_CSP),
+                (CSP.HEADER_REPORT_ONLY, settings.SECURE_CSP_REPORT_ONLY),
+            ):
+                if config:
+                    headers.append((str(header), build_policy(config)))
             if settings.SECURE_CONTENT_TYPE_NOSNIFF:
                 headers.append(("X-Content-Type-Options", "nosniff"))
             if settings.SECURE_REFERRER_POLICY:

@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from prometheus_client import Counter, Histogram, values
 
-if not values.ValueClass._multiprocess:
+if values.ValueClass is values.MutexValue:  # the one-process kind
     raise ImproperlyConfigured(
         "prometheus_client was imported before the settings set PROMETHEUS_MULTIPROC_DIR: "
         "its counters would be per process. Import the Django settings first."

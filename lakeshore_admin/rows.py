@@ -48,8 +48,12 @@ def prepared_cursor():
     translation) whose statements are prepared on the server."""
     connection.close_if_health_check_failed()
     connection.ensure_connection()
+    connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        return connection._prepare_cursor(_PreparedCursor(connection.connection))
+        cursor = _PreparedCursor(connection.connection)
+    if connection.queries_logged:  # DEBUG or a test capturing queries: logged like the rest
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)
 
 
 def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:

@@ -118,14 +118,14 @@ class QueueAdmin(admin.ModelAdmin):
         class ServiceCheckedForm(form):
             """Runs the service in a dry run at validation, so refusals show on the form."""
 
-            def _post_clean(self):
-                super()._post_clean()
-                if self.errors:
-                    return
-                try:
-                    admin_self._dry_run(self)
-                except DomainError as exc:
-                    self.add_error(None, ValidationError(exc.message))
+            def clean(self):
+                cleaned = super().clean()
+                if not self.errors:
+                    try:
+                        admin_self._dry_run(self)
+                    except DomainError as exc:
+                        raise ValidationError(exc.message) from exc
+                return cleaned
 
         return ServiceCheckedForm
 
@@ -147,13 +147,12 @@ class QueueAdmin(admin.ModelAdmin):
             services.queue_patch(
                 name=Queue.objects.get(pk=obj.pk).name, changes=changes, dry_run=True
             )
-        elif obj.elasticity_kind:
+        elif kind := form.cleaned_data.get("elasticity_kind"):
             _, errors = elasticity.normalise(
-                obj.elasticity_kind,
+                kind,
                 {
-                    "min": obj.elasticity_min,
-                    "max": obj.elasticity_max,
-                    "threshold": obj.elasticity_threshold,
+                    key: form.cleaned_data.get(f"elasticity_{key}")
+                    for key in ("min", "max", "threshold")
                 },
             )
             if errors:
