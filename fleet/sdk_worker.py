@@ -16,6 +16,9 @@ from jobs.sdk import (
 )
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 
+# What the SDK's worker acks: its own words, and ours (protocol.invocation_complete).
+SDK_ACK_STATES = (InvocationState.SUCCEEDED, InvocationState.FAILED)
+
 
 def poll(body: dict, *, user, token=None) -> dict:
     """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`."""
@@ -66,7 +69,7 @@ def ack(body: dict, *, token) -> dict:
     with claim_stale (a 4xx would end the stock worker)."""
     pk = read_invocation_id(body.get("invocation_id"))
     state = body.get("state")
-    if state not in ("succeeded", "failed"):
+    if state not in SDK_ACK_STATES:
         raise Invalid("state must be 'succeeded' or 'failed'.", fields={"state": "unknown"})
     error = body.get("error") or {}
     if not isinstance(error, dict):
@@ -85,8 +88,8 @@ def ack(body: dict, *, token) -> dict:
             invocation_id=pk,
             attempt=invocation.attempts,
             outcome=state,
-            result_blob=result_blob if state == "succeeded" else None,
-            error="" if state == "succeeded" else message.replace("\x00", "\\x00"),
+            result_blob=result_blob if state == InvocationState.SUCCEEDED else None,
+            error="" if state == InvocationState.SUCCEEDED else message.replace("\x00", "\\x00"),
             retry=bool(error.get("retry", True)),
         )
     except Conflict as stale:  # lease expired and re-dispatched meanwhile, or dropped

@@ -52,6 +52,8 @@ ACTIVE_STATES = [InvocationState.QUEUED, InvocationState.RUNNING]
 KILLABLE_STATES = [InvocationState.QUEUED]
 # `daemon exec kill` (services.daemon_exec, transitions.kill_running): while it runs.
 STOPPABLE_STATES = [InvocationState.RUNNING]
+# What a daemon may report of an attempt it ran (transitions.complete).
+REPORTED_STATES = [InvocationState.SUCCEEDED, InvocationState.FAILED, InvocationState.TIMEOUT]
 # `jobs retry` (services.invocation_retry): ended badly; the retry is a new invocation.
 RETRYABLE_STATES = [InvocationState.FAILED, InvocationState.TIMEOUT, InvocationState.KILLED]
 
@@ -140,12 +142,12 @@ class Invocation(models.Model):
             models.Index(
                 fields=["queue", "id"],
                 name="inv_queued_fifo",
-                condition=Q(state="queued"),
+                condition=Q(state=InvocationState.QUEUED),
             ),
             models.Index(
                 fields=["queue", "-priority", "id"],
                 name="inv_queued_priority",
-                condition=Q(state="queued"),
+                condition=Q(state=InvocationState.QUEUED),
             ),
             # lists, newest first, by each filter
             models.Index(fields=["state", "-id"], name="inv_state_id"),
@@ -153,7 +155,9 @@ class Invocation(models.Model):
             models.Index(fields=["daemon", "-id"], name="inv_daemon_id"),
             # what each daemon runs now (heartbeat, orphan rescue, busy/idle)
             models.Index(
-                fields=["daemon"], name="inv_running_daemon", condition=Q(state="running")
+                fields=["daemon"],
+                name="inv_running_daemon",
+                condition=Q(state=InvocationState.RUNNING),
             ),
             models.Index(
                 fields=["retry_of"], name="inv_retry_of", condition=Q(retry_of__isnull=False)

@@ -154,6 +154,10 @@ class Queue(models.Model):
     def admits_submissions(self) -> bool:
         return self.state in ADMITTING_QUEUE_STATES
 
+    @property
+    def uses_temperature(self) -> bool:
+        return self.kind == QueueKind.BOLTZMANN
+
 
 class EventAction(models.TextChoices):
     TICK_NOOP = "tick_noop"

@@ -9,7 +9,7 @@ from fleet.daemons import current_invocation_id
 from fleet.models import Daemon, Provider
 from fleet.services import provider_status
 from jobs.api.serializers import InvocationSerializer
-from jobs.models import Wire
+from jobs.models import REPORTED_STATES, Wire
 from lakeshore_admin.output import BuiltOnceFields
 from lakeshore_admin.strict_input import INT_MAX, StrictInput, name_field, without_nul
 from queues.api.serializers import QueueInput, QueueSerializer
@@ -238,7 +238,7 @@ class ClaimedSerializer(InvocationSerializer):
 class CompleteInput(StrictInput):
     invocation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     attempt = serializers.IntegerField(min_value=1, max_value=INT_MAX)
-    state = serializers.ChoiceField(choices=["succeeded", "failed", "timeout"])
+    state = serializers.ChoiceField(choices=[str(state) for state in REPORTED_STATES])
     result = serializers.JSONField(
         required=False, allow_null=True, default=None, validators=[without_nul]
     )

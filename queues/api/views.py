@@ -21,7 +21,7 @@ from lakeshore_admin.pagination import (
 from queues import elasticity, services
 from queues.api import serializers as s
 from queues.filters import QueueFilter
-from queues.models import Queue, QueueEvent
+from queues.models import Queue, QueueEvent, QueueState
 
 MEMBERS_SHOWN = 500
 
@@ -43,7 +43,7 @@ class QueueList(APIView):
     @extend_schema(
         summary="List queues (archived ones only with state=archived)",
         parameters=[
-            OpenApiParameter("state", str, enum=["active", "draining", "paused", "archived"]),
+            OpenApiParameter("state", str, enum=QueueState.values),
             OpenApiParameter("limit", int, description="1–1000, default 100"),
             OFFSET,
         ],
