@@ -1,3 +1,4 @@
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Length
@@ -263,3 +264,60 @@ class ResultStream(models.Model):
 
     def __str__(self) -> str:
         return f"{self.stream}: {self.frames} frames, {self.bytes} bytes"
+
+
+class JobLog(models.Model):
+    """One attempt's log, as its daemon ships it (jobs/logs.py): the totals, and what
+    LAKESHORE_LOG_MAX_BYTES cut. Its lines are in LogChunk rows. Lines are numbered
+    from 0 per attempt; numbers stay put when the middle is cut (the head and the tail
+    are kept). No database foreign key: swept with its invocation (jobs/retention.py)."""
+
+    invocation = models.ForeignKey(
+        Invocation, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    attempt = models.PositiveIntegerField()
+    lines = models.BigIntegerField(default=0)  # every line shipped, kept or cut
+    bytes = models.BigIntegerField(default=0)
+    head_bytes = models.BigIntegerField(default=0)  # kept from the start
+    tail_bytes = models.BigIntegerField(default=0)  # kept since the head filled
+    head_lines = models.BigIntegerField(null=True, blank=True)  # where the head ended
+    cut_lines = models.BigIntegerField(default=0)
+    cut_bytes = models.BigIntegerField(default=0)
+    dropped_lines = models.BigIntegerField(default=0)  # lost on the daemon (its buffer)
+    next_seq = models.BigIntegerField(default=0)  # the daemon's next chunk number
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["invocation", "attempt"], name="joblog_attempt")
+        ]
+
+    def __str__(self) -> str:
+        return f"log of {self.invocation_id} attempt {self.attempt}: {self.lines} lines"
+
+
+class LogChunk(models.Model):
+    """Lines of one attempt's log, in the order the daemon read them: `streams` has one
+    letter a line (o: stdout, e: stderr), `times` the time each was read, `text` the
+    lines joined by newlines. `dropped` lines were lost on the daemon just before."""
+
+    invocation = models.ForeignKey(
+        Invocation, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    attempt = models.PositiveIntegerField()
+    first_line = models.BigIntegerField()
+    count = models.PositiveIntegerField()
+    bytes = models.PositiveIntegerField()
+    streams = models.TextField()
+    times = ArrayField(models.FloatField())
+    text = models.TextField()
+    dropped = models.BigIntegerField(default=0)
+    in_head = models.BooleanField(default=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["invocation", "attempt", "first_line"], name="logchunk_line")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.invocation_id}#{self.attempt} lines {self.first_line}+{self.count}"

@@ -14,7 +14,8 @@ there. The kinds take turns, a batch each, so a flood of one (finished invocatio
 never starves another (result frames). A short batch says a kind is done for the run.
 
 Queued and running invocations are never deleted, whatever their age; a finished one
-without finished_at is kept too. No other table holds a database foreign key to
+without finished_at is kept too. An invocation's logs (jobs.JobLog, jobs.LogChunk) go in
+the same statement as the invocation. No other table holds a database foreign key to
 invocations (a retry's `retry_of` and a daemon command's invocation have none), so a
 batch deletes them with nothing else to clear.
 """
@@ -44,6 +45,12 @@ WITH doomed AS MATERIALIZED (
      ORDER BY id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+),
+log_chunks AS (
+    DELETE FROM jobs_logchunk WHERE invocation_id = ANY(ARRAY(SELECT id FROM doomed))
+),
+logs AS (
+    DELETE FROM jobs_joblog WHERE invocation_id = ANY(ARRAY(SELECT id FROM doomed))
 )
 DELETE FROM jobs_invocation WHERE id = ANY(ARRAY(SELECT id FROM doomed))
 """

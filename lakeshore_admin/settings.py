@@ -334,6 +334,10 @@ LAKESHORE_SDK_STREAM_MAX_BYTES = env_number(
 LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
     "LAKESHORE_SDK_STREAM_READ_BYTES", 16 * 1024 * 1024, minimum=1024
 )
+# Issue 19: per-job logs (jobs/logs.py). An attempt's log keeps at most this many bytes:
+# past it, the first half and the last half are kept, with one marker line saying how
+# much was cut between them.
+LAKESHORE_LOG_MAX_BYTES = env_number("LAKESHORE_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=4096)
 # Issue 17: long-poll admission (jobs/waits.py)
 # At most this many requests of one server process sleep at once: claims and exchanges
 # with `wait`, the SDK's poll, await and result stream. Past it a claim answers at once

@@ -13,7 +13,7 @@ from fleet import commands, daemons, protocol
 from fleet.api import serializers as s
 from fleet.registration import check_speaker
 from fleet.services import daemon_get
-from jobs import waits
+from jobs import logs, waits
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.lean_input import validated
 
@@ -128,6 +128,25 @@ class DaemonExchange(APIView):
     def post(self, request, daemon_id):
         payload, code, headers = exchange_answer(request, daemon_id, request.data)
         return Response(payload, code, headers=headers)
+
+
+class DaemonLogs(APIView):
+    permission_classes = [DaemonProtocol]
+
+    @extend_schema(
+        summary="Ship what jobs printed: chunks of lines of the attempts this daemon holds",
+        description="Each chunk is fenced like a completion: stored only while the daemon "
+        "holds that invocation's attempt (else `stale`, nothing stored); a chunk whose "
+        "`seq` was stored already is a `duplicate` (a shipment sent again stores nothing "
+        "twice). An attempt keeps at most LAKESHORE_LOG_MAX_BYTES (its head and its tail).",
+        request=s.LogShipInput,
+        responses={200: s.LogShipped(many=True), **errors(400, 403, 404)},
+    )
+    def post(self, request, daemon_id):
+        daemon = own_daemon(request, daemon_id)
+        data = s.LogShipInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(logs.ship(daemon_id=daemon.pk, chunks=data.validated_data["chunks"]))
 
 
 class DaemonDeregister(APIView):

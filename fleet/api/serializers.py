@@ -8,6 +8,7 @@ from rest_framework import serializers
 from fleet.daemons import current_invocation_id
 from fleet.models import Daemon, Provider
 from fleet.services import provider_status
+from jobs import logs
 from jobs.api.serializers import InvocationSerializer
 from jobs.models import REPORTED_STATES, Wire
 from lakeshore_admin.output import BuiltOnceFields
@@ -267,6 +268,37 @@ class CompleteInput(StrictInput):
 
     def validate_error(self, value):
         return value.replace("\x00", "\\x00")  # keep the traceback, drop what PG can't store
+
+
+class LogChunkInput(StrictInput):
+    invocation = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+    attempt = serializers.IntegerField(min_value=1, max_value=INT_MAX)
+    seq = serializers.IntegerField(
+        min_value=0, max_value=2**63 - 1, help_text="the daemon's own number, per attempt"
+    )
+    dropped = serializers.IntegerField(
+        min_value=0, max_value=2**63 - 1, default=0, help_text="lines lost before these"
+    )
+    lines = serializers.JSONField(
+        help_text=f"1 to {logs.CHUNK_MAX_LINES:,} lines, each [stream ('o' or 'e'), epoch "
+        f"seconds, text of at most {logs.LINE_MAX_BYTES:,} bytes, no newline]"
+    )
+
+    def validate(self, attrs):
+        where = f"invocation {attrs['invocation']} attempt {attrs['attempt']} seq {attrs['seq']}"
+        attrs["lines"] = logs.checked_lines(attrs["lines"], where)
+        return attrs
+
+
+class LogShipInput(StrictInput):
+    chunks = LogChunkInput(many=True, max_length=logs.CHUNKS_MAX, allow_empty=False)
+
+
+class LogShipped(serializers.Serializer):
+    invocation = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    seq = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=["stored", "duplicate", "stale"])
 
 
 class HeartbeatInput(StrictInput):

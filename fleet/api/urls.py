@@ -28,6 +28,7 @@ urlpatterns = [
         protocol.DaemonExchange.as_view(),
         name="daemon-exchange",
     ),
+    path("daemons/<str:daemon_id>/logs/", protocol.DaemonLogs.as_view(), name="daemon-logs"),
     path("daemons/<str:daemon_id>/exec/", protocol.DaemonExec.as_view(), name="daemon-exec"),
     path(
         "daemons/<str:daemon_id>/commands/<str:command_id>/done/",

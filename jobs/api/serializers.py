@@ -2,6 +2,7 @@ import functools
 
 from rest_framework import serializers
 
+from jobs import logs
 from jobs.models import Invocation, shown_priority
 from lakeshore_admin.output import BuiltOnceFields
 from lakeshore_admin.strict_input import INT_MAX, StrictInput, name_field, without_nul
@@ -133,3 +134,52 @@ class BulkCancelOutput(serializers.Serializer):
     cancelled = serializers.IntegerField()
     dry_run = serializers.BooleanField()
     queue = serializers.CharField(allow_null=True)
+
+
+class LogQuery(StrictInput):
+    """GET /api/v1/jobs/<id>/logs/: which lines."""
+
+    attempt = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    offset = serializers.IntegerField(min_value=0, max_value=2**62, default=0)
+    limit = serializers.IntegerField(
+        min_value=1, max_value=logs.READ_MAX_LINES, default=logs.READ_DEFAULT_LINES
+    )
+    tail = serializers.IntegerField(
+        min_value=0, max_value=logs.READ_MAX_LINES, required=False, help_text="the last N lines"
+    )
+    stream = serializers.ChoiceField(choices=sorted(logs.STREAM_LETTERS), required=False)
+    since = serializers.DateTimeField(required=False, help_text="lines read at or after it")
+    follow = serializers.BooleanField(
+        default=False, help_text="no new line yet: wait for one, or for the attempt to end"
+    )
+    wait = serializers.FloatField(min_value=0, max_value=logs.FOLLOW_MAX_SECONDS, default=20)
+
+
+class LogLine(serializers.Serializer):
+    n = serializers.IntegerField(help_text="line number in the attempt's log, from 0")
+    at = serializers.DateTimeField(allow_null=True, help_text="when the daemon read it")
+    stream = serializers.ChoiceField(
+        choices=[*sorted(logs.STREAM_LETTERS), logs.CUT, logs.DROPPED],
+        help_text="out or err; cut and dropped are the server's marker lines",
+    )
+    text = serializers.CharField()
+
+
+class LogCut(serializers.Serializer):
+    lines = serializers.IntegerField()
+    bytes = serializers.IntegerField()
+
+
+class LogPage(serializers.Serializer):
+    invocation = serializers.CharField()
+    attempt = serializers.IntegerField()
+    attempts = serializers.IntegerField()
+    state = serializers.CharField()
+    offset = serializers.IntegerField()
+    next_offset = serializers.IntegerField(help_text="ask from here for what follows")
+    lines = LogLine(many=True)
+    total_lines = serializers.IntegerField()
+    cut = LogCut(allow_null=True)
+    dropped_lines = serializers.IntegerField()
+    finished = serializers.BooleanField(help_text="the attempt is over: no new line will come")
+    complete = serializers.BooleanField(help_text="finished, and every line was read")

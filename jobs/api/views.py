@@ -6,7 +6,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import services
+from jobs import logs, services
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
@@ -95,6 +95,24 @@ class JobDetail(APIView):
         invocation.position = services.queue_position(invocation)
         invocation.retried_as = services.retried_as(invocation)
         return Response(s.InvocationDetailSerializer(invocation).data)
+
+
+class JobLogs(APIView):
+    @extend_schema(
+        summary="What an attempt printed (the latest by default), from line `offset` on",
+        description="Lines carry their stream (out, err), the time the daemon read them and "
+        "their number in the attempt's log; `next_offset` is where to ask next. With "
+        "`follow`, a read that finds no new line waits (up to `wait` s) for one or for the "
+        "attempt to end (`finished`). A log past LAKESHORE_LOG_MAX_BYTES keeps its head and "
+        "its tail, with a `cut` marker line between them.",
+        parameters=[s.LogQuery],
+        responses={200: s.LogPage, **errors(400, 404)},
+    )
+    def get(self, request, invocation_id):
+        query = s.LogQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        page = logs.read(invocation_id, **query.validated_data)
+        return Response(s.LogPage(page).data)
 
 
 class JobKill(APIView):

@@ -21,7 +21,7 @@ from django.utils import timezone
 from fleet import commands
 from fleet.models import Daemon, DaemonCommand
 from jobs import retention, tasks
-from jobs.models import TERMINAL_STATES, Invocation, InvocationState
+from jobs.models import TERMINAL_STATES, Invocation, InvocationState, JobLog, LogChunk
 from jobs.retention import retention_sweep
 from lakeshore_admin import hooks
 from queues.models import EventAction, QueueEvent
@@ -378,9 +378,14 @@ def test_no_foreign_key_with_a_constraint_references_invocations_or_events():
         # no database constraint: swept by its own age (test below)
         (DaemonCommand, "invocation", Invocation, models.DO_NOTHING),
         (Invocation, "retry_of", Invocation, models.SET_NULL),  # no database constraint
+        # no database constraint: deleted in the invocations' own statement
+        (JobLog, "invocation", Invocation, models.DO_NOTHING),
+        (LogChunk, "invocation", Invocation, models.DO_NOTHING),
     }
     assert not Invocation._meta.get_field("retry_of").db_constraint
     assert not DaemonCommand._meta.get_field("invocation").db_constraint
+    assert not JobLog._meta.get_field("invocation").db_constraint
+    assert not LogChunk._meta.get_field("invocation").db_constraint
     # the table and column names jobs/retention.py writes out
     assert (Invocation._meta.db_table, QueueEvent._meta.db_table) == (
         "jobs_invocation",

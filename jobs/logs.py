@@ -1,0 +1,366 @@
+"""Per-job logs: what a job printed, per attempt, shipped by the daemon that holds the
+attempt (POST /api/v1/daemons/<id>/logs/) and read by the CLI, the API and the console
+(GET /api/v1/jobs/<id>/logs/).
+
+Stored in PostgreSQL, one JobLog row an attempt (its totals) and LogChunk rows (its
+lines as the daemon batched them): a log is read from where the last read stopped, by
+line number, with the job's own rows, swept by retention with its invocation, and
+needs no file shared between the server and the hosts daemons run on.
+
+Bounds. A shipment holds at most CHUNKS_MAX chunks of at most CHUNK_MAX_LINES lines of
+at most LINE_MAX_BYTES each (the daemon splits a longer line). An attempt keeps at most
+LAKESHORE_LOG_MAX_BYTES: the first half (the head) and the last half (the tail), the
+oldest lines of the tail cut as new ones come. A read answers at most READ_MAX_LINES
+lines and about READ_MAX_BYTES, and sleeps (follow) at most FOLLOW_MAX_SECONDS, with a
+slot of jobs/waits.py.
+
+Fencing. Only the daemon that holds the attempt writes it: the invocation's daemon and
+attempt must be the chunk's (so a late flush of an attempt that just ended is kept, and
+nothing of a daemon the attempt was taken from is). Each chunk carries the daemon's own
+number (seq): one already stored is a duplicate, so a shipment sent again after a lost
+answer stores nothing twice."""
+
+import time
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F
+
+from jobs import waits
+from jobs.models import Invocation, InvocationState, JobLog, LogChunk
+from lakeshore_admin.errors import Invalid, NotFound
+
+LINE_MAX_BYTES = 16 * 1024
+CHUNK_MAX_LINES = 10_000
+CHUNKS_MAX = 100
+READ_MAX_LINES = 10_000
+READ_DEFAULT_LINES = 1000
+READ_MAX_BYTES = 1024 * 1024
+FOLLOW_MAX_SECONDS = 30
+STREAMS = {"o": "out", "e": "err"}
+STREAM_LETTERS = {name: letter for letter, name in STREAMS.items()}
+CUT = "cut"  # a marker line's stream: where the middle of a long log was cut
+DROPPED = "dropped"  # a marker line's stream: lines the daemon could not keep
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def checked_lines(lines, where: str) -> list:
+    """A chunk's lines as [stream letter, epoch seconds, text], or Invalid saying which
+    line is wrong and why (PostgreSQL stores no NUL; text must be valid Unicode)."""
+    if not isinstance(lines, list) or not 1 <= len(lines) <= CHUNK_MAX_LINES:
+        raise Invalid(f"{where}: lines must be a list of 1 to {CHUNK_MAX_LINES:,} lines.")
+    for i, line in enumerate(lines):
+        problem = _line_problem(line)
+        if problem:
+            raise Invalid(f"{where}, line {i}: {problem}.", fields={"lines": "invalid"})
+    return lines
+
+
+def _line_problem(line) -> str | None:
+    if not isinstance(line, list) or len(line) != 3:
+        return "a line is [stream, time, text]"
+    stream, at, text = line
+    if stream not in STREAMS:
+        return "its stream must be 'o' (stdout) or 'e' (stderr)"
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not 0 <= at < 2**33:
+        return "its time must be seconds since the epoch"
+    if not isinstance(text, str):
+        return "its text must be a string"
+    if "\n" in text or "\x00" in text:
+        return "its text may hold no newline and no NUL character"
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        return "its text is not valid Unicode"
+    if size > LINE_MAX_BYTES:
+        return f"its text is {size:,} bytes (at most {LINE_MAX_BYTES:,}: split longer lines)"
+    return None
+
+
+def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
+    """Store each chunk of an attempt this daemon holds. A chunk: invocation, attempt,
+    seq, lines ([stream letter, epoch seconds, text], in the order read), dropped (lines
+    lost on the daemon before these). Answers, per chunk, stored, duplicate or stale
+    (the daemon does not hold that attempt: nothing stored)."""
+    if len(chunks) > CHUNKS_MAX:
+        raise Invalid(f"a shipment holds at most {CHUNKS_MAX} chunks.")
+    answers = []
+    for chunk in chunks:
+        with transaction.atomic():
+            status = _ship_one(daemon_id, chunk)
+        answers.append(
+            {"invocation": chunk["invocation"], "attempt": chunk["attempt"], "seq": chunk["seq"]}
+            | {"status": status}
+        )
+    return answers
+
+
+def _ship_one(daemon_id: int, chunk: dict) -> str:
+    held = Invocation.objects.filter(
+        pk=chunk["invocation"], daemon_id=daemon_id, attempts=chunk["attempt"]
+    ).exists()
+    if not held:
+        return "stale"
+    log, _ = JobLog.objects.get_or_create(
+        invocation_id=chunk["invocation"], attempt=chunk["attempt"]
+    )
+    log = JobLog.objects.select_for_update().get(pk=log.pk)
+    if chunk["seq"] < log.next_seq:
+        return "duplicate"
+    lines = chunk["lines"]
+    sizes = [len(text.encode()) + 1 for _, _, text in lines]
+    first = log.lines
+    log.next_seq = chunk["seq"] + 1
+    log.lines += len(lines)
+    log.bytes += sum(sizes)
+    log.dropped_lines += chunk["dropped"]
+    half = settings.LAKESHORE_LOG_MAX_BYTES // 2
+    head = 0
+    if log.head_lines is None:
+        while head < len(lines) and log.head_bytes + sizes[head] <= half:
+            log.head_bytes += sizes[head]
+            head += 1
+        if head < len(lines):
+            log.head_lines = first + head  # the head is full: the rest is the tail
+    dropped = chunk["dropped"]
+    if head:
+        _store(log, first, lines[:head], sizes[:head], dropped, in_head=True)
+        dropped = 0
+    tail = head
+    while tail < len(lines) and sum(sizes[tail:]) > half:  # more than the tail keeps
+        log.cut_lines += 1
+        log.cut_bytes += sizes[tail]
+        tail += 1
+    if tail < len(lines):
+        _store(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False)
+        log.tail_bytes += sum(sizes[tail:])
+    _cut_tail(log, half)
+    log.save()
+    return "stored"
+
+
+def _store(log, first_line, lines, sizes, dropped, *, in_head: bool) -> None:
+    LogChunk.objects.create(
+        invocation_id=log.invocation_id,
+        attempt=log.attempt,
+        first_line=first_line,
+        count=len(lines),
+        bytes=sum(sizes),
+        streams="".join(stream for stream, _, _ in lines),
+        times=[at for _, at, _ in lines],
+        text="\n".join(text for _, _, text in lines),
+        dropped=dropped,
+        in_head=in_head,
+    )
+
+
+def _cut_tail(log: JobLog, half: int) -> None:
+    """Delete the tail's oldest chunks while it holds more than half the bound."""
+    while log.tail_bytes > half:
+        oldest = (
+            LogChunk.objects.filter(
+                invocation_id=log.invocation_id, attempt=log.attempt, in_head=False
+            )
+            .order_by("first_line")
+            .values("pk", "count", "bytes")
+            .first()
+        )
+        if oldest is None:
+            return
+        LogChunk.objects.filter(pk=oldest["pk"]).delete()
+        log.tail_bytes -= oldest["bytes"]
+        log.cut_lines += oldest["count"]
+        log.cut_bytes += oldest["bytes"]
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read(
+    invocation_id,
+    *,
+    attempt: int | None = None,
+    offset: int = 0,
+    limit: int = READ_DEFAULT_LINES,
+    tail: int | None = None,
+    stream: str | None = None,
+    since: datetime | None = None,
+    follow: bool = False,
+    wait: float = FOLLOW_MAX_SECONDS,
+) -> dict:
+    """Lines of one attempt (the latest by default) from line `offset` on (or the last
+    `tail`), of one stream and from a time if asked. With follow, a read that finds no
+    new line sleeps until one comes, the attempt ends, or `wait` seconds pass."""
+    invocation = _invocation(invocation_id)
+    attempt = _attempt(invocation, attempt)
+    log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
+    if tail is not None:
+        offset = max(0, (log.lines if log else 0) - tail)
+    answer = _page(invocation, attempt, log, offset, limit, stream, since)
+    if follow and not answer["lines"] and not answer["finished"]:
+        deadline = time.monotonic() + min(wait, FOLLOW_MAX_SECONDS)
+        with waits.slots.admit() as admitted:
+            if admitted:
+                _sleep_until_more(invocation.pk, attempt, answer["next_offset"], deadline)
+        invocation.refresh_from_db(fields=["state", "attempts"])
+        log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
+        answer = _page(invocation, attempt, log, answer["next_offset"], limit, stream, since)
+    return answer
+
+
+def _invocation(invocation_id) -> Invocation:
+    try:
+        return Invocation.objects.only("pk", "state", "attempts").get(pk=int(invocation_id))
+    except (Invocation.DoesNotExist, ValueError, TypeError):
+        raise NotFound(f"Invocation '{invocation_id}' does not exist.") from None
+
+
+def _attempt(invocation: Invocation, attempt: int | None) -> int:
+    if attempt is None:
+        return max(invocation.attempts, 1)
+    if not 1 <= attempt <= max(invocation.attempts, 1):
+        raise NotFound(
+            f"Invocation {invocation.pk} has no attempt {attempt} "
+            f"(it has had {invocation.attempts}).",
+            fields={"attempt": "not_found"},
+        )
+    return attempt
+
+
+def attempt_over(invocation: Invocation, attempt: int) -> bool:
+    """No more lines will come for this attempt: it ended, or a later one started."""
+    return not (invocation.state == InvocationState.RUNNING and attempt == invocation.attempts)
+
+
+def _sleep_until_more(pk: int, attempt: int, offset: int, deadline: float) -> None:
+    """Until the log has a line past `offset` or the attempt is over; no database
+    connection held while asleep."""
+    pause = 0.05
+    while (left := deadline - time.monotonic()) > 0:
+        if not connection.in_atomic_block:
+            connection.close()
+        time.sleep(min(pause, left))
+        pause = min(pause * 1.5, 0.5)
+        lines = (
+            JobLog.objects.filter(invocation_id=pk, attempt=attempt)
+            .values_list("lines", flat=True)
+            .first()
+        )
+        if lines is not None and lines > offset:
+            return
+        row = Invocation.objects.filter(pk=pk).values("state", "attempts").first()
+        if row is None or attempt_over(Invocation(**row), attempt):
+            return
+
+
+def _page(invocation, attempt, log, offset, limit, stream, since) -> dict:
+    lines, next_offset = [], offset
+    if log is not None and offset < log.lines:
+        lines, next_offset = _lines(log, offset, limit, stream, since)
+    finished = attempt_over(invocation, attempt)
+    total = log.lines if log else 0
+    return {
+        "invocation": str(invocation.pk),
+        "attempt": attempt,
+        "attempts": invocation.attempts,
+        "state": invocation.state,
+        "offset": offset,
+        "next_offset": max(next_offset, offset),
+        "lines": lines,
+        "total_lines": total,
+        "cut": {"lines": log.cut_lines, "bytes": log.cut_bytes} if log and log.cut_lines else None,
+        "dropped_lines": log.dropped_lines if log else 0,
+        "finished": finished,
+        "complete": finished and next_offset >= total,
+    }
+
+
+def _lines(log, offset, limit, stream, since) -> tuple[list[dict], int]:
+    """Up to `limit` lines from `offset`, with the markers on the way; and the line
+    number to go on from."""
+    letter = STREAM_LETTERS.get(stream) if stream else None
+    after = since.timestamp() if since else None
+    chunks = (
+        LogChunk.objects.filter(
+            invocation_id=log.invocation_id,
+            attempt=log.attempt,
+            first_line__gt=offset - CHUNK_MAX_LINES,
+        )
+        .annotate(end=F("first_line") + F("count"))
+        .filter(end__gt=offset)
+        .order_by("first_line")
+    )
+    found, size, position = [], 0, offset
+    for chunk in chunks.iterator(chunk_size=20):
+        if chunk.first_line > position and not chunk.in_head:  # the lines cut before it
+            found.append(_marker(position, CUT, _cut_text(log)))
+        if chunk.dropped and chunk.first_line >= offset:
+            found.append(_marker(chunk.first_line, DROPPED, _dropped_text(chunk.dropped)))
+        position = max(position, chunk.first_line)
+        texts = chunk.text.split("\n")
+        for i in range(max(0, offset - chunk.first_line), chunk.count):
+            number = chunk.first_line + i
+            position = number + 1
+            if letter and chunk.streams[i] != letter:
+                continue
+            if after is not None and chunk.times[i] < after:
+                continue
+            found.append(
+                {
+                    "n": number,
+                    "at": _iso(chunk.times[i]),
+                    "stream": STREAMS[chunk.streams[i]],
+                    "text": texts[i],
+                }
+            )
+            size += len(texts[i]) + 1
+            if len(found) >= limit or size >= READ_MAX_BYTES:
+                return found, position
+    return found, max(position, log.lines)
+
+
+def _marker(number: int, kind: str, text: str) -> dict:
+    return {"n": number, "at": None, "stream": kind, "text": text}
+
+
+def _cut_text(log: JobLog) -> str:
+    bound = settings.LAKESHORE_LOG_MAX_BYTES
+    return (
+        f"[lakeshore] {log.cut_lines:,} lines ({_size(log.cut_bytes)}) cut here: an attempt's "
+        f"log keeps its first and last {_size(bound // 2)} (LAKESHORE_LOG_MAX_BYTES)"
+    )
+
+
+def _dropped_text(count: int) -> str:
+    return (
+        f"[lakeshore] {count:,} lines lost here: the daemon could not reach the server and "
+        "its buffer was full"
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:,} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
+
+
+def text_lines(invocation_id, attempt: int | None = None):
+    """The whole kept log of an attempt as plain text lines (a download), with the
+    markers; read a page at a time."""
+    offset = 0
+    while True:
+        page = read(invocation_id, attempt=attempt, offset=offset, limit=READ_MAX_LINES)
+        for line in page["lines"]:
+            yield line["text"] + "\n"
+        if page["next_offset"] <= offset or page["next_offset"] >= page["total_lines"]:
+            return
+        offset = page["next_offset"]
