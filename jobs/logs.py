@@ -219,9 +219,12 @@ def _invocation(invocation_id) -> Invocation:
 
 
 def _attempt(invocation: Invocation, attempt: int | None) -> int:
+    """The attempt asked for, the latest by default. The next one may be asked for
+    while the invocation has not ended (a follower waits for it to start)."""
     if attempt is None:
         return max(invocation.attempts, 1)
-    if not 1 <= attempt <= max(invocation.attempts, 1):
+    last = invocation.attempts if invocation.is_finished else invocation.attempts + 1
+    if not 1 <= attempt <= max(last, 1):
         raise NotFound(
             f"Invocation {invocation.pk} has no attempt {attempt} "
             f"(it has had {invocation.attempts}).",
@@ -231,7 +234,10 @@ def _attempt(invocation: Invocation, attempt: int | None) -> int:
 
 
 def attempt_over(invocation: Invocation, attempt: int) -> bool:
-    """No more lines will come for this attempt: it ended, or a later one started."""
+    """No more lines will come for this attempt: it ended, or a later one started (or,
+    not started yet, the invocation ended without it: killed while queued)."""
+    if attempt > invocation.attempts:
+        return invocation.is_finished
     return not (invocation.state == InvocationState.RUNNING and attempt == invocation.attempts)
 
 

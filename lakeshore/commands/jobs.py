@@ -1,11 +1,12 @@
-"""`lakeshore jobs list|show|kill|retry|bulk-cancel|submit`: invocations tracked by the
-control plane."""
+"""`lakeshore jobs list|show|logs|kill|retry|bulk-cancel|submit`: invocations tracked by
+the control plane (`logs` lives in job_logs.py)."""
 
 import json
 
 import click
 
 from lakeshore.client import Client, path
+from lakeshore.commands.job_logs import logs
 from lakeshore.context import pass_client
 from lakeshore.output import emit, fields, json_option, table, when
 from lakeshore.params import JsonOf
@@ -88,6 +89,9 @@ def print_job(j: dict) -> None:
 @click.group()
 def jobs() -> None:
     """Invocations (jobs): list, show, kill, retry, bulk-cancel, submit."""
+
+
+jobs.add_command(logs)
 
 
 @jobs.command("list")

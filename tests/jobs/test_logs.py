@@ -289,3 +289,25 @@ def test_retention_sweeps_the_logs_with_their_job(running):
     assert counts["invocations"] == 1
     assert list(JobLog.objects.values_list("invocation_id", flat=True)) == [other]
     assert set(LogChunk.objects.values_list("invocation_id", flat=True)) == {other}
+
+
+def test_a_job_not_started_yet_is_not_finished_and_its_next_attempt_may_be_awaited():
+    name = builders.queue().name
+    operator = client(builders.token("operator"))
+    job = operator.post(
+        "/api/v1/jobs/", {"function": ECHO, "queue": name, "max_attempts": 2}, format="json"
+    ).json()["id"]
+    page = read(job)
+    assert (page["attempt"], page["attempts"], page["finished"]) == (1, 0, False)
+    me, daemon = registered(name)
+    daemon.post(f"/api/v1/daemons/{me}/claim/", {"limit": 1}, format="json")
+    daemon.post(
+        f"/api/v1/daemons/{me}/complete/",
+        {"invocation": int(job), "attempt": 1, "state": "failed", "error": "once"},
+        format="json",
+    )
+    assert read(job)["finished"]  # attempt 1 is over: the job is queued again
+    waiting = read(job, attempt=2)
+    assert (waiting["state"], waiting["finished"]) == ("queued", False)
+    viewer = client(builders.token("viewer"))
+    assert viewer.get(f"/api/v1/jobs/{job}/logs/", {"attempt": 3}).status_code == 404
