@@ -1,7 +1,13 @@
 """Runs invocations in a job process: `python -m lakeshore.runner --in FD --out FD [--once]`.
 
 The daemon (lakeshore.pool) talks to it over a pipe pair of its own, one JSON message a
-line, never over stdin/stdout: the functions' own output goes to the daemon's log.
+line, never over stdin/stdout. The job's stdout and stderr are pipes the daemon reads
+into the invocation's log (lakeshore.joblog): stdout is line-buffered here, so a line
+reaches the log when it is printed, and Python `logging` records at INFO and above
+that the job does not route elsewhere go to stderr ("LEVEL logger: message"): set up
+once the job's module imported logging (this process does not import it for the
+jobs that never log: a few milliseconds of every process-isolated job). Both are
+flushed before each outcome is written, so an outcome never overtakes its output.
 
 - in (FD): {"id", "attempt", "function", "args", "kwargs", "allowed_modules"}, and for
   the Python SDK's invocations "wire": "envelope", "args_blob" (base64) and
@@ -47,6 +53,7 @@ def run(payload: dict) -> dict:
     its module and name before the import, what they resolve to before the call."""
     function = str(payload["function"])
     allowed = allowed_modules(payload)
+    _capture_logging()  # the daemon's own modules may have imported it already
     if payload.get("wire") == "envelope":  # the Python SDK's: its own exec contract
         # Here, not at the top: msgpack and the SDK's loader would cost every JSON job's
         # process their import time.
@@ -67,6 +74,7 @@ def run(payload: dict) -> dict:
     why = target_refusal(function, target, allowed)
     if why:
         return {"ok": False, "error": why}
+    _capture_logging()  # its module may have imported logging
     try:
         result = target(*(payload.get("args") or []), **(payload.get("kwargs") or {}))
         json.dumps(result)  # the result must travel as JSON
@@ -100,6 +108,7 @@ def serve(source: int, sink: int, *, once: bool) -> None:
         _become_subreaper()
     home = os.getcwd()
     environ = dict(os.environ)
+    _capture_output()
     with os.fdopen(source, "rb") as reader, os.fdopen(sink, "wb", buffering=0) as writer:
         for line in reader:
             message = json.loads(line)
@@ -111,12 +120,51 @@ def serve(source: int, sink: int, *, once: bool) -> None:
                 _flush()  # the job's output reaches the log before its outcome
             outcome["id"] = message.get("id")
             if not once:
+                _put_back_logging()
                 left = _clean_up(home, environ)
                 if left:
                     outcome["leftovers"] = left
             writer.write(json.dumps(outcome).encode() + b"\n")
             if once:
                 return
+
+
+def _capture_output() -> None:
+    """Each line the job prints reaches its log at once."""
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)
+
+
+_LOGGING: dict = {}  # the root logger as it was before the first capture
+
+
+def _capture_logging() -> None:
+    """Records at INFO and above that no handler of the job's takes go to stderr (so to
+    the job's log), once the job's code imported logging."""
+    logging = sys.modules.get("logging")
+    if logging is None or _LOGGING:
+        return
+    root = logging.getLogger()
+    _LOGGING.update(level=root.level, handlers=list(root.handlers), last=logging.lastResort)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO)
+    logging.lastResort = handler
+    root.setLevel(logging.INFO)
+
+
+def _put_back_logging() -> None:
+    """What one invocation did to the root logger does not reach the next one."""
+    logging = sys.modules.get("logging")
+    if logging is None or not _LOGGING:
+        return
+    root = logging.getLogger()
+    root.setLevel(_LOGGING["level"])
+    for handler in list(root.handlers):
+        if handler not in _LOGGING["handlers"]:
+            root.removeHandler(handler)
+    logging.lastResort = _LOGGING["last"]
+    _LOGGING.clear()
 
 
 def _flush() -> None:

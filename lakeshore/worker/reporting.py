@@ -2,7 +2,8 @@
 `Reporter` (a thread of its own that sends them in batches, at REPORT_BATCH of them or
 REPORT_LINGER seconds after the first, unless the claim loop takes them along in an
 exchange), and the Worker's side of it: the complete requests and what their answers
-say of each outcome."""
+say of each outcome. An outcome whose job's last lines are still being shipped
+(lakeshore.worker.logs) waits, in its place in the queue, until they are."""
 
 import threading
 import time
@@ -28,6 +29,7 @@ class Outcome:
     error: str
     took: float  # seconds from handing it out to its end
     at: float = 0.0  # when it ended (monotonic)
+    ready: bool = True  # False while its job's last lines are being shipped (worker.logs)
 
     def body(self) -> dict:
         body = {
@@ -79,6 +81,13 @@ class Reporter:
         with self.cond:
             outcome.at = time.monotonic()
             self.queue.append(outcome)
+            self.cond.notify()
+
+    def mark_ready(self, outcomes: list[Outcome]) -> None:
+        """Their jobs' lines are shipped: they may go (in their order in the queue)."""
+        with self.cond:
+            for outcome in outcomes:
+                outcome.ready = True
             self.cond.notify()
 
     def pending(self) -> int:
@@ -136,6 +145,9 @@ class Reporter:
                         return None
                     self.cond.wait()
                     continue
+                if not self.queue[0].ready and not self.closing:  # its job's lines first
+                    self.cond.wait(0.5)
+                    continue
                 if self.closing or len(self.queue) >= self.batch:
                     break
                 first = self.queue[0]
@@ -154,7 +166,12 @@ class Reporter:
         """Up to a batch from the head, of one registration: after a re-registration the
         old claims' outcomes still go to the daemon id that claimed them."""
         batch = []
-        while self.queue and len(batch) < self.batch and self.queue[0].item.daemon_id == daemon_id:
+        while (
+            self.queue
+            and len(batch) < self.batch
+            and self.queue[0].item.daemon_id == daemon_id
+            and self.queue[0].ready
+        ):
             batch.append(self.queue.popleft())
         return batch
 

@@ -1,0 +1,187 @@
+"""What a job prints, on the daemon: its stdout and stderr cut into lines as they are
+read (Lines), and the lines of every attempt this daemon runs, waiting to be shipped
+to the server (LogBook; lakeshore.worker.logs ships them).
+
+A line ends at a newline or a carriage return (a progress bar's update is a line of
+its own); a line longer than LINE_MAX_BYTES is cut into pieces; bytes that are not
+UTF-8 become U+FFFD, and a NUL (which PostgreSQL does not store) the text \\x00. The
+server's limits (jobs/logs.py) are the same.
+
+The book is bounded: at most BOOK_MAX_BYTES waiting in all (the server unreachable, or
+a job printing faster than it takes them). Past it, the oldest waiting lines of the
+attempt that prints are dropped, counted, and the count goes with its next chunk: the
+reader sees a marker saying how many lines were lost there."""
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+LINE_MAX_BYTES = 16 * 1024
+CHUNK_MAX_LINES = 10_000
+CHUNK_MAX_BYTES = 1024 * 1024
+BOOK_MAX_BYTES = 16 * 1024 * 1024
+SHIPMENT_MAX_BYTES = 4 * 1024 * 1024  # under the server's request limit (10 MiB) as JSON
+SHIPMENT_MAX_CHUNKS = 100
+OUT, ERR = "o", "e"
+
+
+class Lines:
+    """One stream of one process: bytes in, whole lines out."""
+
+    def __init__(self, stream: str):
+        self.stream = stream
+        self.partial = bytearray()
+        self.after_cr = False  # the last read ended a line with \r: a \n next is its end
+
+    def feed(self, data: bytes) -> list[str]:
+        if self.after_cr and data.startswith(b"\n"):
+            data = data[1:]
+        self.after_cr = data.endswith(b"\r")
+        self.partial += data
+        lines = []
+        start = 0
+        buffer = self.partial
+        while True:
+            newline = buffer.find(b"\n", start)
+            ret = buffer.find(b"\r", start)
+            if newline < 0 and ret < 0:
+                break
+            end = newline if ret < 0 or (0 <= newline < ret) else ret
+            lines.extend(_pieces(bytes(buffer[start:end])))
+            start = end + 1
+            if buffer[end : end + 1] == b"\r" and buffer[start : start + 1] == b"\n":
+                start += 1  # \r\n: one line end
+        del buffer[:start]
+        while len(buffer) > LINE_MAX_BYTES:  # a line with no end in sight: its pieces
+            lines.extend(_pieces(bytes(buffer[:LINE_MAX_BYTES])))
+            del buffer[:LINE_MAX_BYTES]
+        return lines
+
+    def end(self) -> list[str]:
+        """What is left without a line end (the stream closed, or the job ended)."""
+        if not self.partial:
+            return []
+        rest = bytes(self.partial)
+        self.partial.clear()
+        return _pieces(rest)
+
+
+def _pieces(raw: bytes) -> list[str]:
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    pieces = [raw[i : i + LINE_MAX_BYTES] for i in range(0, max(len(raw), 1), LINE_MAX_BYTES)]
+    return [_text(piece) for piece in pieces]
+
+
+def _text(raw: bytes) -> str:
+    text = raw.decode("utf-8", errors="replace").replace("\x00", "\\x00")
+    while len(text.encode()) > LINE_MAX_BYTES:  # replacements grew it past the bound
+        text = text[: len(text) - 64]
+    return text
+
+
+@dataclass
+class Attempt:
+    """The lines of one attempt waiting to be shipped."""
+
+    invocation: int
+    attempt: int
+    daemon_id: str | None
+    waiting: deque = field(default_factory=deque)  # [stream, time, text]
+    bytes: int = 0
+    seq: int = 0  # the next chunk's number
+    dropped: int = 0  # lines dropped since the last chunk taken
+    lines: int = 0  # every line read, for figures and tests
+
+
+class LogBook:
+    """Every attempt's waiting lines (any thread may add; the shipper takes)."""
+
+    def __init__(self, max_bytes: int = BOOK_MAX_BYTES):
+        self.max_bytes = max_bytes
+        self.lock = threading.Lock()
+        self.attempts: dict[tuple[int, int], Attempt] = {}
+        self.bytes = 0
+        self.dropped = 0  # in all, since the daemon started
+        self.has_lines = threading.Event()
+
+    def add(self, key: tuple[int, int], daemon_id: str | None, stream: str, lines: list[str]):
+        if not lines:
+            return
+        now = time.time()
+        with self.lock:
+            attempt = self.attempts.get(key)
+            if attempt is None:
+                attempt = self.attempts[key] = Attempt(key[0], key[1], daemon_id)
+            for text in lines:
+                size = len(text) + 1
+                attempt.waiting.append([stream, now, text])
+                attempt.bytes += size
+                attempt.lines += 1
+                self.bytes += size
+            while self.bytes > self.max_bytes and attempt.waiting:
+                _, _, text = attempt.waiting.popleft()
+                attempt.bytes -= len(text) + 1
+                self.bytes -= len(text) + 1
+                attempt.dropped += 1
+                self.dropped += 1
+        self.has_lines.set()
+
+    def pending(self, keys=None) -> bool:
+        with self.lock:
+            return any(
+                a.waiting or a.dropped
+                for k, a in self.attempts.items()
+                if keys is None or k in keys
+            )
+
+    def take(self, keys=None) -> list[dict]:
+        """Chunks to ship (at most SHIPMENT_MAX_BYTES), each with its attempt's next seq.
+        `keys`: only these attempts. What is taken is no longer waiting: give back
+        what could not be shipped with `give_back`."""
+        chunks, size = [], 0
+        with self.lock:
+            for key, attempt in self.attempts.items():
+                if keys is not None and key not in keys:
+                    continue
+                while (attempt.waiting or attempt.dropped) and size < SHIPMENT_MAX_BYTES:
+                    if len(chunks) >= SHIPMENT_MAX_CHUNKS:
+                        break
+                    lines, taken = [], 0
+                    while (
+                        attempt.waiting
+                        and len(lines) < CHUNK_MAX_LINES
+                        and taken < CHUNK_MAX_BYTES
+                        and size + taken < SHIPMENT_MAX_BYTES
+                    ):
+                        line = attempt.waiting.popleft()
+                        lines.append(line)
+                        taken += len(line[2]) + 1
+                    if not lines:  # only a count of dropped lines: it waits for a line
+                        break
+                    attempt.bytes -= taken
+                    self.bytes -= taken
+                    chunks.append(
+                        {
+                            "daemon_id": attempt.daemon_id,
+                            "invocation": attempt.invocation,
+                            "attempt": attempt.attempt,
+                            "seq": attempt.seq,
+                            "dropped": attempt.dropped,
+                            "lines": lines,
+                        }
+                    )
+                    attempt.seq += 1
+                    attempt.dropped = 0
+                    size += taken
+            if not any(a.waiting for a in self.attempts.values()):
+                self.has_lines.clear()
+        return chunks
+
+    def forget(self, key: tuple[int, int]) -> None:
+        """The attempt's log is shipped (or can never be): drop what is left of it."""
+        with self.lock:
+            attempt = self.attempts.pop(key, None)
+            if attempt is not None:
+                self.bytes -= attempt.bytes
