@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lakeshore.pool import Pool, Running
+from lakeshore.pool.job_process import Running
+from lakeshore.pool.pool import Pool
 from lakeshore.worker.environment import job_environment
 from tests.e2e.jobfuncs import alive
 
