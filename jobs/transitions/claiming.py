@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.models import Invocation
-from jobs.transitions.states import _STATES, QUEUED
+from jobs.transitions.states import QUEUED, STATE_PARAMS
 from lakeshore_admin import metrics
 from lakeshore_admin.rows import model_rows
 
@@ -138,7 +138,7 @@ def claim(
         sized_head=_SIZED_HEAD if sized else "",
         sized_tail=_SIZED_TAIL.format(order=sql_order) if sized else "",
     )
-    rows = sorted(model_rows(Invocation, sql, {**_STATES, **params}), key=key)
+    rows = sorted(model_rows(Invocation, sql, {**STATE_PARAMS, **params}), key=key)
     metrics.claimed(rows)
     return rows
 

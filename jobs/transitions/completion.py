@@ -7,14 +7,14 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from jobs.models import Invocation
 from jobs.transitions.states import (
-    _STATES,
     FAILED,
     KILLED,
     QUEUED,
     RUNNING,
+    STATE_PARAMS,
     SUCCEEDED,
     TIMEOUT,
-    _execute,
+    execute,
 )
 from lakeshore_admin import metrics
 from lakeshore_admin.rows import model_rows
@@ -78,7 +78,7 @@ def complete_many(*, daemon_id: int, outcomes: list[dict]) -> dict[int, Invocati
         "base": float(settings.LAKESHORE_RETRY_BACKOFF),
         "cap": float(settings.LAKESHORE_RETRY_BACKOFF_MAX),
     }
-    rows = model_rows(Invocation, _COMPLETE_SQL, {**_STATES, **params}, prepared=True)
+    rows = model_rows(Invocation, _COMPLETE_SQL, {**STATE_PARAMS, **params}, prepared=True)
     metrics.ended(
         (row.queue, row.state, row.started_at, row.finished_at)
         for row in rows
@@ -132,7 +132,7 @@ def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, ou
 def timeout_overdue(*, now) -> int:
     """running → timeout for invocations past their timeout_s (the daemon normally stops
     them itself; this catches the ones whose daemon did not report)."""
-    rows = _execute(
+    rows = execute(
         """UPDATE jobs_invocation
               SET state = %(timeout)s, finished_at = %(now)s,
                   error = 'exceeded timeout_s (' || timeout_s || ' s)'

@@ -5,13 +5,13 @@ from collections import Counter
 
 from django.db import transaction
 
-from jobs.transitions.states import KILLED, _execute, _rowcount
+from jobs.transitions.states import KILLED, execute, rowcount
 from lakeshore_admin import metrics
 
 
 def kill_queued(*, invocation_id: int, reason: str) -> bool:
     """queued → killed. False when it was not queued."""
-    rows = _execute(
+    rows = execute(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now(), scheduled_at = NULL
             WHERE id = %(id)s AND state = %(queued)s
@@ -25,7 +25,7 @@ def kill_queued(*, invocation_id: int, reason: str) -> bool:
 def kill_running(*, invocation_id: int, daemon_id: int, reason: str) -> bool:
     """running → killed for one invocation while it runs on `daemon_id` (an operator
     stopped it there: `daemon exec`). False when it no longer runs there."""
-    rows = _execute(
+    rows = execute(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now()
             WHERE id = %(id)s AND state = %(running)s AND daemon_id = %(daemon)s
@@ -38,7 +38,7 @@ def kill_running(*, invocation_id: int, daemon_id: int, reason: str) -> bool:
 
 def kill_daemon_work(*, daemon_ids: list[int], reason: str) -> int:
     """running → killed for what these daemons run (an operator dropped them)."""
-    rows = _execute(
+    rows = execute(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now()
             WHERE daemon_id = ANY(%(ids)s) AND state = %(running)s
@@ -69,7 +69,7 @@ def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_
     total = 0
     while True:
         with transaction.atomic():
-            rows = _execute(sql, {"queue": queue, "reason": reason, "batch": batch})
+            rows = execute(sql, {"queue": queue, "reason": reason, "batch": batch})
             metrics.killed_queued(Counter(name for (name,) in rows).items())
         done = len(rows)
         total += done
@@ -79,7 +79,7 @@ def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_
 
 def kill_queued_of_queue(*, queue: str, reason: str) -> int:
     """queued → killed for one queue, inside the caller's transaction (queue removal)."""
-    killed = _rowcount(
+    killed = rowcount(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now(), scheduled_at = NULL
             WHERE queue = %(queue)s AND state = %(queued)s""",

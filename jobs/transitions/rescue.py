@@ -2,7 +2,7 @@
 (left, lost, deleted), and for a claim whose answer never reached its daemon."""
 
 from fleet.models import DaemonState
-from jobs.transitions.states import FAILED, QUEUED, _execute, _rowcount
+from jobs.transitions.states import FAILED, QUEUED, execute, rowcount
 from lakeshore_admin import metrics
 
 # Work whose daemon went away goes back to the queue while attempts remain (at once:
@@ -21,7 +21,7 @@ RETURNING state, queue, started_at, finished_at
 
 
 def _requeue(where: str, params: dict, reason: str) -> dict:
-    rows = _execute(_REQUEUE_SQL.format(where=where), {**params, "reason": reason})
+    rows = execute(_REQUEUE_SQL.format(where=where), {**params, "reason": reason})
     requeued = sum(1 for (state, *_) in rows if state == QUEUED)
     metrics.ended(
         (queue, state, started, finished)
@@ -57,7 +57,7 @@ def release_unheld(*, daemon_id: int, held: list[int], grace: float) -> int:
     """running → queued for this daemon's invocations that it says it does not hold and
     that were claimed more than `grace` seconds ago: the claim committed but its answer
     never reached the daemon, so it never ran. The attempt is given back."""
-    return _rowcount(
+    return rowcount(
         """UPDATE jobs_invocation
               SET state = %(queued)s, daemon_id = NULL, started_at = NULL,
                   attempts = GREATEST(attempts - 1, 0),

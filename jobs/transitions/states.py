@@ -15,7 +15,9 @@ KILLED = InvocationState.KILLED.value
 TIMEOUT = InvocationState.TIMEOUT.value
 TERMINAL = [str(state) for state in TERMINAL_STATES]
 
-_STATES = {
+# What every statement of the state machine gets among its parameters: %(queued)s,
+# %(claiming)s (the daemon states that may claim), %(dispatching)s (the queue states), ...
+STATE_PARAMS = {
     "queued": QUEUED,
     "running": RUNNING,
     "succeeded": SUCCEEDED,
@@ -29,13 +31,15 @@ _STATES = {
 }
 
 
-def _execute(sql: str, params: dict) -> list[tuple]:
+def execute(sql: str, params: dict) -> list[tuple]:
+    """Runs `sql` with STATE_PARAMS and `params`: the rows it returns (none: [])."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, {**_STATES, **params})
+        cursor.execute(sql, {**STATE_PARAMS, **params})
         return cursor.fetchall() if cursor.description else []
 
 
-def _rowcount(sql: str, params: dict) -> int:
+def rowcount(sql: str, params: dict) -> int:
+    """Runs `sql` with STATE_PARAMS and `params`: how many rows it changed."""
     with connection.cursor() as cursor:
-        cursor.execute(sql, {**_STATES, **params})
+        cursor.execute(sql, {**STATE_PARAMS, **params})
         return cursor.rowcount

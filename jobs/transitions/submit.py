@@ -4,7 +4,7 @@ of a single submit into a queue that admits it."""
 from django.core.serializers.json import DjangoJSONEncoder
 
 from jobs.models import Invocation
-from jobs.transitions.states import _STATES
+from jobs.transitions.states import STATE_PARAMS
 from lakeshore_admin.rows import model_rows
 
 # A whole batch in one statement: arrays in, rows out. Ids come from the sequence in the
@@ -41,7 +41,7 @@ def insert_queued(items: list[dict]) -> list[Invocation]:
         "timeout_s": [i.get("timeout_s") for i in items],
         "key": [i.get("key") or "" for i in items],
     }
-    return model_rows(Invocation, _INSERT_SQL, {**_STATES, **params})
+    return model_rows(Invocation, _INSERT_SQL, {**STATE_PARAMS, **params})
 
 
 # One invocation in one statement, only into a queue that admits work and has no
@@ -82,5 +82,5 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         "run_config": encode(item.get("run_config") or {}),
         "admitting": admitting,
     }
-    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**_STATES, **params}, prepared=True)
+    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**STATE_PARAMS, **params}, prepared=True)
     return rows[0] if rows else None

@@ -171,7 +171,7 @@ def test_negative_control_without_the_state_check_the_paused_queue_dispatches(mo
     daemon = builders.daemon(queues=["p"])
     queue_services.queue_transition(name="p", action="pause")
     services.invocation_submit(function=ECHO, queue="p")
-    monkeypatch.setitem(states._STATES, "dispatching", ["active", "draining", "paused"])
+    monkeypatch.setitem(states.STATE_PARAMS, "dispatching", ["active", "draining", "paused"])
     assert len(protocol.invocation_claim(daemon=daemon)) == 1
 
 

@@ -1,5 +1,5 @@
 """The job state machine, cell by cell: every action from every state, through the real
-functions of jobs/transitions.py and the services that own the rules around them.
+functions of jobs/transitions/ and the services that own the rules around them.
 
 A row is a transition, a column the state the invocation is in. A cell says what comes
 of it: a state (the row moves there), NO (refused: the function answers False, 0, None
@@ -240,10 +240,12 @@ ACTIONS = {
 SUBMIT_VIA = ("insert_if_admitted", "insert_queued")
 READERS = {"any_queued", "already_recorded"}  # functions of transitions that change nothing
 
-# Every module of the jobs.transitions package, and the module of each of its functions.
+# Every module of the jobs.transitions package that changes state (all but `states`, the
+# state names and the statement runner), and the module of each of its functions.
 MODULES = [
     importlib.import_module(f"{transitions.__name__}.{found.name}")
     for found in pkgutil.iter_modules(transitions.__path__)
+    if found.name != "states"
 ]
 HOME = {
     name: module
