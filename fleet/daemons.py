@@ -64,7 +64,7 @@ def refresh_live(daemon: Daemon) -> Daemon:
 
 # Busy/idle follow what the daemon runs, lazily, so that the daemon's row is not written
 # on every call: a claim that takes work marks it busy in its own statement (when it is
-# not busy already: jobs/transitions.py), and it goes back to idle here (touch), at its
+# not busy already: jobs/transitions/claiming.py), and it goes back to idle here (touch), at its
 # next claim that finds nothing, at a completion when nothing is queued for it
 # (completed), or at its next heartbeat, whichever comes first. So a daemon working
 # through a backlog, completing and claiming again, writes its row at neither. At worst

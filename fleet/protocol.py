@@ -2,7 +2,7 @@
 queues (each to exactly one daemon, in its queues' order and each queue's kind) and
 reports how they ended. Its doors: POST /api/v1/daemons/ID/claim|exchange|complete/
 (fleet/api/protocol.py, and the lean path) and the SDK worker's poll and ack
-(fleet/sdk_worker.py). The state changes themselves are jobs/transitions.py's."""
+(fleet/sdk_worker.py). The state changes themselves are in jobs/transitions/."""
 
 import random
 import threading

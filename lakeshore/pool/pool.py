@@ -26,7 +26,7 @@ class Pool(Monitor):
 
     `lock` is the daemon's (re-entrant) lock: the pool's state and the daemon's table of
     running invocations change together under it. `prepare` and `start` start
-    processes: call them from the spawner thread only (see the module's docstring)."""
+    processes: call them from the spawner thread only (see the package's docstring)."""
 
     def __init__(
         self,

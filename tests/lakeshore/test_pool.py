@@ -1,4 +1,4 @@
-"""The daemon's job processes without a server: lakeshore.pool.Pool started from this
+"""The daemon's job processes without a server: lakeshore.pool.pool.Pool started from this
 test's thread (the spawner), running the functions of tests/e2e/poolfuncs.py in real
 `lakeshore.runner` processes."""
 
