@@ -7,9 +7,9 @@ from django.utils import timezone
 from accounts import audit
 from fleet import daemons
 from fleet.models import Daemon, DaemonCommand
-from jobs import transitions
 from jobs.models import Invocation, InvocationState
 from jobs.services import invocation_get
+from jobs.transitions import kill
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 
 Q_ = InvocationState
@@ -43,9 +43,7 @@ def daemon_exec(*, daemon, verb: str, invocation_id, signal: str | None = None) 
     order = f"daemon exec {verb}" + (f" {signal}" if verb == "signal" else "")
     reason = f"stopped on daemon {daemon.pk} by {who} ({order})"
     with transaction.atomic():
-        killed = transitions.kill_running(
-            invocation_id=invocation.pk, daemon_id=daemon.pk, reason=reason
-        )
+        killed = kill.kill_running(invocation_id=invocation.pk, daemon_id=daemon.pk, reason=reason)
         if not killed:
             invocation.refresh_from_db()
             _not_running_here(invocation, daemon)

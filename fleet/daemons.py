@@ -27,8 +27,9 @@ from fleet.models import (
     Daemon,
     DaemonState,
 )
-from jobs import transitions
 from jobs.models import Invocation
+from jobs.transitions import claiming, completion, kill, rescue
+from jobs.transitions.states import RUNNING
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
 from lakeshore_admin.errors import Conflict
 from queues.models import EventAction, Queue
@@ -63,7 +64,7 @@ def refresh_live(daemon: Daemon) -> Daemon:
 
 # Busy/idle follow what the daemon runs, lazily, so that the daemon's row is not written
 # on every call: a claim that takes work marks it busy in its own statement (when it is
-# not busy already: jobs/transitions.py), and it goes back to idle here (touch), at its
+# not busy already: jobs/transitions/claiming.py), and it goes back to idle here (touch), at its
 # next claim that finds nothing, at a completion when nothing is queued for it
 # (completed), or at its next heartbeat, whichever comes first. So a daemon working
 # through a backlog, completing and claiming again, writes its row at neither. At worst
@@ -112,7 +113,7 @@ def touch(daemon_id: int, *, locked: bool = False) -> None:
 def touch_params(daemon_id: int) -> dict:
     return {
         "daemon": daemon_id,
-        "running": transitions.RUNNING,
+        "running": RUNNING,
         "working": [str(s) for s in CLAIMING_DAEMON_STATES],
         "live": [str(s) for s in LIVE_DAEMON_STATES],
         "busy": DaemonState.BUSY.value,
@@ -141,7 +142,7 @@ def completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
     if (
         claim_follows
         or daemon.state != DaemonState.BUSY
-        or transitions.any_queued(daemon.queues or [""])
+        or claiming.any_queued(daemon.queues or [""])
     ):
         if heartbeat_due(daemon):
             touch(daemon.pk)
@@ -180,11 +181,11 @@ def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
 
     check_live(daemon)
     if held is not None:
-        transitions.release_unheld(daemon_id=daemon.pk, held=held, grace=CLAIM_GRACE_SECONDS)
+        rescue.release_unheld(daemon_id=daemon.pk, held=held, grace=CLAIM_GRACE_SECONDS)
     touch(daemon.pk)
     daemon.refresh_from_db(fields=["state"])
     check_live(daemon)
-    running = Invocation.objects.filter(daemon=daemon, state=transitions.RUNNING)
+    running = Invocation.objects.filter(daemon=daemon, state=RUNNING)
     return {
         "state": daemon.state,
         "running": [str(pk) for pk in running.values_list("id", flat=True)],
@@ -233,10 +234,10 @@ def _end(daemon_ids: list[int], *, requeue: bool, reason: str, states=None) -> l
         ids = [d.pk for d in ended]
         Daemon.objects.filter(pk__in=ids).update(state=DaemonState.TERMINATED, updated_at=now)
         if requeue:
-            outcome = transitions.requeue_daemon_work(daemon_ids=ids, reason=reason)
+            outcome = rescue.requeue_daemon_work(daemon_ids=ids, reason=reason)
         else:
             outcome = {"requeued": 0, "failed": 0}
-            outcome["killed"] = transitions.kill_daemon_work(daemon_ids=ids, reason=reason)
+            outcome["killed"] = kill.kill_daemon_work(daemon_ids=ids, reason=reason)
         revoke_tokens(Daemon.objects.filter(pk__in=ids))
         _wake_waiting_claims(ended)
         for daemon in ended:
@@ -308,7 +309,7 @@ def daemons_provider_lost(*, daemon_ids: list[int], reason: str, release: bool) 
         )
         ids = [d.pk for d in lost]
         Daemon.objects.filter(pk__in=ids).update(state=DaemonState.LOST, updated_at=timezone.now())
-        transitions.requeue_daemon_work(daemon_ids=ids, reason=f"daemon lost ({reason})")
+        rescue.requeue_daemon_work(daemon_ids=ids, reason=f"daemon lost ({reason})")
         revoke_tokens(Daemon.objects.filter(pk__in=ids))
         for daemon in lost:
             _audit(daemon, EventAction.DAEMON_LOST, f"{daemon.name}: {reason}", delta=-1)
@@ -343,7 +344,7 @@ def daemons_retire(*, daemon_ids: list[int]) -> list[int]:
                 "ids": list(daemon_ids),
                 "draining": DaemonState.DRAINING.value,
                 "idle": DaemonState.IDLE.value,
-                "running": transitions.RUNNING,
+                "running": RUNNING,
             },
         )
         return [row[0] for row in cursor.fetchall()]
@@ -352,7 +353,7 @@ def daemons_retire(*, daemon_ids: list[int]) -> list[int]:
 def daemons_end_drained(queryset) -> list[int]:
     """Scale-down, step 2: end the draining daemons of `queryset` that run nothing."""
 
-    busy = Invocation.objects.filter(state=transitions.RUNNING).values("daemon_id")
+    busy = Invocation.objects.filter(state=RUNNING).values("daemon_id")
     ids = list(
         queryset.filter(state=DaemonState.DRAINING)
         .exclude(pk__in=busy)
@@ -392,7 +393,7 @@ def daemons_mark_lost(*, now=None) -> list[int]:
         "live": [str(s) for s in LIVE_DAEMON_STATES],
         "cutoff": cutoff,
         "now": now,
-        "running": transitions.RUNNING,
+        "running": RUNNING,
         "lease": settings.LAKESHORE_SDK_LEASE_SECONDS,
     }
     with transaction.atomic():
@@ -411,8 +412,8 @@ def reap(*, now=None) -> dict:
     now = now or timezone.now()
     lost = daemons_mark_lost(now=now)
     with transaction.atomic():
-        rescued = transitions.rescue_orphans()
-    timed_out = transitions.timeout_overdue(now=now)
+        rescued = rescue.rescue_orphans()
+    timed_out = completion.timeout_overdue(now=now)
     return {"lost": len(lost), **rescued, "timeout": timed_out}
 
 

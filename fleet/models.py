@@ -2,7 +2,7 @@
 subscribed to queues by name) and operators' orders to daemons.
 
 The tables keep the names they were born with under queues/ (queues_provider,
-queues_daemon, queues_daemoncommand): the SQL that reads them (jobs/transitions.py,
+queues_daemon, queues_daemoncommand): the SQL that reads them (jobs/transitions/,
 jobs/retention.py) names them, and moving the models changed no row."""
 
 from django.conf import settings

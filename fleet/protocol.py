@@ -2,7 +2,7 @@
 queues (each to exactly one daemon, in its queues' order and each queue's kind) and
 reports how they ended. Its doors: POST /api/v1/daemons/ID/claim|exchange|complete/
 (fleet/api/protocol.py, and the lean path) and the SDK worker's poll and ack
-(fleet/sdk_worker.py). The state changes themselves are jobs/transitions.py's."""
+(fleet/sdk_worker.py). The state changes themselves are in jobs/transitions/."""
 
 import random
 import threading
@@ -12,10 +12,11 @@ from django.db import connection, transaction
 
 from fleet import daemons
 from fleet.models import Daemon, DaemonState
-from jobs import transitions, waits, wakeup
+from jobs import waits, wakeup
 from jobs.claim_room import ClaimRoom
 from jobs.models import Invocation, InvocationState, Wire
 from jobs.services import boltzmann_pick, levels_for, levels_learnt
+from jobs.transitions import claiming, completion
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, NotFound
 from queues.models import Queue, QueueKind
@@ -49,7 +50,7 @@ def _claim_boltzmann(
         level = boltzmann_pick(levels, queue.temperature, rng)
         ran = True
         got = room.took(
-            transitions.claim(
+            claiming.claim(
                 daemon_id=daemon_id,
                 queue=queue.name,
                 order="oldest",
@@ -168,7 +169,7 @@ def _claim_once(
         # is nothing to take, and the transaction below would only say so. (A row queued
         # after this look wakes the wait: the caller's snapshot was taken before it.)
         names = [q if isinstance(q, str) else q.name for q in queues]
-        if not transitions.any_queued(names):
+        if not claiming.any_queued(names):
             hooks.point("claim.probed_empty")
             return claimed
     # One transaction for the claims and the touch: if anything in it fails (the
@@ -185,7 +186,7 @@ def _claim_once(
                 break
             if isinstance(queue, str):
                 claimed += room.took(
-                    transitions.claim(
+                    claiming.claim(
                         daemon_id=daemon.pk,
                         queue=queue,
                         order="oldest",
@@ -201,7 +202,7 @@ def _claim_once(
                 locked = locked or ran
             else:
                 claimed += room.took(
-                    transitions.claim(
+                    claiming.claim(
                         daemon_id=daemon.pk,
                         queue=queue.name,
                         order=_ORDER[queue.kind],
@@ -264,7 +265,7 @@ def invocation_complete_batch(
         # The common case in one statement; what it did not record (stale, repeated,
         # unknown, or an id twice in the batch) goes the careful way, one by one.
         recorded = (
-            transitions.complete_many(daemon_id=daemon.pk, outcomes=outcomes)
+            completion.complete_many(daemon_id=daemon.pk, outcomes=outcomes)
             if len(set(ids)) == len(ids)
             else {}
         )
@@ -324,7 +325,7 @@ def _answers_of_a_gone_daemon(daemon, outcomes, gone: Conflict) -> list[dict]:
     answers, any_recorded = [], False
     for item in outcomes:
         row = rows.get(item["invocation"])
-        seen = row is not None and transitions.already_recorded(
+        seen = row is not None and completion.already_recorded(
             row, daemon_id=daemon.pk, attempt=item["attempt"], outcome=item["state"]
         )
         any_recorded |= bool(seen)
@@ -346,7 +347,7 @@ def _refused(item: dict, exc) -> dict:
 def _complete_one(
     daemon, invocation_id, attempt, outcome, result, error, result_blob=None, retry=True
 ) -> Invocation:
-    recorded = transitions.complete(
+    recorded = completion.complete(
         daemon_id=daemon.pk,
         invocation_id=invocation_id,
         attempt=attempt,
@@ -361,7 +362,7 @@ def _complete_one(
     current = Invocation.objects.filter(pk=invocation_id).first()
     if current is None:
         raise NotFound(f"Invocation {invocation_id} does not exist.")
-    seen = transitions.already_recorded(
+    seen = completion.already_recorded(
         current, daemon_id=daemon.pk, attempt=attempt, outcome=outcome
     )
     if seen:

@@ -35,7 +35,7 @@ def shown_priority(value) -> int | float:
 
 
 # The rules of the job state machine, one home each. The state changes themselves are
-# conditional statements in jobs/transitions.py (the state they start from is in their
+# conditional statements in jobs/transitions/ (the state they start from is in their
 # WHERE clause); these sets say the same for code that reads a row (the services'
 # refusals, the console's buttons), and tests/jobs/test_transitions.py holds the two
 # together: for every state, a predicate is true exactly where its transition is allowed.
@@ -49,9 +49,9 @@ TERMINAL_STATES = [
 ]
 # Not ended yet: the invocation (and its page) still changes.
 ACTIVE_STATES = [InvocationState.QUEUED, InvocationState.RUNNING]
-# `jobs kill` (services.invocation_kill, transitions.kill_queued): only while it waits.
+# `jobs kill` (services.invocation_kill, transitions.kill.kill_queued): only while it waits.
 KILLABLE_STATES = [InvocationState.QUEUED]
-# `daemon exec kill` (services.daemon_exec, transitions.kill_running): while it runs.
+# `daemon exec kill` (fleet.commands.daemon_exec, transitions.kill.kill_running): while it runs.
 STOPPABLE_STATES = [InvocationState.RUNNING]
 # What a daemon may report of an attempt it ran (transitions.complete).
 REPORTED_STATES = [InvocationState.SUCCEEDED, InvocationState.FAILED, InvocationState.TIMEOUT]

@@ -15,8 +15,8 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts import audit
-from jobs import transitions
 from jobs.models import Invocation, InvocationState, Wire
+from jobs.transitions import kill, submit
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
 from queues.models import ADMITTING_QUEUE_STATES, Queue, QueueKind
@@ -131,7 +131,7 @@ def invocation_submit(
         "args_blob": args_blob,
         "run_config": run_config or {},
     }
-    fresh = transitions.insert_if_admitted(item, admitting=_ADMITTING)
+    fresh = submit.insert_if_admitted(item, admitting=_ADMITTING)
     if fresh is not None:  # the common case, in one statement
         return fresh, True
     if key:
@@ -190,7 +190,7 @@ def invocation_submit_batch(items: list[dict]) -> list[tuple[Invocation, bool]]:
     with transaction.atomic():
         for name, queue in queues.items():
             _admit(queue, sum(1 for item in fresh if item["queue"] == name))
-        inserted = transitions.insert_queued(fresh)
+        inserted = submit.insert_queued(fresh)
         created_keys = {(row.queue, row.key): row.pk for row in inserted if row.key}
         unkeyed = iter(sorted(row.pk for row in inserted if not row.key))
         # a key taken by a concurrent submit between our look and our insert
@@ -291,7 +291,7 @@ def invocation_get(invocation_id) -> Invocation:
 def invocation_kill(*, invocation_id, reason: str = "") -> Invocation:
     """Queued → killed at once. Running and finished ones are a Conflict that says why."""
     invocation = invocation_get(invocation_id)
-    killed = transitions.kill_queued(invocation_id=invocation.pk, reason=reason or "killed")
+    killed = kill.kill_queued(invocation_id=invocation.pk, reason=reason or "killed")
     invocation.refresh_from_db()
     if killed:
         audit.record(
@@ -386,7 +386,7 @@ def invocation_bulk_cancel(
         rows = rows.filter(queue=queue)
     if dry_run:
         return rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
-    cancelled = transitions.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
+    cancelled = kill.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
     where = "every queue" if queue is None else f"queue {queue or '(default)'}"
     audit.record(
         "jobs.bulk_cancel",

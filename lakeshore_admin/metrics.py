@@ -1,7 +1,7 @@
 """The recorder of what happened, for GET /metrics (queues/metrics.py serves the scrape).
 
 Invocations claimed and ended, how long they waited and ran, the controller's actions:
-counted where the state changes (jobs/transitions.py, fleet/controller.py) through the
+counted where the state changes (jobs/transitions/, fleet/controller.py) through the
 helpers below, from what the statements already return (no query of their own), and
 only once the transaction commits: a rolled-back change counts nothing. Every server
 process counts (gunicorn's workers, the Celery worker that runs the reaper and the

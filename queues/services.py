@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from accounts import audit
 from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
-from jobs import transitions
 from jobs.models import Invocation, InvocationState
+from jobs.transitions import kill
 from lakeshore_admin import hooks, metrics
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 from queues import elasticity
@@ -305,7 +305,7 @@ def queue_delete(*, name: str, force: bool = False) -> dict:
                     code="queue_in_use",
                 )
         now = timezone.now()
-        killed = transitions.kill_queued_of_queue(queue=name, reason="queue removed")
+        killed = kill.kill_queued_of_queue(queue=name, reason="queue removed")
         # A daemon left with no queue would silently start serving the default queue:
         # drain it instead (it finishes and stops).
         Daemon.objects.live().filter(queues=[name]).update(

@@ -3,7 +3,7 @@ and client cost before any of Lakeshore's own work. `make bench` serves this WSG
 under the same gunicorn configuration as Lakeshore and sends it the same requests:
 
     POST /hello    answers {} (a hello world: the HTTP round trip alone)
-    POST /insert   runs the submit's own INSERT (jobs/transitions.py, read from its
+    POST /insert   runs the submit's own INSERT (jobs/transitions/submit.py, read from its
                    source: the same text, prepared, committed durably) and answers the
                    new row as JSON (its 20 columns)
 
@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _statement() -> str:
-    tree = ast.parse((ROOT / "jobs" / "transitions.py").read_text())
+    tree = ast.parse((ROOT / "jobs" / "transitions" / "submit.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             getattr(target, "id", None) == "_INSERT_ADMITTED_SQL" for target in node.targets
         ):
             return ast.literal_eval(node.value)
-    raise RuntimeError("jobs/transitions.py has no _INSERT_ADMITTED_SQL")
+    raise RuntimeError("jobs/transitions/submit.py has no _INSERT_ADMITTED_SQL")
 
 
 SQL = _statement()

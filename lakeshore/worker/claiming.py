@@ -9,7 +9,7 @@ import time
 
 from lakeshore.client import path, retry_after
 from lakeshore.errors import ApiError
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import TOKEN_REVOKED, Stopped
 from lakeshore.worker.reporting import Outcome, read_answers
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from lakeshore.allow import parse_modules
 from lakeshore.client import Client
-from lakeshore.pool import Pool, Running
+from lakeshore.pool.job_process import Running
+from lakeshore.pool.pool import Pool
 from lakeshore.worker.calls import Calls
 from lakeshore.worker.claiming import ClaimLoop
 from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names

@@ -1,7 +1,7 @@
 """A job process's environment: what of the daemon's environment a job inherits (JOB_ENV,
 and the names an operator adds with LAKESHORE_JOB_ENV), what never passes (server
 settings and secrets), and the invocation's id and attempt. The processes themselves
-are started and killed in lakeshore.pool (start_job_process, kill_job_group)."""
+are started and killed in lakeshore.pool.processes (start_job_process, kill_job_group)."""
 
 JOB_ENV = (
     "PATH",

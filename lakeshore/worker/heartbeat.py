@@ -8,7 +8,7 @@ import time
 
 from lakeshore.client import path
 from lakeshore.errors import ApiError, CliError
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import TOKEN_REVOKED, Stopped
 
 HELD_MAX = 10_000  # ids a heartbeat carries at most (the server's limit)

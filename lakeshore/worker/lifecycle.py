@@ -9,7 +9,7 @@ import threading
 
 from lakeshore.client import path
 from lakeshore.errors import ApiError, CliError
-from lakeshore.pool import Pool
+from lakeshore.pool.pool import Pool
 from lakeshore.worker.calls import DAEMON_LOST, DAEMON_TERMINATED, TOKEN_REVOKED, Stopped
 from lakeshore.worker.environment import job_environment
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from lakeshore.client import path
 from lakeshore.errors import ApiError
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.sdk_job import FinalError, ResultBlob
 from lakeshore.worker.calls import CLAIM_STALE, Stopped
 

@@ -6,7 +6,7 @@ them all."""
 import threading
 import time
 
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.worker.reporting import Outcome
 
 

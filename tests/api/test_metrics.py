@@ -18,8 +18,10 @@ from rest_framework.test import APIClient
 from accounts.models import ApiToken, hash_token
 from fleet import controller, daemons, protocol
 from fleet.models import Daemon, DaemonState, Provider
-from jobs import services, transitions
+from jobs import services
 from jobs.models import Invocation
+from jobs.transitions import kill
+from jobs.transitions.states import TERMINAL
 from queues import metrics as collector
 from queues import services as queue_services
 from queues.models import QueueEvent
@@ -233,7 +235,7 @@ def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
 
 
 def ended_in_db() -> Counter:
-    ended = Invocation.objects.filter(state__in=transitions.TERMINAL)
+    ended = Invocation.objects.filter(state__in=TERMINAL)
     return Counter(ended.values_list("queue", "state"))
 
 
@@ -332,7 +334,7 @@ def test_the_counters_match_the_database_after_real_work(
     for queue, n in attempts.items():
         assert delta(before, after, CLAIMED, queue=queue) == n, queue
         assert delta(before, after, WAITS, queue=queue) == n, queue
-    ran = Invocation.objects.filter(state__in=transitions.TERMINAL, started_at__isnull=False)
+    ran = Invocation.objects.filter(state__in=TERMINAL, started_at__isnull=False)
     for queue in ("a", "b", "c", ""):
         mine = ran.filter(queue=queue)
         assert delta(before, after, RUNS, queue=queue) == mine.count(), queue
@@ -369,11 +371,11 @@ def test_a_rolled_back_change_counts_nothing(viewer):
     before = scrape(viewer)
     with pytest.raises(RuntimeError), transaction.atomic():
         assert protocol.invocation_claim(daemon=daemon, limit=1)
-        assert transitions.kill_queued(invocation_id=queued[1].pk, reason="rolled back")
+        assert kill.kill_queued(invocation_id=queued[1].pk, reason="rolled back")
         raise RuntimeError("the caller fails after the statements")
     rolled_back = scrape(viewer)
     with transaction.atomic():
-        assert transitions.kill_queued(invocation_id=queued[2].pk, reason="committed")
+        assert kill.kill_queued(invocation_id=queued[2].pk, reason="committed")
     committed = scrape(viewer)
 
     assert Invocation.objects.filter(state="queued").count() == 2

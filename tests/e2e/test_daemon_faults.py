@@ -20,7 +20,7 @@ from fleet.daemons import reap
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from lakeshore.pool import kill_job_group, start_job_process
+from lakeshore.pool.processes import kill_job_group, start_job_process
 from tests import builders
 from tests.e2e import jobfuncs
 from tests.e2e.jobfuncs import alive, starts
@@ -281,7 +281,7 @@ def _text(path) -> str:
 
 PARENT = """
 import os, subprocess, time
-from lakeshore.pool import start_job_process
+from lakeshore.pool.processes import start_job_process
 new = start_job_process(["sleep", "60"], {"PATH": os.environ["PATH"]})
 old = subprocess.Popen(["sleep", "60"])  # the old way: no PDEATHSIG, the parent's group
 print(new.pid, old.pid, flush=True)

@@ -25,8 +25,8 @@ from django.db.models import Sum
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs import transitions
 from jobs.models import Invocation
+from jobs.transitions.states import TERMINAL
 from tests import builders
 from tests.e2e.servers import free_port, gunicorn
 from tests.e2e.test_burst import _database_url
@@ -129,7 +129,7 @@ def totals(samples: dict) -> dict:
 
 
 def in_database() -> dict:
-    ended = Invocation.objects.filter(state__in=transitions.TERMINAL)
+    ended = Invocation.objects.filter(state__in=TERMINAL)
     attempts = Invocation.objects.order_by().values_list("queue").annotate(n=Sum("attempts"))
     claimed = Counter({queue: n for queue, n in attempts if n})
     ran = ended.filter(started_at__isnull=False)

@@ -6,8 +6,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleet import protocol
-from jobs import services, transitions
+from jobs import services
 from jobs.models import Invocation
+from jobs.transitions import kill
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,7 +19,7 @@ def test_it_cancels_everything_queued_in_batches():
     for _ in range(5):
         services.invocation_submit(function="lakeshore.functions.echo", queue="w")
     with CaptureQueriesContext(connection) as ctx:
-        cancelled = transitions.kill_queued_in_batches(queue="w", reason="bulk", batch=2)
+        cancelled = kill.kill_queued_in_batches(queue="w", reason="bulk", batch=2)
     updates = [q for q in ctx.captured_queries if q["sql"].lstrip().startswith("UPDATE")]
     commits = [q for q in ctx.captured_queries if "COMMIT" in q["sql"].upper()]
     assert cancelled == 5

@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 
 from fleet import controller, daemons, protocol
 from fleet.models import Daemon
-from jobs import services, transitions
+from jobs import services
 from jobs.models import Invocation
+from jobs.transitions import completion
 from lakeshore_admin import hooks
 from tests import builders
 
@@ -410,7 +411,7 @@ def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
         Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)
         protocol.invocation_claim(daemon=daemon)
         with transaction.atomic():
-            transitions.complete(
+            completion.complete(
                 daemon_id=daemon.pk,
                 invocation_id=inv.pk,
                 attempt=attempt,

@@ -165,13 +165,13 @@ def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
 
 
 def test_negative_control_without_the_state_check_the_paused_queue_dispatches(monkeypatch):
-    from jobs import transitions
+    from jobs.transitions import states
 
     builders.queue(name="p")
     daemon = builders.daemon(queues=["p"])
     queue_services.queue_transition(name="p", action="pause")
     services.invocation_submit(function=ECHO, queue="p")
-    monkeypatch.setitem(transitions._STATES, "dispatching", ["active", "draining", "paused"])
+    monkeypatch.setitem(states.STATE_PARAMS, "dispatching", ["active", "draining", "paused"])
     assert len(protocol.invocation_claim(daemon=daemon)) == 1
 
 

@@ -1,5 +1,5 @@
 """The job state machine, cell by cell: every action from every state, through the real
-functions of jobs/transitions.py and the services that own the rules around them.
+functions of jobs/transitions/ and the services that own the rules around them.
 
 A row is a transition, a column the state the invocation is in. A cell says what comes
 of it: a state (the row moves there), NO (refused: the function answers False, 0, None
@@ -11,7 +11,9 @@ The predicates of Invocation (is_finished, is_active, can_kill, can_stop, can_re
 are checked against the same table, so they cannot drift from what the functions do."""
 
 import contextlib
+import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +35,7 @@ from jobs.models import (
     Invocation,
     InvocationState,
 )
+from jobs.transitions import completion, rescue
 from lakeshore_admin.errors import Conflict
 from queues import services as queue_services
 from tests import builders
@@ -66,10 +69,10 @@ NEW = "a new queued invocation retries it"
 # resubmit        services.invocation_submit with the row's key: the row comes back
 # claim           protocol.invocation_claim by a daemon of its queue
 # succeed, fail-retry, fail-last, report-timeout
-#                 transitions.complete by its daemon, for its attempt (fail-retry: with
+#                 completion.complete by its daemon, for its attempt (fail-retry: with
 #                 an attempt left; fail-last: none left)
-# overdue         transitions.timeout_overdue (the reaper): past its timeout_s
-# unheld          transitions.release_unheld (a heartbeat): its daemon does not hold it
+# overdue         completion.timeout_overdue (the reaper): past its timeout_s
+# unheld          rescue.release_unheld (a heartbeat): its daemon does not hold it
 # leave-*         fleet.daemons.daemon_deregister: its daemon leaves (attempt left/none)
 # lost-*          daemons.reap: its daemon went silent past the heartbeat timeout
 # drop            fleet.daemons.daemon_drop: an operator drops its daemon
@@ -140,7 +143,7 @@ class Action:
 
 def _complete(outcome: str) -> Callable[[Invocation], object]:
     def run(inv):
-        return transitions.complete(
+        return completion.complete(
             daemon_id=_its_daemon(inv).pk,
             invocation_id=inv.pk,
             attempt=inv.attempts,
@@ -162,7 +165,7 @@ def _claim(inv):
 
 
 def _overdue(inv):
-    return transitions.timeout_overdue(now=timezone.now() + timedelta(minutes=5))
+    return completion.timeout_overdue(now=timezone.now() + timedelta(minutes=5))
 
 
 def _claimed_a_minute_ago(inv):
@@ -172,7 +175,7 @@ def _claimed_a_minute_ago(inv):
 
 
 def _unheld(inv):
-    return transitions.release_unheld(
+    return rescue.release_unheld(
         daemon_id=_its_daemon(inv).pk, held=[], grace=daemons.CLAIM_GRACE_SECONDS
     )
 
@@ -237,6 +240,20 @@ ACTIONS = {
 SUBMIT_VIA = ("insert_if_admitted", "insert_queued")
 READERS = {"any_queued", "already_recorded"}  # functions of transitions that change nothing
 
+# Every module of the jobs.transitions package that changes state (all but `states`, the
+# state names and the statement runner), and the module of each of its functions.
+MODULES = [
+    importlib.import_module(f"{transitions.__name__}.{found.name}")
+    for found in pkgutil.iter_modules(transitions.__path__)
+    if found.name != "states"
+]
+HOME = {
+    name: module
+    for module in MODULES
+    for name, function in inspect.getmembers(module, inspect.isfunction)
+    if function.__module__ == module.__name__ and not name.startswith("_")
+}
+
 
 @contextlib.contextmanager
 def _spies(names):
@@ -244,7 +261,7 @@ def _spies(names):
     with contextlib.ExitStack() as stack:
         yield {
             name: stack.enter_context(
-                mock.patch.object(transitions, name, wraps=getattr(transitions, name))
+                mock.patch.object(HOME[name], name, wraps=getattr(HOME[name], name))
             )
             for name in names
         }
@@ -328,12 +345,8 @@ def test_the_table_has_a_cell_for_every_action_and_state():
 
 
 def test_the_table_walks_every_state_change_of_transitions():
-    """A function added to jobs/transitions.py fails this until the table walks it."""
-    public = {
-        name
-        for name, function in inspect.getmembers(transitions, inspect.isfunction)
-        if function.__module__ == transitions.__name__ and not name.startswith("_")
-    }
+    """A function added to jobs/transitions/ fails this until the table walks it."""
+    public = set(HOME)
     walked = {name for action in ACTIONS.values() for name in action.via} | set(SUBMIT_VIA)
     assert walked == public - READERS
 

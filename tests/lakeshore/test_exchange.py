@@ -12,7 +12,7 @@ import pytest
 
 from lakeshore.client import Client
 from lakeshore.errors import ApiError
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.worker import calls
 from lakeshore.worker.calls import Stopped
 from lakeshore.worker.claiming import WIRES

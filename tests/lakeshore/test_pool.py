@@ -1,4 +1,4 @@
-"""The daemon's job processes without a server: lakeshore.pool.Pool started from this
+"""The daemon's job processes without a server: lakeshore.pool.pool.Pool started from this
 test's thread (the spawner), running the functions of tests/e2e/poolfuncs.py in real
 `lakeshore.runner` processes."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lakeshore.pool import Pool, Running
+from lakeshore.pool.job_process import Running
+from lakeshore.pool.pool import Pool
 from lakeshore.worker.environment import job_environment
 from tests.e2e.jobfuncs import alive
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from lakeshore.client import Client
-from lakeshore.pool import Running
+from lakeshore.pool.job_process import Running
 from lakeshore.worker import calls
 from lakeshore.worker.daemon import Worker
 from lakeshore.worker.reporting import Outcome, Reporter

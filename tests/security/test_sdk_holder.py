@@ -9,8 +9,9 @@ from rest_framework.test import APIClient
 from accounts.services import token_create
 from fleet import sdk_worker
 from fleet.models import Daemon
-from jobs import sdk, transitions
+from jobs import sdk
 from jobs.models import Invocation, InvocationState, ResultFrame
+from jobs.transitions import rescue
 from tests import builders
 from tests.sdk.test_sdk_rules import ENVELOPE, SUBMIT, _call
 
@@ -59,7 +60,7 @@ def _move_lease_to(worker, token, inv):
     """The lease of w1 expired: its attempt goes back to the queue and `worker`,
     polling with `token`, takes the next attempt."""
     Daemon.objects.filter(worker_id="w1").update(state="lost")
-    transitions.requeue_daemon_work(
+    rescue.requeue_daemon_work(
         daemon_ids=list(Daemon.objects.filter(worker_id="w1").values_list("pk", flat=True)),
         reason="lease expired",
     )

@@ -1,0 +1,156 @@
+"""One job process as the daemon sees it (JobProcess: a `lakeshore.runner` process and
+the pipe pair to it, one JSON line each way), and Running, an invocation the daemon
+runs."""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lakeshore.pool.processes import kill_job_group, start_job_process
+
+RUNNER = "lakeshore.runner"
+READ_CHUNK = 1 << 16
+
+
+@dataclass
+class Running:
+    """An invocation this daemon runs."""
+
+    invocation: dict
+    daemon_id: str | None = None  # the registration that claimed it (reports go there)
+    started: float = field(default_factory=time.monotonic)
+    abandoned: bool = False  # the server no longer counts it as ours: stop, don't report
+    process: "JobProcess | None" = None
+    signalled_until: float = 0.0  # an operator's TERM/INT: its grace ends then (monotonic)
+
+    @property
+    def id(self) -> str:
+        return str(self.invocation["id"])
+
+    @property
+    def deadline(self) -> float | None:
+        timeout_s = self.invocation.get("timeout_s")
+        return self.started + float(timeout_s) if timeout_s else None
+
+
+class JobProcess:
+    """One `lakeshore.runner` process and its pipes. Only the monitor thread reads its
+    pipe and closes its descriptors; any thread may kill it."""
+
+    def __init__(self, process: subprocess.Popen, to_runner: int, from_runner: int, once: bool):
+        self.process = process
+        self.to_runner = to_runner  # we write invocations here (blocking)
+        self.from_runner = from_runner  # outcomes come here (non-blocking)
+        self.once = once
+        self.pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):  # no pidfd: EOF means exit
+            self.pidfd = os.pidfd_open(process.pid)
+        self.buffer = bytearray()
+        self.current: Running | None = None
+        self.outcome: dict | None = None  # once: read before the exit that ends it
+        self.tasks = 0
+        self.killed = False  # out of service: killed, or on its way out
+        self.closed = False
+        self.io = threading.Lock()  # send against close
+        self.sent: str | None = None  # the id of the last invocation written to it
+
+    @classmethod
+    def start(cls, env: dict, *, once: bool) -> "JobProcess":
+        runner_in, to_runner = os.pipe()
+        from_runner, runner_out = os.pipe()
+        command = [sys.executable, "-m", RUNNER, "--in", str(runner_in), "--out", str(runner_out)]
+        try:
+            process = start_job_process(
+                [*command, "--once"] if once else command,
+                env,
+                stdin=subprocess.DEVNULL,  # a job that reads stdin finds nothing
+                pass_fds=(runner_in, runner_out),
+            )
+        except BaseException:
+            os.close(to_runner)
+            os.close(from_runner)
+            raise
+        finally:
+            os.close(runner_in)
+            os.close(runner_out)
+        os.set_blocking(from_runner, False)
+        return cls(process, to_runner, from_runner, once)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, message: dict, item_id: str) -> bool:
+        """Hands it an invocation; False if it is gone (it never got it). Holds `io`,
+        so the monitor cannot close the descriptor (whose number another pipe or socket
+        could then take) while this writes to it, and knows afterwards whether the
+        invocation went out (`sent`)."""
+        data = json.dumps(message).encode() + b"\n"
+        with self.io:
+            if self.closed or self.to_runner < 0:
+                return False
+            try:
+                while data:
+                    data = data[os.write(self.to_runner, data) :]
+            except OSError:  # BrokenPipeError: it died
+                return False
+            self.sent = item_id
+            if self.once:
+                self._close_input()
+        return True
+
+    def read(self) -> tuple[list[bytes], bool]:
+        """The complete lines it wrote since the last read, and whether its end closed."""
+        eof = False
+        while True:
+            try:
+                chunk = os.read(self.from_runner, READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not chunk:
+                eof = True
+                break
+            self.buffer += chunk
+        lines = []
+        while (end := self.buffer.find(b"\n")) >= 0:
+            lines.append(bytes(self.buffer[:end]))
+            del self.buffer[: end + 1]
+        return lines, eof
+
+    def kill(self) -> None:
+        kill_job_group(self.process)
+
+    def reap(self) -> int:
+        """Kills its group, waits for it, closes its descriptors: its exit code. The
+        group is killed while its leader is still unreaped (a zombie keeps the number)."""
+        if self.closed:
+            return self.process.wait()
+        kill_job_group(self.process)
+        code = self.process.wait()
+        self.close()
+        return code
+
+    def _close_input(self) -> None:
+        if self.to_runner >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.to_runner)
+            self.to_runner = -1
+
+    def close(self) -> None:
+        with self.io:  # a write in progress ends first (EPIPE: the process is dead)
+            if self.closed:
+                return
+            self.closed = True
+            self._close_input()
+            for fd in (self.from_runner, self.pidfd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
