@@ -10,7 +10,9 @@ server's limits (jobs/logs.py) are the same.
 The book is bounded: at most BOOK_MAX_BYTES waiting in all (the server unreachable, or
 a job printing faster than it takes them). Past it, the oldest waiting lines of the
 attempt that prints are dropped, counted, and the count goes with its next chunk: the
-reader sees a marker saying how many lines were lost there."""
+reader sees a marker saying how many lines were lost there. An attempt's first
+HEAD_KEEP_BYTES are never dropped (the start of a run, its settings and first errors,
+is what a reader looks for first, and the server keeps a log's head too)."""
 
 import threading
 import time
@@ -21,6 +23,7 @@ LINE_MAX_BYTES = 16 * 1024
 CHUNK_MAX_LINES = 10_000
 CHUNK_MAX_BYTES = 1024 * 1024
 BOOK_MAX_BYTES = 16 * 1024 * 1024
+HEAD_KEEP_BYTES = 1024 * 1024
 SHIPMENT_MAX_BYTES = 4 * 1024 * 1024  # under the server's request limit (10 MiB) as JSON
 SHIPMENT_MAX_CHUNKS = 100
 OUT, ERR = "o", "e"
@@ -88,6 +91,8 @@ class Attempt:
     invocation: int
     attempt: int
     daemon_id: str | None
+    head_left: int = HEAD_KEEP_BYTES  # bytes still to come that are never dropped
+    head: deque = field(default_factory=deque)  # [stream, time, text]: never dropped
     waiting: deque = field(default_factory=deque)  # [stream, time, text]
     bytes: int = 0
     seq: int = 0  # the next chunk's number
@@ -98,8 +103,9 @@ class Attempt:
 class LogBook:
     """Every attempt's waiting lines (any thread may add; the shipper takes)."""
 
-    def __init__(self, max_bytes: int = BOOK_MAX_BYTES):
+    def __init__(self, max_bytes: int = BOOK_MAX_BYTES, head_keep: int = HEAD_KEEP_BYTES):
         self.max_bytes = max_bytes
+        self.head_keep = head_keep
         self.lock = threading.Lock()
         self.attempts: dict[tuple[int, int], Attempt] = {}
         self.bytes = 0
@@ -113,10 +119,16 @@ class LogBook:
         with self.lock:
             attempt = self.attempts.get(key)
             if attempt is None:
-                attempt = self.attempts[key] = Attempt(key[0], key[1], daemon_id)
+                attempt = self.attempts[key] = Attempt(
+                    key[0], key[1], daemon_id, head_left=self.head_keep
+                )
             for text in lines:
                 size = len(text) + 1
-                attempt.waiting.append([stream, now, text])
+                if attempt.head_left > 0:
+                    attempt.head.append([stream, now, text])
+                    attempt.head_left -= size
+                else:
+                    attempt.waiting.append([stream, now, text])
                 attempt.bytes += size
                 attempt.lines += 1
                 self.bytes += size
@@ -131,7 +143,7 @@ class LogBook:
     def pending(self, keys=None) -> bool:
         with self.lock:
             return any(
-                a.waiting or a.dropped
+                a.head or a.waiting or a.dropped
                 for k, a in self.attempts.items()
                 if keys is None or k in keys
             )
@@ -145,37 +157,42 @@ class LogBook:
             for key, attempt in self.attempts.items():
                 if keys is not None and key not in keys:
                     continue
-                while (attempt.waiting or attempt.dropped) and size < SHIPMENT_MAX_BYTES:
+                while (attempt.head or attempt.waiting) and size < SHIPMENT_MAX_BYTES:
                     if len(chunks) >= SHIPMENT_MAX_CHUNKS:
                         break
+                    # the head first, in chunks of its own: a drop count goes with the
+                    # first chunk of the lines after it, where the lines were lost
+                    source = attempt.head or attempt.waiting
                     lines, taken = [], 0
                     while (
-                        attempt.waiting
+                        source
                         and len(lines) < CHUNK_MAX_LINES
                         and taken < CHUNK_MAX_BYTES
                         and size + taken < SHIPMENT_MAX_BYTES
                     ):
-                        line = attempt.waiting.popleft()
+                        line = source.popleft()
                         lines.append(line)
                         taken += len(line[2]) + 1
-                    if not lines:  # only a count of dropped lines: it waits for a line
+                    if not lines:  # no room left in this shipment
                         break
                     attempt.bytes -= taken
                     self.bytes -= taken
+                    from_head = source is attempt.head
                     chunks.append(
                         {
                             "daemon_id": attempt.daemon_id,
                             "invocation": attempt.invocation,
                             "attempt": attempt.attempt,
                             "seq": attempt.seq,
-                            "dropped": attempt.dropped,
+                            "dropped": 0 if from_head else attempt.dropped,
                             "lines": lines,
                         }
                     )
                     attempt.seq += 1
-                    attempt.dropped = 0
+                    if not from_head:
+                        attempt.dropped = 0
                     size += taken
-            if not any(a.waiting for a in self.attempts.values()):
+            if not any(a.head or a.waiting for a in self.attempts.values()):
                 self.has_lines.clear()
         return chunks
 

@@ -7,7 +7,8 @@ reaches the log when it is printed, and Python `logging` records at INFO and abo
 that the job does not route elsewhere go to stderr ("LEVEL logger: message"): set up
 once the job's module imported logging (this process does not import it for the
 jobs that never log: a few milliseconds of every process-isolated job). Both are
-flushed before each outcome is written, so an outcome never overtakes its output.
+flushed before each outcome is written, so an outcome never overtakes its output; a
+failure's error (a traceback, a refusal) is written to stderr too.
 
 - in (FD): {"id", "attempt", "function", "args", "kwargs", "allowed_modules"}, and for
   the Python SDK's invocations "wire": "envelope", "args_blob" (base64) and
@@ -31,6 +32,7 @@ The runner never reads it from its own environment, which the daemon scrubs (see
 lakeshore.worker.environment)."""
 
 import contextlib
+import faulthandler
 import importlib
 import json
 import os
@@ -116,6 +118,8 @@ def serve(source: int, sink: int, *, once: bool) -> None:
             os.environ["LAKESHORE_ATTEMPT"] = str(message.get("attempt", ""))
             try:
                 outcome = run(message)
+                if not outcome.get("ok") and outcome.get("error"):  # the log says why too
+                    sys.stderr.write(f"{str(outcome['error']).rstrip()}\n")
             finally:
                 _flush()  # the job's output reaches the log before its outcome
             outcome["id"] = message.get("id")
@@ -130,9 +134,12 @@ def serve(source: int, sink: int, *, once: bool) -> None:
 
 
 def _capture_output() -> None:
-    """Each line the job prints reaches its log at once."""
+    """Each line the job prints reaches its log at once; a crash of the interpreter
+    itself (a segfault in an extension) leaves its Python traceback there too."""
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(line_buffering=True)
+    with contextlib.suppress(RuntimeError, ValueError):
+        faulthandler.enable()
 
 
 _LOGGING: dict = {}  # the root logger as it was before the first capture

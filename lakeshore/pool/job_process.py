@@ -11,10 +11,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from lakeshore.joblog import ERR, OUT, Lines
 from lakeshore.pool.processes import kill_job_group, start_job_process
 
 RUNNER = "lakeshore.runner"
 READ_CHUNK = 1 << 16
+OUTPUT_READ_MAX = 1 << 20  # bytes of one stream read at one wake: the others get a turn
 
 
 @dataclass
@@ -42,7 +44,14 @@ class JobProcess:
     """One `lakeshore.runner` process and its pipes. Only the monitor thread reads its
     pipe and closes its descriptors; any thread may kill it."""
 
-    def __init__(self, process: subprocess.Popen, to_runner: int, from_runner: int, once: bool):
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        to_runner: int,
+        from_runner: int,
+        once: bool,
+        output: dict[str, int] | None = None,
+    ):
         self.process = process
         self.to_runner = to_runner  # we write invocations here (blocking)
         self.from_runner = from_runner  # outcomes come here (non-blocking)
@@ -58,28 +67,35 @@ class JobProcess:
         self.closed = False
         self.io = threading.Lock()  # send against close
         self.sent: str | None = None  # the id of the last invocation written to it
+        self.output = output or {}  # stream letter → the read end of its stdout, stderr
+        self.lines = {stream: Lines(stream) for stream in self.output}
 
     @classmethod
     def start(cls, env: dict, *, once: bool) -> "JobProcess":
         runner_in, to_runner = os.pipe()
         from_runner, runner_out = os.pipe()
+        out_read, out_write = os.pipe()  # the job's stdout and stderr: its log
+        err_read, err_write = os.pipe()
         command = [sys.executable, "-m", RUNNER, "--in", str(runner_in), "--out", str(runner_out)]
         try:
             process = start_job_process(
                 [*command, "--once"] if once else command,
                 env,
                 stdin=subprocess.DEVNULL,  # a job that reads stdin finds nothing
+                stdout=out_write,
+                stderr=err_write,
                 pass_fds=(runner_in, runner_out),
             )
         except BaseException:
-            os.close(to_runner)
-            os.close(from_runner)
+            for fd in (to_runner, from_runner, out_read, err_read):
+                os.close(fd)
             raise
         finally:
-            os.close(runner_in)
-            os.close(runner_out)
-        os.set_blocking(from_runner, False)
-        return cls(process, to_runner, from_runner, once)
+            for fd in (runner_in, runner_out, out_write, err_write):
+                os.close(fd)
+        for fd in (from_runner, out_read, err_read):
+            os.set_blocking(fd, False)
+        return cls(process, to_runner, from_runner, once, {OUT: out_read, ERR: err_read})
 
     @property
     def pid(self) -> int:
@@ -125,6 +141,30 @@ class JobProcess:
             del self.buffer[: end + 1]
         return lines, eof
 
+    def read_output(self, stream: str) -> tuple[list[str], bool]:
+        """The lines of stdout ("o") or stderr ("e") written since the last read (up to
+        OUTPUT_READ_MAX bytes), and whether it closed (every writer gone)."""
+        fd = self.output.get(stream, -1)
+        if fd < 0:
+            return [], True
+        lines, taken = [], 0
+        while taken < OUTPUT_READ_MAX:
+            try:
+                chunk = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return lines, False
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return lines + self.lines[stream].end(), True
+            taken += len(chunk)
+            lines += self.lines[stream].feed(chunk)
+        return lines, False
+
+    def line_ends(self) -> dict[str, list[str]]:
+        """What each stream holds without a line end: the invocation ended."""
+        return {stream: lines.end() for stream, lines in self.lines.items()}
+
     def kill(self) -> None:
         kill_job_group(self.process)
 
@@ -150,7 +190,7 @@ class JobProcess:
                 return
             self.closed = True
             self._close_input()
-            for fd in (self.from_runner, self.pidfd):
-                if fd is not None:
+            for fd in (self.from_runner, self.pidfd, *self.output.values()):
+                if fd is not None and fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)

@@ -1,7 +1,12 @@
-"""The pool's monitor thread: one selector over every job process's outcome pipe and
-exit (pidfd), which also wakes for the nearest timeout. It delivers outcomes, learns of
-exits, ends invocations past their timeout and retires the processes that must go. It
-never starts a process."""
+"""The pool's monitor thread: one selector over every job process's outcome pipe, its
+stdout and stderr, and its exit (pidfd), which also wakes for the nearest timeout. It
+delivers outcomes, learns of exits, ends invocations past their timeout and retires the
+processes that must go. It never starts a process.
+
+What a job process prints belongs to the invocation it runs (`output`): before an
+outcome is delivered, and when a process exits or is killed, its stdout and stderr are
+read to their end first (the runner flushes both before it writes an outcome), so every
+line an invocation printed is its own, up to a kill, and none reaches the next one."""
 
 import contextlib
 import json
@@ -13,6 +18,8 @@ import time
 from lakeshore.pool.job_process import JobProcess, Running
 from lakeshore.pool.processes import STOPPED_FROM_OUTSIDE, resident_mb
 from lakeshore.sdk_job import FinalError, ResultBlob
+
+DRAIN_READS = 16  # reads of OUTPUT_READ_MAX bytes a stream, at most, when a job ends
 
 
 class Monitor:
@@ -44,7 +51,9 @@ class Monitor:
                 kind, process = key.data
                 if process.closed:
                     continue
-                if kind == "out":
+                if kind in process.output:  # its stdout or stderr
+                    self._read_output(process, kind)
+                elif kind == "out":
                     lines, eof = process.read()
                     for line in lines:
                         self._on_line(process, line)
@@ -60,6 +69,8 @@ class Monitor:
         if process.closed:
             return
         self.selector.register(process.from_runner, selectors.EVENT_READ, ("out", process))
+        for stream, fd in process.output.items():
+            self.selector.register(fd, selectors.EVENT_READ, (stream, process))
         if process.pidfd is not None:
             self.selector.register(process.pidfd, selectors.EVENT_READ, ("exit", process))
 
@@ -68,10 +79,34 @@ class Monitor:
             self.selector.unregister(process.from_runner)
 
     def _unwatch(self, process: JobProcess) -> None:
-        for fd in (process.from_runner, process.pidfd):
+        for fd in (process.from_runner, process.pidfd, *process.output.values()):
             if fd is not None:
                 with contextlib.suppress(KeyError, ValueError):
                     self.selector.unregister(fd)
+
+    def _read_output(self, process: JobProcess, stream: str) -> None:
+        lines, closed = process.read_output(stream)
+        if closed:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(process.output[stream])
+        if lines:
+            with self.lock:
+                item = process.current
+            self.output(item, process.pid, stream, lines)
+
+    def _drain_output(self, process: JobProcess, item: Running | None) -> None:
+        """Everything the process printed so far, and the rest of a line it left open,
+        for `item` (the invocation it ran: it ended)."""
+        for stream in process.output:
+            for _ in range(DRAIN_READS):  # a child it left may go on printing: not forever
+                lines, closed = process.read_output(stream)
+                if lines:
+                    self.output(item, process.pid, stream, lines)
+                if closed or not lines:
+                    break
+        for stream, rest in process.line_ends().items():
+            if rest:
+                self.output(item, process.pid, stream, rest)
 
     def _on_line(self, process: JobProcess, line: bytes) -> None:
         try:
@@ -80,6 +115,9 @@ class Monitor:
                 raise ValueError("not an object")
         except ValueError:
             outcome = {"ok": False, "error": "the job process sent something that is not JSON"}
+        with self.lock:
+            item = process.current
+        self._drain_output(process, item)  # printed before the outcome: the invocation's
         with self.lock:
             item = process.current
             if item is None or str(outcome.get("id")) != item.id:
@@ -126,6 +164,9 @@ class Monitor:
 
     def _on_exit(self, process: JobProcess) -> None:
         stopped = process.killed  # we killed it (or were replacing it): no news
+        with self.lock:
+            item = process.current
+        self._drain_output(process, item)  # up to its end (a kill: up to the kill)
         lines, _ = process.read()  # what it wrote before it exited
         for line in lines:
             self._on_line(process, line)
@@ -187,7 +228,8 @@ class Monitor:
                 if item is None or item.deadline is None or item.deadline > now:
                     continue
                 self._retire(process)
-                process.current = None
                 process.kill()
+                self._drain_output(process, item)  # what it printed up to the kill
+                process.current = None
                 timeout_s = item.invocation.get("timeout_s")
                 self.done(item, "timeout", None, f"stopped after timeout_s={timeout_s} s")

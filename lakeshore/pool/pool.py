@@ -20,6 +20,11 @@ Done = Callable[[Running, str, object, str], None]
 called from the monitor thread with the lock held (or from the spawner, when no process
 could take it); it must not block."""
 
+Output = Callable[[Running | None, int, str, list[str]], None]
+"""output(item, pid, stream, lines): lines a job process printed on stdout ("o") or
+stderr ("e"), for the invocation it runs (None: printed between invocations); called
+from the monitor thread, without the lock; it must not block."""
+
 
 class Pool(Monitor):
     """The job processes of one daemon and the thread that watches them.
@@ -44,6 +49,7 @@ class Pool(Monitor):
         log: Callable[[str], None] = print,
         debug: Callable[[str], None] | None = None,
         stopping: Callable[[], bool] = lambda: False,
+        output: Output | None = None,
     ):
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
@@ -60,6 +66,7 @@ class Pool(Monitor):
         self.log = log
         self.debug = debug or (lambda message: None)
         self.stopping = stopping  # the daemon was told to stop (SIGTERM/SIGINT)
+        self.output = output or self._own_log
         self.processes: list[JobProcess] = []  # in service (pool: at most `size`)
         self.watched: set[JobProcess] = set()  # every process not yet reaped
         self.incoming: list[JobProcess] = []  # started, not yet in the selector
@@ -211,6 +218,12 @@ class Pool(Monitor):
         for fd in (self.wake_read, self.wake_write):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _own_log(self, item: Running | None, pid: int, stream: str, lines: list[str]) -> None:
+        """Without a log book: the lines go to the daemon's log."""
+        whose = f"invocation {item.id}" if item is not None else f"job process {pid}"
+        for line in lines:
+            self.log(f"{whose} {stream}| {line}")
 
     def _retire(self, process: JobProcess) -> None:
         """Out of service (lock held): no new invocation goes to it; the slot is free

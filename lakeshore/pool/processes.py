@@ -49,13 +49,15 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_job_process(
-    command: list[str], env: dict, *, stdin=subprocess.PIPE, pass_fds=()
+    command: list[str], env: dict, *, stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=()
 ) -> subprocess.Popen:
     """A job process that dies with the calling thread (and so with the daemon) and
     leads a process group of its own (see kill_job_group)."""
     return subprocess.Popen(  # noqa: S603 - our own runner, no shell
         command,
         stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
         text=True,
         env=env,
         pass_fds=pass_fds,

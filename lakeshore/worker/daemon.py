@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from lakeshore.allow import parse_modules
 from lakeshore.client import Client
+from lakeshore.joblog import LogBook
 from lakeshore.pool.job_process import Running
 from lakeshore.pool.pool import Pool
 from lakeshore.worker.calls import Calls
@@ -19,6 +20,7 @@ from lakeshore.worker.claiming import ClaimLoop
 from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names
 from lakeshore.worker.heartbeat import Heartbeats
 from lakeshore.worker.lifecycle import Lifecycle
+from lakeshore.worker.logs import Shipper
 from lakeshore.worker.reporting import REPORT_BATCH, REPORT_LINGER, Reporter, Reporting
 from lakeshore.worker.slots import Slots
 
@@ -107,3 +109,5 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         self.reporter = Reporter(
             self._report, self._reported, batch=report_batch, linger=report_linger
         )
+        self.logbook = LogBook()  # what jobs print, waiting to be shipped
+        self.shipper = Shipper(self.logbook, self.call, ready=self.reporter.mark_ready, log=log)

@@ -61,9 +61,11 @@ class Lifecycle:
             log=self.log,
             debug=self.debug,
             stopping=self.draining.is_set,
+            output=self._output,
         )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         self.reporter.start()
+        self.shipper.start()
         beat.start()
         try:
             self._serve()
@@ -72,6 +74,7 @@ class Lifecycle:
             self.hard_stop.set()
             self._kill_all("daemon stopping")
             self.pool.close()
+            self.shipper.close(5)  # the lines first: outcomes wait for theirs
             self.reporter.close(5)
             if not self.dropped.is_set():
                 self._deregister()

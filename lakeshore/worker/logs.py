@@ -58,6 +58,7 @@ class Shipper:
         if not self.book.pending({key}):
             self.book.forget(key)
             return False
+        outcome.ready = False  # before the reporter has it: it waits for the lines
         with self.cond:
             self.waiting.append(outcome)
             self.cond.notify()

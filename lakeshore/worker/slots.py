@@ -7,6 +7,7 @@ import threading
 import time
 
 from lakeshore.pool.job_process import Running
+from lakeshore.worker.logs import attempt_key
 from lakeshore.worker.reporting import Outcome
 
 
@@ -85,11 +86,24 @@ class Slots:
             del self.running[item.id]
             self.slot_free.notify_all()
             if item.abandoned:
+                self.logbook.forget(attempt_key(item))
                 return
             took = time.monotonic() - item.started
             average = self.run_average
             self.run_average = took if average is None else 0.8 * average + 0.2 * took
-            self.reporter.put(Outcome(item, state, result, error, took))
+            outcome = Outcome(item, state, result, error, took)
+            self.shipper.then_report(outcome)  # its last lines go first, if any wait
+            self.reporter.put(outcome)
+
+    def _output(self, item: Running | None, pid: int, stream: str, lines: list[str]) -> None:
+        """Lines a job process printed (the pool's monitor): the invocation's log, or,
+        printed between invocations or by one no longer ours, the daemon's own."""
+        if item is None or item.abandoned:
+            whose = f"invocation {item.id}" if item is not None else f"job process {pid}"
+            for line in lines:
+                self.log(f"{whose} {stream}| {line}")
+            return
+        self.logbook.add(attempt_key(item), item.daemon_id, stream, lines)
 
     def _wait_for_running(self) -> None:
         with self.lock:

@@ -2,8 +2,10 @@
 daemon runs them when its LAKESHORE_ALLOWED_MODULES names tests.e2e.poolfuncs and its
 PYTHONPATH holds the repository root. Each returns the pid of the process it ran in."""
 
+import logging
 import os
 import subprocess
+import sys
 import time
 
 STATE = None  # module-level state: what a warm pool process keeps between invocations
@@ -91,7 +93,7 @@ def exit_now(code: int = 3) -> None:
 
 
 def say(text: str) -> int:
-    print(text)  # block-buffered when stdout is not a terminal: flushed by the runner
+    print(text)  # the runner line-buffers stdout: the line reaches the log at once
     return os.getpid()
 
 
@@ -105,4 +107,53 @@ def span(ledger: str, n: int, seconds: float) -> int:
         os.write(fd, f"{n} {start!r} {time.time()!r}\n".encode())
     finally:
         os.close(fd)
+    return os.getpid()
+
+
+def chatter(lines: int, tag: str = "") -> int:
+    """`lines` lines to stdout and as many to stderr, interleaved, each numbered."""
+    for i in range(lines):
+        print(f"{tag}out {i}")
+        print(f"{tag}err {i}", file=sys.stderr)
+    return os.getpid()
+
+
+def crash(message: str = "crashed on purpose") -> None:
+    print("about to crash")
+    raise RuntimeError(message)
+
+
+def print_then_die(path: str) -> None:
+    """Prints, writes its pid to `path`, then waits to be killed (kill -9 from outside)."""
+    print("before the kill", flush=True)
+    print("an unended line", end="", flush=True)
+    with open(path, "w") as handle:
+        handle.write(str(os.getpid()))
+    time.sleep(60)
+
+
+def log_records() -> int:
+    logging.getLogger("trainer").info("epoch 1 loss 0.5")
+    logging.getLogger("trainer").debug("not shown: below INFO")
+    return os.getpid()
+
+
+def no_newline(text: str) -> int:
+    sys.stdout.write(text)
+    return os.getpid()
+
+
+def flood(megabytes: int, line_bytes: int = 8192) -> int:
+    """`megabytes` MiB to stdout, in lines of `line_bytes` bytes, numbered."""
+    line = "z" * (line_bytes - 12)
+    for i in range(megabytes * 1024 * 1024 // line_bytes):
+        sys.stdout.write(f"{i:010d} {line}\n")
+    return os.getpid()
+
+
+def ticker(lines: int, every: float) -> int:
+    """A line every `every` seconds, `lines` of them: a job a reader watches live."""
+    for i in range(lines):
+        print(f"tick {i}")
+        time.sleep(every)
     return os.getpid()

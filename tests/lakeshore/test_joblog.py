@@ -63,13 +63,15 @@ def test_the_book_ships_chunks_numbered_per_attempt():
     assert book.take() == [] and not book.pending()
 
 
-def test_past_its_bound_the_book_drops_the_oldest_and_says_how_many():
-    book = LogBook(max_bytes=100)
-    book.add((1, 1), None, "o", [f"{i:09d}" for i in range(30)])  # 10 bytes a line
+def test_past_its_bound_the_book_drops_the_oldest_after_the_head_and_says_how_many():
+    book = LogBook(max_bytes=100, head_keep=30)  # 10 bytes a line: the head is 3 lines
+    book.add((1, 1), None, "o", [f"{i:09d}" for i in range(30)])
     assert book.bytes <= 100
-    (chunk,) = book.take()
-    assert chunk["dropped"] == 20
-    assert [line[2] for line in chunk["lines"]] == [f"{i:09d}" for i in range(20, 30)]
+    head, rest = book.take()
+    assert [line[2] for line in head["lines"]] == [f"{i:09d}" for i in range(3)]
+    assert head["dropped"] == 0
+    assert rest["dropped"] == 20  # lost between the head and the last 7 lines
+    assert [line[2] for line in rest["lines"]] == [f"{i:09d}" for i in range(23, 30)]
     assert book.dropped == 20
 
 

@@ -26,6 +26,8 @@ class Harness:
         self.lock = threading.RLock()
         self.ended = threading.Condition(self.lock)
         self.outcomes: dict[str, tuple[str, object, str]] = {}
+        self.printed: dict[str | None, list[tuple[str, str]]] = {}  # id → (stream, line)
+        self.printed_at_outcome: dict[str, int] = {}  # lines it had when it ended
         self.ids = iter(range(1, 1_000_000))
         self.pool = Pool(
             environment=environment or self.environment,
@@ -34,6 +36,7 @@ class Harness:
             spawner=threading.current_thread(),
             allowed_modules=(FUNCS,),
             log=lambda message: None,
+            output=self.output,
             **{"size": 1, "isolation": "pool", **options},
         )
 
@@ -44,7 +47,18 @@ class Harness:
 
     def done(self, item, state, result, error):
         self.outcomes[item.id] = (state, result, error)
+        self.printed_at_outcome[item.id] = len(self.printed.get(item.id, []))
         self.ended.notify_all()
+
+    def output(self, item, pid, stream, lines):
+        with self.lock:
+            key = item.id if item is not None else None
+            self.printed.setdefault(key, []).extend((stream, line) for line in lines)
+
+    def lines(self, item, stream=None) -> list[str]:
+        with self.lock:
+            got = self.printed.get(item.id, [])
+            return [line for s, line in got if stream is None or s == stream]
 
     def start(self, function: str, *args, timeout_s=None) -> Running:
         invocation = {
@@ -218,10 +232,14 @@ def test_environment_and_directory_are_put_back_between_invocations(harness):
     assert again["env"]["LAKESHORE_INVOCATION_ID"] == str(int(first.id) + 1)  # each its own
 
 
-def test_a_jobs_output_reaches_stdout_before_its_outcome(harness, capfd):
+def test_a_jobs_output_reaches_its_invocation_before_its_outcome(harness, capfd):
     h = harness()
-    h.ok("say", "hello from the job")
-    assert "hello from the job" in capfd.readouterr().out
+    h.pool.prepare()
+    item = h.start("say", "hello from the job")
+    assert h.wait(item)[0] == "succeeded"
+    assert h.lines(item, "o") == ["hello from the job"]
+    assert h.printed_at_outcome[item.id] == 1  # there before the outcome was delivered
+    assert "hello from the job" not in capfd.readouterr().out  # not the daemon's
 
 
 def test_only_the_spawner_thread_starts_processes(harness):
