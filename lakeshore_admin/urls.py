@@ -91,7 +91,7 @@ def _docs(view_class, *, page: bool, **options):
 
 urlpatterns = [
     path("", queue_views.QueueList.as_view(), name="console-home"),
-    path("jobs/", job_views.job_list, name="console-jobs"),
+    path("jobs/", job_views.JobList.as_view(), name="console-jobs"),
     path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
     path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
     path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
