@@ -1,85 +1,58 @@
-"""Console page of the timeline (/events/): the controller's decisions and every operator
-action, across queues (accounts/audit.py reads them)."""
+"""Console pages of accounts: the timeline (/events/: the controller's decisions and every
+operator action, across queues, read by accounts/audit.py) and the API tokens (/tokens/)."""
 
-from django.shortcuts import render
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from django.utils.http import urlencode
+from django import forms
+from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET
 
 from accounts import audit
 from accounts.console import console_view
+from accounts.filters import EventFilter
+from accounts.models import AuditEvent
+from lakeshore_admin.lists import ConsoleListView
 from queues.models import Queue
 
-FILTERS = ("queue", "action", "actor", "since", "until", "noop")
+MOMENT = {"type": "datetime-local"}
 
 
-def _moment(value: str, name: str, errors: dict):
-    """A datetime-local value (UTC), or None; a bad one is an error for its field."""
+@method_decorator([require_GET, console_view], name="dispatch")
+class EventList(ConsoleListView):
+    """Newest first. Its rows come from two tables, merged by accounts/audit.py, so its
+    key is a row's (at, kind, id) and its pages are read by audit.timeline_rows()."""
 
-    if not value:
-        return None
-    try:
-        parsed = parse_datetime(value)
-    except ValueError:
-        parsed = None
-    if parsed is None:
-        errors[name] = f"{value!r} is not a date and time (YYYY-MM-DDTHH:MM, UTC)."
-        return None
-    if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, timezone.UTC)
-    return parsed
+    template_name = "events/event_list.html"
+    table_id = "event-table"
+    filterset_class = EventFilter
+    page_size = audit.TIMELINE_PAGE
+    refresh = False
+    labels = {"first": "Newest", "previous": "← Newer", "next": "Older →"}
+    filter_look = {
+        "queue": {"attrs": {"list": "queue-names", "size": 16}},
+        "actor": {"attrs": {"size": 12, "placeholder": "user or controller"}},
+        "since": {"widget": forms.DateTimeInput(attrs=MOMENT)},
+        "until": {"widget": forms.DateTimeInput(attrs=MOMENT)},
+    }
 
+    def get_queryset(self):
+        return AuditEvent.objects.none()  # the FilterSet only checks the values
 
-@require_GET
-@console_view
-def event_list(request):
+    def source(self, filterset):
+        return filterset.timeline_filters()
 
-    get = request.GET
-    errors: dict[str, str] = {}
-    actions = audit.known_actions()
-    action = get.get("action", "")
-    if action and action not in actions:
-        errors["action"] = f"Unknown action {action!r}."
-    since = _moment(get.get("since", ""), "since", errors)
-    until = _moment(get.get("until", ""), "until", errors)
-    rows, cursor = [], None
-    if not errors:
-        rows, cursor = audit.timeline(
-            queue=get.get("queue") or None,
-            action=action or None,
-            actor=get.get("actor") or None,
-            since=since,
-            until=until,
-            noop=get.get("noop") == "1",
-            cursor=get.get("cursor", ""),
+    def parse_key(self, raw):
+        return raw if audit.decode_cursor(raw) else None
+
+    def key_of(self, row):
+        return audit.encode_cursor(row)
+
+    def fetch(self, source, *, after=None, before=None, limit):
+        return audit.timeline_rows(
+            source, older_than=after or "", newer_than=before or "", limit=limit
         )
-    next_url = None
-    if cursor:
-        params = get.copy()
-        params["cursor"] = cursor
-        next_url = f"?{urlencode(params, doseq=True)}"
-    newest_url = None
-    if get.get("cursor"):
-        params = get.copy()
-        params.pop("cursor")
-        newest_url = f"?{urlencode(params, doseq=True)}"
-    template = "events/event_list.html"
-    if request.htmx and request.htmx.target == "event-table":
-        template += "#event-table"
-    return render(
-        request,
-        template,
-        {
-            "rows": rows,
-            "errors": errors,
-            "next_url": next_url,
-            "newest_url": newest_url,
-            "actions": actions,
-            "queues": list(Queue.objects.order_by("name").values_list("name", flat=True)[:500]),
-            "chosen": {
-                key: get.get(key, "")
-                for key in ("queue", "action", "actor", "since", "until", "noop")
-            },
-        },
-    )
+
+    def keys(self, source, *, limit):
+        return [self.key_of(row) for row in audit.timeline_rows(source, limit=limit)]
+
+    def datalists(self):
+        names = Queue.objects.order_by("name").values_list("name", flat=True)
+        return {"queue-names": list(names[:500])}
