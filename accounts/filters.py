@@ -1,10 +1,10 @@
-"""FilterSets of the console's lists that live in accounts."""
+"""FilterSets of the console's lists that live in accounts: the timeline and the tokens."""
 
 import django_filters
 from django import forms
 
 from accounts import audit
-from accounts.models import AuditEvent
+from accounts.models import ApiToken, AuditEvent, Role
 
 
 class EventFilter(django_filters.FilterSet):
@@ -30,3 +30,20 @@ class EventFilter(django_filters.FilterSet):
         filters = {name: data.get(name) or None for name in ("queue", "action", "actor")}
         filters |= {"since": data.get("since"), "until": data.get("until")}
         return filters | {"noop": bool(data.get("noop"))}
+
+
+class TokenFilter(django_filters.FilterSet):
+    """The tokens page's filters."""
+
+    user = django_filters.CharFilter(field_name="user__username", label="User")
+    role = django_filters.ChoiceFilter(choices=Role.choices, label="Role", empty_label="any")
+    usable = django_filters.BooleanFilter(
+        method="filter_usable", label="usable only", widget=forms.CheckboxInput
+    )
+
+    class Meta:
+        model = ApiToken
+        fields = ["user", "role", "usable"]
+
+    def filter_usable(self, queryset, name, value):
+        return queryset.usable() if value else queryset

@@ -1,14 +1,20 @@
 """Console pages of accounts: the timeline (/events/: the controller's decisions and every
-operator action, across queues, read by accounts/audit.py) and the API tokens (/tokens/)."""
+operator action, across queues, read by accounts/audit.py) and the API tokens (/tokens/,
+with Revoke)."""
 
 from django import forms
+from django.contrib import messages
+from django.http import Http404
+from django.urls import reverse
 from django.utils.decorators import method_decorator
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 
-from accounts import audit
+from accounts import audit, services
 from accounts.console import console_view
-from accounts.filters import EventFilter
-from accounts.models import AuditEvent
+from accounts.filters import EventFilter, TokenFilter
+from accounts.models import ApiToken, AuditEvent
+from accounts.roles import can_operate
+from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.lists import ConsoleListView
 from queues.models import Queue
 
@@ -56,3 +62,50 @@ class EventList(ConsoleListView):
     def datalists(self):
         names = Queue.objects.order_by("name").values_list("name", flat=True)
         return {"queue-names": list(names[:500])}
+
+
+def sees_every_token(user) -> bool:
+    """An admin: a user Django lets view API tokens (superusers; staff given the right)."""
+    return user.has_perm("accounts.view_apitoken")
+
+
+def visible_tokens(user):
+    """Every token for an admin; a user's own tokens for anyone else."""
+    tokens = ApiToken.objects.select_related("user")
+    return tokens if sees_every_token(user) else tokens.filter(user=user)
+
+
+@method_decorator([require_GET, console_view], name="dispatch")
+class TokenList(ConsoleListView):
+    """API tokens, newest first: what each may do and whether it still works. Never a
+    secret: tokens are stored hashed, and the page shows a token's first characters."""
+
+    template_name = "tokens/token_list.html"
+    table_id = "token-table"
+    filterset_class = TokenFilter
+    refresh = False
+    labels = {"first": "Newest", "previous": "← Newer", "next": "Older →"}
+    filter_look = {"user": {"attrs": {"size": 14}}}
+
+    def get_queryset(self):
+        return visible_tokens(self.request.user)
+
+    def extra_context_data(self):
+        user = self.request.user
+        return {"can_act": can_operate(user), "sees_all": sees_every_token(user)}
+
+
+@require_POST
+@console_view
+def token_revoke(request, token_id: int):
+    """Revoke a token from the console: the API's service, for the operator role, and
+    only a token this user's tokens page shows."""
+    token = visible_tokens(request.user).filter(pk=token_id).first()
+    if token is None:
+        raise Http404(f"Token {token_id} does not exist.")
+    if services.token_revoke(token):
+        messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
+    else:
+        messages.info(request, f"Token {token.prefix}… ({token.name}) was already revoked.")
+    page = reverse("console-tokens")
+    return after_action(request, back_url(request, page) if request.htmx else page)
