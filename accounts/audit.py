@@ -90,9 +90,9 @@ TIMELINE_PAGE = 50
 DECISION = "decision"  # a controller decision (queues.QueueEvent)
 ACTION = "action"  # an operator action (AuditEvent)
 
-# Each side is read newest first along its own index, at most a page of it, then the
-# two are merged: a page costs two index scans, at any depth (the cursor is the last
-# row's (at, kind, id)).
+# Each side is read along its own index, at most a page of it, then the two are merged:
+# a page costs two index scans, at any depth. The key is a row's (at, kind, id): older
+# than it (newest first, `<`, DESC) or newer than it (oldest first, `>`, ASC).
 _TIMELINE_SQL = """
 WITH decisions AS (
     SELECT 'decision'::text AS kind, e.id, e.at, q.name AS queue, e.action::text AS action,
@@ -107,9 +107,9 @@ WITH decisions AS (
        AND (%(since)s::timestamptz IS NULL OR e.at >= %(since)s::timestamptz)
        AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
        AND (%(c_at)s::timestamptz IS NULL
-            OR (e.at, 'decision'::text, e.id) < (%(c_at)s::timestamptz, %(c_kind)s::text,
+            OR (e.at, 'decision'::text, e.id) {cmp} (%(c_at)s::timestamptz, %(c_kind)s::text,
                                                  %(c_id)s::bigint))
-     ORDER BY e.at DESC, e.id DESC
+     ORDER BY e.at {order}, e.id {order}
      LIMIT %(limit)s
 ), actions AS (
     SELECT 'action'::text AS kind, a.id, a.at, a.queue, a.action, a.actor, a.via,
@@ -123,15 +123,17 @@ WITH decisions AS (
        AND (%(since)s::timestamptz IS NULL OR a.at >= %(since)s::timestamptz)
        AND (%(until)s::timestamptz IS NULL OR a.at < %(until)s::timestamptz)
        AND (%(c_at)s::timestamptz IS NULL
-            OR (a.at, 'action'::text, a.id) < (%(c_at)s::timestamptz, %(c_kind)s::text,
+            OR (a.at, 'action'::text, a.id) {cmp} (%(c_at)s::timestamptz, %(c_kind)s::text,
                                                %(c_id)s::bigint))
-     ORDER BY a.at DESC, a.id DESC
+     ORDER BY a.at {order}, a.id {order}
      LIMIT %(limit)s
 )
 SELECT * FROM (SELECT * FROM decisions UNION ALL SELECT * FROM actions) merged
- ORDER BY at DESC, kind DESC, id DESC
+ ORDER BY at {order}, kind {order}, id {order}
  LIMIT %(limit)s
 """
+_OLDER_SQL = _TIMELINE_SQL.format(cmp="<", order="DESC")
+_NEWER_SQL = _TIMELINE_SQL.format(cmp=">", order="ASC")
 _COLUMNS = [
     "kind", "id", "at", "queue", "action", "actor", "via", "summary", "target",
     "daemons", "busy", "pending", "utilization", "desired", "delta",
@@ -147,10 +149,10 @@ def decode_cursor(value: str):
 
     try:
         at, kind, pk = value.replace(" ", "+").rsplit(",", 2)  # a '+' read as a space
-        parsed = parse_datetime(at)
-        if parsed is None or kind not in (DECISION, ACTION):
+        parsed, number = parse_datetime(at), int(pk)
+        if parsed is None or kind not in (DECISION, ACTION) or not 0 < number < 2**63:
             return None
-        return parsed, kind, int(pk)
+        return parsed, kind, number
     except (ValueError, AttributeError):
         return None
 
@@ -170,27 +172,38 @@ def timeline(
     every operator action, newest first, `limit` a page. Returns (rows, next cursor or
     None). tick_noop decisions only with `noop`."""
 
-    after = decode_cursor(cursor) if cursor else None
-    params = {
-        "decisions": actor in (None, "controller"),
-        "actions": actor != "controller",
-        "noop": noop,
-        "queue": queue,
-        "action": action,
-        "actor": actor,
-        "since": since,
-        "until": until,
-        "c_at": after[0] if after else None,
-        "c_kind": after[1] if after else None,
-        "c_id": after[2] if after else None,
-        "limit": limit + 1,
-    }
-    with connection.cursor() as db:
-        db.execute(_TIMELINE_SQL, params)
-        rows = [dict(zip(_COLUMNS, values, strict=True)) for values in db.fetchall()]
+    filters = {"queue": queue, "action": action, "actor": actor}
+    filters |= {"since": since, "until": until, "noop": noop}
+    rows = timeline_rows(filters, older_than=cursor, limit=limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
     return rows, (encode_cursor(rows[-1]) if more and rows else None)
+
+
+def timeline_rows(filters: dict, *, older_than="", newer_than="", limit: int) -> list[dict]:
+    """Up to `limit` rows of the timeline (newest first) older than one cursor, or the
+    `limit` rows just newer than the other; `filters` are timeline()'s."""
+
+    after = decode_cursor(newer_than or older_than) if newer_than or older_than else None
+    actor = filters.get("actor")
+    params = {
+        "decisions": actor in (None, "controller"),
+        "actions": actor != "controller",
+        "noop": bool(filters.get("noop")),
+        "queue": filters.get("queue"),
+        "action": filters.get("action"),
+        "actor": actor,
+        "since": filters.get("since"),
+        "until": filters.get("until"),
+        "c_at": after[0] if after else None,
+        "c_kind": after[1] if after else None,
+        "c_id": after[2] if after else None,
+        "limit": limit,
+    }
+    with connection.cursor() as db:
+        db.execute(_NEWER_SQL if newer_than and after else _OLDER_SQL, params)
+        rows = [dict(zip(_COLUMNS, values, strict=True)) for values in db.fetchall()]
+    return rows[::-1] if newer_than and after else rows
 
 
 def known_actions() -> list[str]:

@@ -1,85 +1,111 @@
-"""Console page of the timeline (/events/): the controller's decisions and every operator
-action, across queues (accounts/audit.py reads them)."""
+"""Console pages of accounts: the timeline (/events/: the controller's decisions and every
+operator action, across queues, read by accounts/audit.py) and the API tokens (/tokens/,
+with Revoke)."""
 
-from django.shortcuts import render
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from django.utils.http import urlencode
-from django.views.decorators.http import require_GET
+from django import forms
+from django.contrib import messages
+from django.http import Http404
+from django.urls import reverse
+from django.utils.decorators import method_decorator
+from django.views.decorators.http import require_GET, require_POST
 
-from accounts import audit
+from accounts import audit, services
 from accounts.console import console_view
+from accounts.filters import EventFilter, TokenFilter
+from accounts.models import ApiToken, AuditEvent
+from accounts.roles import can_operate
+from lakeshore_admin.console import after_action, back_url
+from lakeshore_admin.lists import ConsoleListView
 from queues.models import Queue
 
-FILTERS = ("queue", "action", "actor", "since", "until", "noop")
+MOMENT = {"type": "datetime-local"}
 
 
-def _moment(value: str, name: str, errors: dict):
-    """A datetime-local value (UTC), or None; a bad one is an error for its field."""
+@method_decorator([require_GET, console_view], name="dispatch")
+class EventList(ConsoleListView):
+    """Newest first. Its rows come from two tables, merged by accounts/audit.py, so its
+    key is a row's (at, kind, id) and its pages are read by audit.timeline_rows()."""
 
-    if not value:
-        return None
-    try:
-        parsed = parse_datetime(value)
-    except ValueError:
-        parsed = None
-    if parsed is None:
-        errors[name] = f"{value!r} is not a date and time (YYYY-MM-DDTHH:MM, UTC)."
-        return None
-    if timezone.is_naive(parsed):
-        parsed = timezone.make_aware(parsed, timezone.UTC)
-    return parsed
+    template_name = "events/event_list.html"
+    table_id = "event-table"
+    filterset_class = EventFilter
+    page_size = audit.TIMELINE_PAGE
+    refresh = False
+    labels = {"first": "Newest", "previous": "← Newer", "next": "Older →"}
+    filter_look = {
+        "queue": {"attrs": {"list": "queue-names", "size": 16}},
+        "actor": {"attrs": {"size": 12, "placeholder": "user or controller"}},
+        "since": {"widget": forms.DateTimeInput(attrs=MOMENT)},
+        "until": {"widget": forms.DateTimeInput(attrs=MOMENT)},
+    }
 
+    def get_queryset(self):
+        return AuditEvent.objects.none()  # the FilterSet only checks the values
 
-@require_GET
-@console_view
-def event_list(request):
+    def source(self, filterset):
+        return filterset.timeline_filters()
 
-    get = request.GET
-    errors: dict[str, str] = {}
-    actions = audit.known_actions()
-    action = get.get("action", "")
-    if action and action not in actions:
-        errors["action"] = f"Unknown action {action!r}."
-    since = _moment(get.get("since", ""), "since", errors)
-    until = _moment(get.get("until", ""), "until", errors)
-    rows, cursor = [], None
-    if not errors:
-        rows, cursor = audit.timeline(
-            queue=get.get("queue") or None,
-            action=action or None,
-            actor=get.get("actor") or None,
-            since=since,
-            until=until,
-            noop=get.get("noop") == "1",
-            cursor=get.get("cursor", ""),
+    def parse_key(self, raw):
+        return raw if audit.decode_cursor(raw) else None
+
+    def key_of(self, row):
+        return audit.encode_cursor(row)
+
+    def fetch(self, source, *, after=None, before=None, limit):
+        return audit.timeline_rows(
+            source, older_than=after or "", newer_than=before or "", limit=limit
         )
-    next_url = None
-    if cursor:
-        params = get.copy()
-        params["cursor"] = cursor
-        next_url = f"?{urlencode(params, doseq=True)}"
-    newest_url = None
-    if get.get("cursor"):
-        params = get.copy()
-        params.pop("cursor")
-        newest_url = f"?{urlencode(params, doseq=True)}"
-    template = "events/event_list.html"
-    if request.htmx and request.htmx.target == "event-table":
-        template += "#event-table"
-    return render(
-        request,
-        template,
-        {
-            "rows": rows,
-            "errors": errors,
-            "next_url": next_url,
-            "newest_url": newest_url,
-            "actions": actions,
-            "queues": list(Queue.objects.order_by("name").values_list("name", flat=True)[:500]),
-            "chosen": {
-                key: get.get(key, "")
-                for key in ("queue", "action", "actor", "since", "until", "noop")
-            },
-        },
-    )
+
+    def keys(self, source, *, limit):
+        return [self.key_of(row) for row in audit.timeline_rows(source, limit=limit)]
+
+    def datalists(self):
+        names = Queue.objects.order_by("name").values_list("name", flat=True)
+        return {"queue-names": list(names[:500])}
+
+
+def sees_every_token(user) -> bool:
+    """An admin: a user Django lets view API tokens (superusers; staff given the right)."""
+    return user.has_perm("accounts.view_apitoken")
+
+
+def visible_tokens(user):
+    """Every token for an admin; a user's own tokens for anyone else."""
+    tokens = ApiToken.objects.select_related("user")
+    return tokens if sees_every_token(user) else tokens.filter(user=user)
+
+
+@method_decorator([require_GET, console_view], name="dispatch")
+class TokenList(ConsoleListView):
+    """API tokens, newest first: what each may do and whether it still works. Never a
+    secret: tokens are stored hashed, and the page shows a token's first characters."""
+
+    template_name = "tokens/token_list.html"
+    table_id = "token-table"
+    filterset_class = TokenFilter
+    refresh = False
+    labels = {"first": "Newest", "previous": "← Newer", "next": "Older →"}
+    filter_look = {"user": {"attrs": {"size": 14}}}
+
+    def get_queryset(self):
+        return visible_tokens(self.request.user)
+
+    def extra_context_data(self):
+        user = self.request.user
+        return {"can_act": can_operate(user), "sees_all": sees_every_token(user)}
+
+
+@require_POST
+@console_view
+def token_revoke(request, token_id: int):
+    """Revoke a token from the console: the API's service, for the operator role, and
+    only a token this user's tokens page shows."""
+    token = visible_tokens(request.user).filter(pk=token_id).first()
+    if token is None:
+        raise Http404(f"Token {token_id} does not exist.")
+    if services.token_revoke(token):
+        messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
+    else:
+        messages.info(request, f"Token {token.prefix}… ({token.name}) was already revoked.")
+    page = reverse("console-tokens")
+    return after_action(request, back_url(request, page) if request.htmx else page)

@@ -1,70 +1,67 @@
 """Console pages for daemons: the list (state, queues, every job each runs now, the last
 heartbeat) and Drop. The list uses the API's FilterSet."""
 
+from django import forms
 from django.contrib import messages
 from django.http import Http404
-from django.shortcuts import render
 from django.urls import reverse
+from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.console import console_view
 from accounts.roles import can_operate
 from fleet import commands, daemons, services
 from fleet.filters import DaemonFilter
-from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState
+from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs import services as job_services
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.errors import Conflict, DomainError, NotFound
-from lakeshore_admin.pagination import page_offset
+from lakeshore_admin.lists import ConsoleListView
 
 DAEMON_PAGE = 100
 
 
-@require_GET
-@console_view
-def daemon_list(request):
+@method_decorator([require_GET, console_view], name="dispatch")
+class DaemonList(ConsoleListView):
+    """Newest first; the live ones unless the address asks for states or an id."""
 
-    params = request.GET.copy()
-    if "state" not in params and "id" not in params:  # live ones unless asked otherwise
-        params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
-    filterset = DaemonFilter(params, queryset=Daemon.objects.for_list().order_by("-id"))
-    valid = filterset.is_valid()
-    offset = page_offset(request)
-    rows = list(filterset.qs[offset : offset + DAEMON_PAGE + 1]) if valid else []
-    shown = rows[:DAEMON_PAGE]
-    # Every job each daemon runs now (a daemon runs several), for the page in one query.
-    running: dict[int, list[dict]] = {}
-    for job in (
-        Invocation.objects.filter(
-            state=InvocationState.RUNNING, daemon_id__in=[d.pk for d in shown]
-        )
-        .order_by("id")
-        .values("id", "function", "daemon_id", "started_at")
-    ):
-        running.setdefault(job["daemon_id"], []).append(job)
-    for daemon in shown:
-        daemon.jobs_now = running.get(daemon.pk, [])
-    template = "queues/daemon_list.html"
-    if request.htmx and request.htmx.target == "daemon-table":
-        template += "#daemon-table"
-    query = request.GET.copy()
-    query.pop("offset", None)
-    return render(
-        request,
-        template,
-        {
-            "daemons": shown,
-            "next_offset": offset + DAEMON_PAGE if len(rows) > DAEMON_PAGE else None,
-            "previous_offset": max(0, offset - DAEMON_PAGE) if offset else None,
-            "query": query.urlencode(),
-            "errors": None if valid else filterset.errors,
-            "states": DaemonState.choices,
-            "chosen": params.getlist("state"),
-            "queue": request.GET.get("queue", ""),
-            "can_act": can_operate(request.user),
-        },
-    )
+    template_name = "queues/daemon_list.html"
+    table_id = "daemon-table"
+    filterset_class = DaemonFilter
+    page_size = DAEMON_PAGE
+    shown_filters = ("state", "queue")
+    labels = {"first": "Newest", "previous": "← Newer", "next": "Older →"}
+    filter_look = {
+        "state": {"widget": forms.CheckboxSelectMultiple()},
+        "queue": {"label": "Queue", "attrs": {"size": 16}},
+    }
+
+    def get_queryset(self):
+        return Daemon.objects.for_list()
+
+    def filter_data(self):
+        params = self.request.GET.copy()
+        if "state" not in params and "id" not in params:
+            params.setlist("state", [str(s) for s in LIVE_DAEMON_STATES])
+        return params
+
+    def decorate(self, rows):
+        """Every job each daemon runs now (a daemon runs several): one query a page."""
+        running: dict[int, list[dict]] = {}
+        for job in (
+            Invocation.objects.filter(
+                state=InvocationState.RUNNING, daemon_id__in=[d.pk for d in rows]
+            )
+            .order_by("id")
+            .values("id", "function", "daemon_id", "started_at")
+        ):
+            running.setdefault(job["daemon_id"], []).append(job)
+        for daemon in rows:
+            daemon.jobs_now = running.get(daemon.pk, [])
+
+    def extra_context_data(self):
+        return {"can_act": can_operate(self.request.user)}
 
 
 @require_POST

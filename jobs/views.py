@@ -2,10 +2,12 @@
 
 import json
 
+from django import forms
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils.decorators import method_decorator
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
@@ -17,92 +19,65 @@ from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.errors import DomainError
+from lakeshore_admin.lists import ConsoleListView
 from queues.models import Queue
 
 PAGE_SIZE = 50
-FILTERS = ("queue", "function", "id", "worker", "since", "until")
+NUMERIC = {"inputmode": "numeric"}
+MOMENT = {"type": "datetime-local"}
 TIMELINE_ACTIONS = 50  # operator actions shown on a job's page
 CANCEL_COUNT_CAP = 10_000  # the bulk-cancel button counts up to this, then says "10,000+"
 
 
-@require_GET
-@console_view
-def job_list(request):
-    """Newest first, keyset-paged both ways: `cursor` (older than an id, the API's) and
-    `after` (newer than an id, this page's way back)."""
+@method_decorator([require_GET, console_view], name="dispatch")
+class JobList(ConsoleListView):
+    """Newest first, with the API's FilterSet; an operator filtering by queue gets a
+    button that cancels what is queued there."""
 
-    params = request.GET.copy()
-    after = _id_param(params.pop("after", [""])[-1])
-    filterset = InvocationFilter(params, queryset=Invocation.objects.light())
-    valid = filterset.is_valid()
-    rows, newer, older = [], False, False
-    if valid:
-        qs = filterset.qs
-        if after:
-            rows = list(qs.filter(id__gt=after).order_by("id")[: PAGE_SIZE + 1])
-            newer = len(rows) > PAGE_SIZE
-            rows = rows[:PAGE_SIZE][::-1]
-            older = bool(rows)
-        else:
-            rows = list(qs.order_by("-id")[: PAGE_SIZE + 1])
-            older = len(rows) > PAGE_SIZE
-            rows = rows[:PAGE_SIZE]
-            newer = "cursor" in params and bool(rows)
+    template_name = "jobs/invocation_list.html"
+    table_id = "job-table"
+    filterset_class = InvocationFilter
+    page_size = PAGE_SIZE
+    above_table = True
+    shown_filters = ("state", "queue", "function", "id", "worker", "since", "until")
+    labels = {"first": "Newest jobs", "previous": "← Newer jobs", "next": "Older jobs →"}
+    filter_look = {
+        "state": {"widget": forms.CheckboxSelectMultiple()},
+        "queue": {"label": "Queue", "attrs": {"list": "queue-names", "size": 14}},
+        "function": {"label": "Function", "attrs": {"size": 18, "placeholder": "a prefix"}},
+        "id": {"label": "ID", "widget": forms.TextInput(), "attrs": NUMERIC | {"size": 7}},
+        "worker": {"label": "Daemon", "attrs": NUMERIC | {"size": 5}},
+        "since": {"label": "From", "widget": forms.DateTimeInput(attrs=MOMENT)},
+        "until": {"label": "To", "widget": forms.DateTimeInput(attrs=MOMENT)},
+    }
 
-    def link(**change) -> str:
-        query = params.copy()
-        for key in ("cursor", "after"):
-            query.pop(key, None)
-        query.update(change)
-        return f"?{urlencode(query, doseq=True)}"
+    def get_queryset(self):
+        return Invocation.objects.light()
 
-    queue = request.GET.get("queue")
-    can_act = can_operate(request.user)
-    cancel_count = None
-    if valid and can_act and queue is not None and "queue" in request.GET:
-        try:
-            counted = services.invocation_bulk_cancel(
-                queue=queue, dry_run=True, cap=CANCEL_COUNT_CAP
-            )  # on every refresh: bounded
-            cancel_count = (
-                (f"{CANCEL_COUNT_CAP:,}+" if counted > CANCEL_COUNT_CAP else f"{counted:,}")
-                if counted
-                else None
-            )
-        except services.NotFound:
-            cancel_count = None
-    template = "jobs/invocation_list.html"
-    if request.htmx and request.htmx.target == "job-table":
-        template += "#job-table"
-    return render(
-        request,
-        template,
-        {
-            "jobs": rows,
-            "next_url": link(cursor=rows[-1].pk) if older and rows else None,
-            "previous_url": link(after=rows[0].pk) if newer and rows else None,
-            "errors": None if valid else filterset.errors,
-            "states": InvocationState.choices,
-            "chosen": request.GET.getlist("state"),
-            "filters": {
-                k: request.GET.get(k, "")
-                for k in ("queue", "function", "id", "worker", "since", "until")
-            },
-            "queues": list(Queue.objects.order_by("name").values_list("name", flat=True)[:500]),
-            "can_act": can_act,
-            "cancel_count": cancel_count,
-            "cancel_queue": queue,
-            "query": request.GET.urlencode(),
-        },
-    )
+    def datalists(self):
+        return {"queue-names": queue_names()}
+
+    def extra_context_data(self):
+        request = self.request
+        queue = request.GET.get("queue")
+        can_act = can_operate(request.user)
+        cancel_count = None
+        if self.valid and can_act and queue is not None:
+            try:
+                counted = services.invocation_bulk_cancel(
+                    queue=queue, dry_run=True, cap=CANCEL_COUNT_CAP
+                )  # on every refresh: bounded
+            except services.NotFound:
+                counted = 0
+            if counted:
+                capped = counted > CANCEL_COUNT_CAP
+                cancel_count = f"{CANCEL_COUNT_CAP:,}+" if capped else f"{counted:,}"
+        return {"can_act": can_act, "cancel_count": cancel_count, "cancel_queue": queue}
 
 
-def _id_param(value: str) -> int | None:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        return None
-    return number if 0 < number < 2**63 else None
+def queue_names() -> list[str]:
+    """The queues a queue filter suggests (the first 500 by name)."""
+    return list(Queue.objects.order_by("name").values_list("name", flat=True)[:500])
 
 
 @require_POST

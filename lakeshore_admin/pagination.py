@@ -69,12 +69,3 @@ LIMIT = OpenApiParameter("limit", int, description="page size")
 
 
 OFFSET = OpenApiParameter("offset", int, description="rows to skip (≥ 0)")
-
-
-def page_offset(request) -> int:
-    """A page link's offset: a missing, garbled or out-of-range one is the first page."""
-    try:
-        offset = int(request.GET.get("offset", 0))
-    except ValueError:
-        return 0
-    return offset if 0 <= offset <= MAX_OFFSET else 0

@@ -90,15 +90,17 @@ def _docs(view_class, *, page: bool, **options):
 
 
 urlpatterns = [
-    path("", queue_views.queue_list, name="console-home"),
-    path("jobs/", job_views.job_list, name="console-jobs"),
+    path("", queue_views.QueueList.as_view(), name="console-home"),
+    path("jobs/", job_views.JobList.as_view(), name="console-jobs"),
     path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
     path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
     path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
     path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
     path("jobs/<int:invocation_id>/stop/", daemon_views.job_stop, name="console-job-stop"),
-    path("daemons/", daemon_views.daemon_list, name="console-daemons"),
-    path("events/", account_views.event_list, name="console-events"),
+    path("daemons/", daemon_views.DaemonList.as_view(), name="console-daemons"),
+    path("events/", account_views.EventList.as_view(), name="console-events"),
+    path("tokens/", account_views.TokenList.as_view(), name="console-tokens"),
+    path("tokens/<int:token_id>/revoke/", account_views.token_revoke, name="console-token-revoke"),
     path("daemons/<int:daemon_id>/drop/", daemon_views.daemon_drop, name="console-daemon-drop"),
     path("queues/add/", queue_views.queue_add, name="console-queue-add"),
     path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),

@@ -10,6 +10,7 @@ from django.shortcuts import redirect, render
 from django.template import loader
 from django.template.loader import render_to_string
 from django.utils import timezone
+from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -19,11 +20,11 @@ from accounts.roles import can_operate, roles_of
 from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import DomainError
-from lakeshore_admin.pagination import page_offset
+from lakeshore_admin.lists import ConsoleListView
 from queues import charts, samples, services
 from queues.filters import QueueFilter
 from queues.forms import QueueCreateForm, QueueEditForm
-from queues.models import Queue, QueueState
+from queues.models import Queue
 from queues.samples import live_daemons
 from queues.services import PENDING_CAP
 
@@ -116,31 +117,27 @@ def add_sparklines(queues: list[Queue], *, now=None) -> None:
         queue.sparkline = drawn.get(queue.pk)
 
 
-@require_GET
-@console_view
-def queue_list(request):
-    filterset = QueueFilter(request.GET, queryset=with_backlog(Queue.objects.for_list()))
-    queues = filterset.qs if filterset.is_valid() else Queue.objects.none()
-    offset = page_offset(request)
-    rows = list(queues[offset : offset + PAGE_SIZE + 1])
-    add_activity(rows[:PAGE_SIZE])
-    add_sparklines(rows[:PAGE_SIZE])
-    template = "queues/queue_list.html"
-    if request.htmx and request.htmx.target == "queue-table":
-        template += "#queue-table"
-    return render(
-        request,
-        template,
-        {
-            "queues": rows[:PAGE_SIZE],
-            "next_offset": offset + PAGE_SIZE if len(rows) > PAGE_SIZE else None,
-            "page_size": PAGE_SIZE,
-            "state": filterset.form.cleaned_data.get("state") if filterset.is_valid() else "",
-            "states": QueueState.choices,
-            "can_act": can_operate(request.user),
-            "query": request.GET.urlencode(),
-        },
-    )
+@method_decorator([require_GET, console_view], name="dispatch")
+class QueueList(ConsoleListView):
+    """The queues, by name, with what each holds and does now (the console's home)."""
+
+    template_name = "queues/queue_list.html"
+    table_id = "queue-table"
+    filterset_class = QueueFilter
+    ordering = "name"
+    page_size = PAGE_SIZE
+    table_class = ""
+    filter_look = {"state": {"label": "State", "empty_label": "active, draining, paused"}}
+
+    def get_queryset(self):
+        return with_backlog(Queue.objects.for_list())
+
+    def decorate(self, rows):
+        add_activity(rows)
+        add_sparklines(rows)
+
+    def extra_context_data(self):
+        return {"can_act": can_operate(self.request.user)}
 
 
 MEMBERS_SHOWN = 200

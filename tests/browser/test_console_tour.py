@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from accounts.services import token_create
 from fleet import protocol
 from jobs import services as job_services
 from jobs.models import Invocation
@@ -91,6 +92,8 @@ def world():
         reason="D=3 B=3 P=28 U=1.00: pool_with_threshold wants 5 → launching 2",
     )  # fmt: skip
     services.queue_transition(name="eval", action="pause")
+    token_create(username="ci-bot", role="operator", name="nightly evaluation pipeline")
+    token_create(username="robots", role="daemon", queues=["training-h100", "eval"])
     from queues.models import QueueSample
 
     minute = now.replace(second=0, microsecond=0)
@@ -126,6 +129,7 @@ def _pages(world) -> dict[str, str]:
         "job": f"/jobs/{world['failed']}/",
         "daemons": "/daemons/",
         "events": "/events/",
+        "tokens": "/tokens/",
         "not-found": "/queues/no-such-queue/",
     }
 

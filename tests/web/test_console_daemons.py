@@ -107,8 +107,8 @@ def test_a_drop_says_what_it_did_in_the_live_region(client):
     assert f"Daemon {daemon.pk} (gpu-1) had already ended." in again
 
 
-def test_a_huge_page_offset_shows_the_first_page(client):
+def test_a_huge_page_key_shows_the_first_page(client):
     viewer = _login(client, "viewer")
     builders.daemon(name="gpu-live")
-    response = viewer.get("/daemons/?offset=100000000000000000000000")
+    response = viewer.get("/daemons/?after=100000000000000000000000")
     assert response.status_code == 200 and "gpu-live" in response.content.decode()

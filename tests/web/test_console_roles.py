@@ -5,7 +5,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from accounts.models import ApiToken
 from accounts.roles import grant
+from accounts.services import token_create
 from fleet.models import Daemon
 from lakeshore_admin import urls
 from queues.models import Queue
@@ -13,15 +15,16 @@ from tests import builders
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/", "/jobs/{job}/", "/events/"]
+PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/", "/jobs/{job}/", "/events/", "/tokens/"]
 FORMS = ["/queues/add/", "/queues/train/edit/"]  # for operators only, even to read
 ACTIONS = [
     "/queues/train/pause/",
     "/daemons/{daemon}/drop/",
     "/jobs/{job}/kill/",
     "/jobs/{job}/stop/",
+    "/tokens/{token}/revoke/",
 ]
-POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/")
+POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/", "/revoke/")
 
 
 @pytest.fixture
@@ -30,7 +33,9 @@ def world():
 
     builders.queue(name="train")
     job, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="train")
-    return {"daemon": builders.daemon(queues=["train"], name="gpu-1").pk, "job": job.pk}
+    token, _ = token_create(username="ci-bot", role="operator")
+    daemon = builders.daemon(queues=["train"], name="gpu-1")
+    return {"daemon": daemon.pk, "job": job.pk, "token": token.pk}
 
 
 def login(client, role: str | None = None, **flags):
@@ -50,6 +55,7 @@ def assert_unchanged(world):
     assert Daemon.objects.get(pk=world["daemon"]).state == "idle"
     assert Invocation.objects.get(pk=world["job"]).state == "queued"
     assert not Invocation.objects.filter(retry_of=world["job"]).exists()
+    assert ApiToken.objects.get(pk=world["token"]).revoked_at is None
 
 
 def console_routes(world) -> list[tuple[str, str]]:
@@ -59,6 +65,7 @@ def console_routes(world) -> list[tuple[str, str]]:
         "action": "pause",
         "daemon_id": world["daemon"],
         "invocation_id": world["job"],
+        "token_id": world["token"],
     }
     routes = []
     for pattern in urls.urlpatterns:
