@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("accounts", "fleet", "jobs", "queues", "lakeshore", "lakeshore_admin", "scripts")
 MAX_LINES = 500
 # Leading underscore, public all the same: Model._meta is Django's documented model
-# API, os._exit the documented exit without clean-up (a forked child's).
-PUBLIC_ANYWAY = {"_meta", "_exit"}
+# API, Model._default_manager its documented first manager, os._exit the documented
+# exit without clean-up (a forked child's).
+PUBLIC_ANYWAY = {"_meta", "_default_manager", "_exit"}
 
 
 def sources() -> list[Path]:
