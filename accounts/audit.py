@@ -203,6 +203,8 @@ def timeline_rows(filters: dict, *, older_than="", newer_than="", limit: int) ->
     with connection.cursor() as db:
         db.execute(_NEWER_SQL if newer_than and after else _OLDER_SQL, params)
         rows = [dict(zip(_COLUMNS, values, strict=True)) for values in db.fetchall()]
+    for row in rows:  # what the pages ask of a row, said once
+        row["is_decision"] = row["kind"] == DECISION
     return rows[::-1] if newer_than and after else rows
 
 

@@ -7,6 +7,7 @@ import ast
 import re
 from pathlib import Path
 
+from accounts.audit import DECISION
 from fleet.models import DaemonState
 from jobs.models import InvocationState
 from queues.models import QueueKind, QueueState
@@ -88,7 +89,7 @@ STATE_WORDS = {
     str(value)
     for choices in (InvocationState, DaemonState, QueueState, QueueKind)
     for value in choices.values
-}
+} | {DECISION, "controller"}  # the timeline's kinds of row
 CONDITION = re.compile(r"{%\s*(?:if|elif)\b([^%]*)%}")
 QUOTED = re.compile(r"""["']([a-z_]+)["']""")
 
