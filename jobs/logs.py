@@ -190,11 +190,13 @@ def read(
     since: datetime | None = None,
     follow: bool = False,
     wait: float = FOLLOW_MAX_SECONDS,
+    invocation: Invocation | None = None,
 ) -> dict:
     """Lines of one attempt (the latest by default) from line `offset` on (or the last
     `tail`), of one stream and from a time if asked. With follow, a read that finds no
-    new line sleeps until one comes, the attempt ends, or `wait` seconds pass."""
-    invocation = _invocation(invocation_id)
+    new line sleeps until one comes, the attempt ends, or `wait` seconds pass. A caller
+    that has the invocation's row already passes it (`invocation`)."""
+    invocation = invocation or _invocation(invocation_id)
     attempt = _attempt(invocation, attempt)
     log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
     if tail is not None:

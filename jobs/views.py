@@ -16,6 +16,7 @@ from accounts.models import AuditEvent
 from accounts.roles import can_operate
 from jobs import services
 from jobs.filters import InvocationFilter
+from jobs.log_views import log_context
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.errors import DomainError
@@ -171,7 +172,9 @@ def job_detail(request, invocation_id: int):
     }
     template = "jobs/invocation_detail.html"
     if request.htmx and request.htmx.target == "job-summary":
-        template += "#job-summary"
+        template += "#job-summary"  # its refresh: the log refreshes itself
+    else:
+        context |= log_context(job, request.GET.get("attempt"))
     return render(request, template, context)
 
 

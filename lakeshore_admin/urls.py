@@ -17,6 +17,7 @@ from accounts import views as account_views
 from accounts.console import console_view
 from accounts.permissions import ReadOrOperate
 from fleet import views as daemon_views
+from jobs import log_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request, error_body
 from lakeshore_admin.health import healthz, readyz
@@ -94,6 +95,8 @@ urlpatterns = [
     path("jobs/", job_views.JobList.as_view(), name="console-jobs"),
     path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
     path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
+    path("jobs/<int:invocation_id>/log/", log_views.job_log, name="console-job-log"),
+    path("jobs/<int:invocation_id>/log.txt", log_views.job_log_text, name="console-job-log-text"),
     path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
     path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
     path("jobs/<int:invocation_id>/stop/", daemon_views.job_stop, name="console-job-stop"),

@@ -15,7 +15,17 @@ from tests import builders
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/", "/queues/train/", "/jobs/", "/daemons/", "/jobs/{job}/", "/events/", "/tokens/"]
+PAGES = [
+    "/",
+    "/queues/train/",
+    "/jobs/",
+    "/daemons/",
+    "/jobs/{job}/",
+    "/jobs/{job}/log/",
+    "/jobs/{job}/log.txt",
+    "/events/",
+    "/tokens/",
+]
 FORMS = ["/queues/add/", "/queues/train/edit/"]  # for operators only, even to read
 ACTIONS = [
     "/queues/train/pause/",
