@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from bench.compare.infra import stop_process
 from bench.compare.lines import LineClient
-from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
+from bench.compare.systems import NOOP, PRINTER, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
 from lakeshore.client import retry_after
 
 LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
@@ -639,13 +639,27 @@ class Rows:
                         procrastinate_from=None if mode == modes[0] else first,
                     )
                 )
+        for mode in modes:  # the cost of capturing what jobs print (issue 19)
+            how = f"--isolation {mode}" if mode else "a process per job"
+            rows.append(
+                Row(
+                    f"e2e-print-c8-{mode}",
+                    f"end to end, jobs that print 100 lines, concurrency 8 (daemon, {how})",
+                    JOBS_PER_S,
+                    True,
+                    self._runs(lakeshore=lambda m=mode: self.lakeshore_e2e(8, m, printing=True)),
+                    variant=how,
+                )
+            )
         b = self.budget
         section = Section("End to end (real daemon · procrastinate's worker)", rows)
         section.notes.append(
             f"{b.e2e_jobs:,} no-op jobs queued at once in one statement, or "
             f"{b.e2e_seconds:.0f} s, whichever first; timed from the insert to the last "
             "success; Lakeshore runs lakeshore.functions.echo through `lakeshore daemon run`, "
-            "procrastinate a sync no-op task"
+            "procrastinate a sync no-op task; the rows of jobs that print run "
+            f"{PRINTER[0]}{tuple(PRINTER[1])} (100 lines, each flushed) instead, their "
+            "output captured, shipped and stored per job"
         )
         if len(modes) > 1:
             section.notes.append(
@@ -659,17 +673,23 @@ class Rows:
             )
         return section
 
-    def lakeshore_e2e(self, concurrency: int, isolation: str | None) -> float:
+    def lakeshore_e2e(
+        self, concurrency: int, isolation: str | None, *, printing: bool = False
+    ) -> float:
         b = self.budget
         self.ls.reset()
-        name = f"e2e-c{concurrency}-{isolation or 'default'}"
+        name = f"e2e-c{concurrency}-{isolation or 'default'}{'-print' if printing else ''}"
         daemon = self.ls.start_daemon(
             queue="e2e", concurrency=concurrency, isolation=isolation, name=name
         )
         try:
             self.ls.wait_registered(name, daemon)
             started = time.perf_counter()
-            self.ls.fill("e2e", b.e2e_jobs, analyze=False)
+            if printing:
+                function, args = PRINTER
+                self.ls.fill("e2e", b.e2e_jobs, analyze=False, function=function, args=args)
+            else:
+                self.ls.fill("e2e", b.e2e_jobs, analyze=False)
             wait_until(lambda: self.ls.count("e2e", "succeeded") >= b.e2e_jobs, b.e2e_seconds)
             took = time.perf_counter() - started
             done = self.ls.count("e2e", "succeeded")

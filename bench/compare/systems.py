@@ -11,6 +11,7 @@ server (var/pg-bench):
 Each class knows how to set its system up, empty it, fill it, and talk to it; what is
 measured lives in rows.py."""
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,7 @@ from bench.compare.infra import (
 from bench.compare.lines import LineClient
 
 NOOP = "lakeshore.functions.echo"  # the cheapest function a daemon runs
+PRINTER = ("lakeshore.functions.count", [100, 0])  # 100 lines, at once: a chatty job
 
 
 def stop_gunicorn(server: subprocess.Popen) -> None:
@@ -153,19 +155,37 @@ class Lakeshore:
 
     def reset(self) -> None:
         self.sql(
-            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample, "
+            "jobs_joblog, jobs_logchunk CASCADE"
         )
 
-    def fill(self, queue: str, n: int, *, state: str = "queued", analyze: bool = True) -> None:
-        """n invocations of the no-op function, written by SQL (like queue_bench.fill)."""
+    def fill(
+        self,
+        queue: str,
+        n: int,
+        *,
+        state: str = "queued",
+        analyze: bool = True,
+        function: str = NOOP,
+        args: list | None = None,
+    ) -> None:
+        """n invocations of `function` (the no-op by default, its args [i]), written by
+        SQL (like queue_bench.fill)."""
         self.sql(
             """INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state,
                    attempts, max_attempts, key, reason, error, created_at, finished_at)
-               SELECT %(queue)s, %(function)s, jsonb_build_array(g), '{}', 0, %(state)s::text,
+               SELECT %(queue)s, %(function)s,
+                      COALESCE(%(args)s::jsonb, jsonb_build_array(g)), '{}', 0, %(state)s::text,
                       0, 1, '', '', '', now(),
                       CASE WHEN %(state)s::text = 'queued' THEN NULL ELSE now() END
                  FROM generate_series(1, %(n)s) g""",
-            {"queue": queue, "function": NOOP, "state": state, "n": n},
+            {
+                "queue": queue,
+                "function": function,
+                "args": None if args is None else json.dumps(args),
+                "state": state,
+                "n": n,
+            },
         )
         if analyze:
             self.sql("VACUUM ANALYZE jobs_invocation")

@@ -86,28 +86,38 @@ class Shipper:
                 urgent = list(self.waiting)
             last = time.monotonic()
             try:
-                self._ship_all()
+                shipped = self._ship_once()
             except Stopped:
                 self._release(urgent)
                 return
+            # one shipment at a time: an outcome goes as soon as its own lines are out,
+            # even while other jobs keep printing
             done = [o for o in urgent if not self.book.pending({attempt_key(o.item)})]
             self._release(done)
-            if closing:
+            if closing and not shipped:
                 return
 
-    def _ship_all(self) -> None:
-        while chunks := self.book.take():
-            by_daemon: dict = {}
-            for chunk in chunks:
-                by_daemon.setdefault(chunk.pop("daemon_id"), []).append(chunk)
-            for daemon_id, group in by_daemon.items():
-                self._ship(daemon_id, group)
+    def _ship_once(self) -> bool:
+        """One shipment (at most SHIPMENT_MAX_BYTES): False when nothing waited."""
+        chunks = self.book.take()
+        by_daemon: dict = {}
+        for chunk in chunks:
+            by_daemon.setdefault(chunk.pop("daemon_id"), []).append(chunk)
+        for daemon_id, group in by_daemon.items():
+            self._ship(daemon_id, group)
+        return bool(chunks)
 
     def _ship(self, daemon_id, chunks: list[dict]) -> None:
         if not self.enabled or daemon_id is None:
             self._to_own_log(chunks)
             return
         self.shipped += 1
+        for chunk in chunks:
+            if chunk["dropped"]:
+                self.log(
+                    f"invocation {chunk['invocation']}: {chunk['dropped']} log line(s) dropped "
+                    "(the buffer was full: the server away, or slower than the job's output)"
+                )
         try:
             self.call("POST", path("daemons", daemon_id, "logs"), {"chunks": chunks})
         except ApiError as exc:

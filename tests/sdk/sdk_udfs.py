@@ -33,3 +33,10 @@ def slow_count(n, pause):
 def nap(seconds):
     time.sleep(seconds)
     return "rested"
+
+
+@dls.udf(queue="gpu")
+def chatty(n):
+    for i in range(n):
+        print(f"sdk line {i}")
+    return n

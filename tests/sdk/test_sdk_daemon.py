@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.models import Daemon
-from jobs import services
+from jobs import logs, services
 from jobs.models import Invocation
 from tests import builders
 
@@ -108,3 +108,12 @@ def test_without_the_sdk_where_the_daemon_runs_it_says_what_to_install(gpu, dp, 
     daemon(pythonpath=str(shadow))
     with pytest.raises(DispatchError, match="pip install dreamlake-lakeshore"):
         dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60)
+
+
+def test_what_an_sdk_call_prints_is_in_its_log(gpu, dp, daemon):
+    inv = sdk_udfs.chatty.submit(3, _dispatch=dp)
+    daemon()
+    assert dls.SyncQueue("gpu", dispatch=dp).result(inv, timeout=60) == 3
+    page = logs.read(int(inv))
+    assert [line["text"] for line in page["lines"]] == [f"sdk line {i}" for i in range(3)]
+    assert page["complete"]
