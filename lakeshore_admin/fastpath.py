@@ -4,9 +4,10 @@ Django's middleware stack and DRF's dispatch.
 A daemon claims, reports and heartbeats many times a second; an idle one long-polls.
 The middleware, URL resolving and DRF's request wrapping cost more than the answer
 itself: bench/lean_path.py measures the server's CPU per request through the real WSGI
-application, and plain Django views take 1.3–2.0× the lean path's (a submit 0.6 →
-1.2 ms, an exchange 2.6 → 3.5 ms), and still 1.1–1.9× with the middleware narrowed to
-what an API answer needs. So it stays, in this one module. This WSGI wrapper
+application. In two runs plain Django and DRF took 2.0× the lean path's CPU for a
+submit (0.6–0.7 → 1.2–1.4 ms), 1.6× for an empty claim, 1.15–1.5× for a heartbeat and
+1.06–1.3× for an exchange; with the middleware narrowed to what an API answer needs, a
+submit still 1.5–1.9×. So it stays, in this one module. This WSGI wrapper
 (lakeshore_admin/wsgi.py) serves these requests itself:
 
     POST /api/v1/jobs/                                   submit, batch submit
