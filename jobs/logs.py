@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from jobs import waits
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
@@ -84,32 +85,83 @@ def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
     """Store each chunk of an attempt this daemon holds. A chunk: invocation, attempt,
     seq, lines ([stream letter, epoch seconds, text], in the order read), dropped (lines
     lost on the daemon before these). Answers, per chunk, stored, duplicate or stale
-    (the daemon does not hold that attempt: nothing stored)."""
+    (the daemon does not hold that attempt: nothing stored). One transaction and a few
+    statements for the whole shipment, however many chunks it holds."""
     if len(chunks) > CHUNKS_MAX:
         raise Invalid(f"a shipment holds at most {CHUNKS_MAX} chunks.")
     answers = []
-    for chunk in chunks:
-        with transaction.atomic():
-            status = _ship_one(daemon_id, chunk)
-        answers.append(
-            {"invocation": chunk["invocation"], "attempt": chunk["attempt"], "seq": chunk["seq"]}
-            | {"status": status}
+    with transaction.atomic():
+        held = set(
+            Invocation.objects.filter(
+                pk__in={chunk["invocation"] for chunk in chunks}, daemon_id=daemon_id
+            ).values_list("pk", "attempts")
         )
+        keys = sorted({key for chunk in chunks if (key := _key(chunk)) in held})
+        logs = _locked_logs(keys)
+        made: list[LogChunk] = []
+        for chunk in chunks:
+            key = _key(chunk)
+            if key not in held:
+                status = "stale"
+            elif chunk["seq"] < logs[key].next_seq:
+                status = "duplicate"
+            else:
+                made += _append(logs[key], chunk)
+                status = "stored"
+            answers.append(
+                {"invocation": key[0], "attempt": key[1], "seq": chunk["seq"], "status": status}
+            )
+        LogChunk.objects.bulk_create(made)
+        half = settings.LAKESHORE_LOG_MAX_BYTES // 2
+        for log in logs.values():
+            _cut_tail(log, half)  # only a log whose tail is past its half does anything
+            log.updated_at = timezone.now()
+        JobLog.objects.bulk_update(list(logs.values()), _LOG_FIELDS)
     return answers
 
 
-def _ship_one(daemon_id: int, chunk: dict) -> str:
-    held = Invocation.objects.filter(
-        pk=chunk["invocation"], daemon_id=daemon_id, attempts=chunk["attempt"]
-    ).exists()
-    if not held:
-        return "stale"
-    log, _ = JobLog.objects.get_or_create(
-        invocation_id=chunk["invocation"], attempt=chunk["attempt"]
+_LOG_FIELDS = [
+    "lines",
+    "bytes",
+    "head_bytes",
+    "tail_bytes",
+    "head_lines",
+    "cut_lines",
+    "cut_bytes",
+    "dropped_lines",
+    "next_seq",
+    "updated_at",
+]
+
+
+def _key(chunk: dict) -> tuple[int, int]:
+    return chunk["invocation"], chunk["attempt"]
+
+
+def _locked_logs(keys: list[tuple[int, int]]) -> dict[tuple[int, int], JobLog]:
+    """The attempts' JobLog rows, made if new, locked (in key order: two shipments never
+    wait on each other in a circle)."""
+    if not keys:
+        return {}
+    JobLog.objects.bulk_create(
+        [JobLog(invocation_id=pk, attempt=attempt) for pk, attempt in keys],
+        ignore_conflicts=True,
     )
-    log = JobLog.objects.select_for_update().get(pk=log.pk)
-    if chunk["seq"] < log.next_seq:
-        return "duplicate"
+    rows = (
+        JobLog.objects.select_for_update()
+        .filter(invocation_id__in={pk for pk, _ in keys})
+        .order_by("invocation_id", "attempt")
+    )
+    return {
+        (row.invocation_id, row.attempt): row
+        for row in rows
+        if (row.invocation_id, row.attempt) in keys
+    }
+
+
+def _append(log: JobLog, chunk: dict) -> list[LogChunk]:
+    """Count the chunk into its log and cut it into what the head keeps and what the
+    tail keeps (its front cut if it alone is past the tail's half): the rows to write."""
     lines = chunk["lines"]
     sizes = [len(text.encode()) + 1 for _, _, text in lines]
     first = log.lines
@@ -125,25 +177,24 @@ def _ship_one(daemon_id: int, chunk: dict) -> str:
             head += 1
         if head < len(lines):
             log.head_lines = first + head  # the head is full: the rest is the tail
-    dropped = chunk["dropped"]
+    made, dropped = [], chunk["dropped"]
     if head:
-        _store(log, first, lines[:head], sizes[:head], dropped, in_head=True)
+        made.append(_row(log, first, lines[:head], sizes[:head], dropped, in_head=True))
         dropped = 0
-    tail = head
-    while tail < len(lines) and sum(sizes[tail:]) > half:  # more than the tail keeps
+    tail, rest = head, sum(sizes[head:])
+    while tail < len(lines) and rest > half:  # more than the tail keeps: its front goes
         log.cut_lines += 1
         log.cut_bytes += sizes[tail]
+        rest -= sizes[tail]
         tail += 1
     if tail < len(lines):
-        _store(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False)
-        log.tail_bytes += sum(sizes[tail:])
-    _cut_tail(log, half)
-    log.save()
-    return "stored"
+        made.append(_row(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False))
+        log.tail_bytes += rest
+    return made
 
 
-def _store(log, first_line, lines, sizes, dropped, *, in_head: bool) -> None:
-    LogChunk.objects.create(
+def _row(log, first_line, lines, sizes, dropped, *, in_head: bool) -> LogChunk:
+    return LogChunk(
         invocation_id=log.invocation_id,
         attempt=log.attempt,
         first_line=first_line,

@@ -7,10 +7,12 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs import retention
+from jobs import logs, retention
 from jobs.models import Invocation, JobLog, LogChunk
 from tests import builders
 
@@ -311,3 +313,21 @@ def test_a_job_not_started_yet_is_not_finished_and_its_next_attempt_may_be_await
     assert (waiting["state"], waiting["finished"]) == ("queued", False)
     viewer = client(builders.token("viewer"))
     assert viewer.get(f"/api/v1/jobs/{job}/logs/", {"attempt": 3}).status_code == 404
+
+
+def test_a_shipment_costs_the_same_statements_however_many_chunks_it_holds():
+    jobs = [running_job() for _ in range(6)]
+    me = jobs[0][1]
+    Invocation.objects.filter(pk__in=[job for job, _, _ in jobs]).update(daemon_id=me)
+
+    def cost(count: int, seq: int) -> int:
+        chunks = [
+            {"invocation": job, "attempt": 1, "seq": seq, "dropped": 0, "lines": lines(50)}
+            for job, _, _ in jobs[:count]
+        ]
+        with CaptureQueriesContext(connection) as statements:
+            answers = logs.ship(daemon_id=me, chunks=chunks)
+        assert {a["status"] for a in answers} == {"stored"}
+        return len(statements)
+
+    assert cost(1, 0) == cost(6, 1)
