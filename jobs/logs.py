@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import waits
+from jobs import services, waits
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
 from lakeshore_admin.errors import Invalid, NotFound
 
@@ -43,6 +43,7 @@ STREAMS = {"o": "out", "e": "err"}
 STREAM_LETTERS = {name: letter for letter, name in STREAMS.items()}
 CUT = "cut"  # a marker line's stream: where the middle of a long log was cut
 DROPPED = "dropped"  # a marker line's stream: lines the daemon could not keep
+_READ_FIELDS = ("pk", "state", "attempts")  # what a read needs of its invocation
 
 
 # ---------------------------------------------------------------------------- writing
@@ -152,10 +153,11 @@ def _locked_logs(keys: list[tuple[int, int]]) -> dict[tuple[int, int], JobLog]:
         .filter(invocation_id__in={pk for pk, _ in keys})
         .order_by("invocation_id", "attempt")
     )
+    wanted = set(keys)  # the rows of the invocations' other attempts are not these
     return {
         (row.invocation_id, row.attempt): row
         for row in rows
-        if (row.invocation_id, row.attempt) in keys
+        if (row.invocation_id, row.attempt) in wanted
     }
 
 
@@ -247,7 +249,7 @@ def read(
     `tail`), of one stream and from a time if asked. With follow, a read that finds no
     new line sleeps until one comes, the attempt ends, or `wait` seconds pass. A caller
     that has the invocation's row already passes it (`invocation`)."""
-    invocation = invocation or _invocation(invocation_id)
+    invocation = invocation or services.invocation_get(invocation_id, fields=_READ_FIELDS)
     attempt = _attempt(invocation, attempt)
     log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
     if tail is not None:
@@ -262,13 +264,6 @@ def read(
         log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
         answer = _page(invocation, attempt, log, answer["next_offset"], limit, stream, since)
     return answer
-
-
-def _invocation(invocation_id) -> Invocation:
-    try:
-        return Invocation.objects.only("pk", "state", "attempts").get(pk=int(invocation_id))
-    except (Invocation.DoesNotExist, ValueError, TypeError):
-        raise NotFound(f"Invocation '{invocation_id}' does not exist.") from None
 
 
 def _attempt(invocation: Invocation, attempt: int | None) -> int:
@@ -395,8 +390,8 @@ def _cut_text(log: JobLog) -> str:
 
 def _dropped_text(count: int) -> str:
     return (
-        f"[lakeshore] {count:,} lines lost here: the daemon could not reach the server and "
-        "its buffer was full"
+        f"[lakeshore] {count:,} lines lost here: the daemon's buffer was full (the server "
+        "was away, or took lines slower than the job printed them)"
     )
 
 

@@ -281,9 +281,14 @@ def boltzmann_pick(levels: dict[int, int], temperature: float, rng: random.Rando
 # ---------------------------------------------------------------------------- kill / cancel
 
 
-def invocation_get(invocation_id) -> Invocation:
+def invocation_get(invocation_id, *, fields: tuple[str, ...] = ()) -> Invocation:
+    """The invocation, or NotFound. `fields`: only these columns (no daemon, no blobs),
+    for a reader that polls."""
+    rows = (
+        Invocation.objects.only(*fields) if fields else Invocation.objects.select_related("daemon")
+    )
     try:
-        return Invocation.objects.select_related("daemon").get(pk=int(invocation_id))
+        return rows.get(pk=int(invocation_id))
     except (Invocation.DoesNotExist, ValueError, TypeError):
         raise NotFound(f"Invocation '{invocation_id}' does not exist.") from None
 

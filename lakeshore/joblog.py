@@ -84,6 +84,13 @@ def _text(raw: bytes) -> str:
     return text
 
 
+def to_daemon_log(log, whose: str, stream: str, lines: list[str]) -> None:
+    """Lines with no job log to go to (printed between invocations, by one no longer
+    this daemon's, or for a server without job logs): the daemon's own log, a line each."""
+    for line in lines:
+        log(f"{whose} {stream}| {line}")
+
+
 @dataclass
 class Attempt:
     """The lines of one attempt waiting to be shipped."""
@@ -142,10 +149,8 @@ class LogBook:
 
     def pending(self, keys=None) -> bool:
         with self.lock:
-            return any(
-                a.head or a.waiting or a.dropped
-                for k, a in self.attempts.items()
-                if keys is None or k in keys
+            return any(  # a count of dropped lines alone waits for a line to carry it
+                a.head or a.waiting for k, a in self.attempts.items() if keys is None or k in keys
             )
 
     def take(self, keys=None) -> list[dict]:

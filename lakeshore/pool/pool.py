@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from lakeshore.joblog import to_daemon_log
 from lakeshore.pool.job_process import JobProcess, Running
 from lakeshore.pool.monitor import Monitor
 
@@ -66,7 +67,7 @@ class Pool(Monitor):
         self.log = log
         self.debug = debug or (lambda message: None)
         self.stopping = stopping  # the daemon was told to stop (SIGTERM/SIGINT)
-        self.output = output or self._own_log
+        self.output = output or self.own_log
         self.processes: list[JobProcess] = []  # in service (pool: at most `size`)
         self.watched: set[JobProcess] = set()  # every process not yet reaped
         self.incoming: list[JobProcess] = []  # started, not yet in the selector
@@ -219,11 +220,11 @@ class Pool(Monitor):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _own_log(self, item: Running | None, pid: int, stream: str, lines: list[str]) -> None:
-        """Without a log book: the lines go to the daemon's log."""
+    def own_log(self, item: Running | None, pid: int, stream: str, lines: list[str]) -> None:
+        """Lines a job process printed, to the daemon's own log (without a log book, or
+        lines no invocation of this daemon owns)."""
         whose = f"invocation {item.id}" if item is not None else f"job process {pid}"
-        for line in lines:
-            self.log(f"{whose} {stream}| {line}")
+        to_daemon_log(self.log, whose, stream, lines)
 
     def _retire(self, process: JobProcess) -> None:
         """Out of service (lock held): no new invocation goes to it; the slot is free

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from lakeshore.client import path
 from lakeshore.errors import ApiError
-from lakeshore.joblog import LogBook
+from lakeshore.joblog import LogBook, to_daemon_log
 from lakeshore.worker.calls import Stopped
 
 SHIP_EVERY = 0.5  # seconds: lines wait at most about this long while a job runs
@@ -131,8 +131,9 @@ class Shipper:
 
     def _to_own_log(self, chunks: list[dict]) -> None:
         for chunk in chunks:
+            whose = f"invocation {chunk['invocation']}"
             for stream, _, text in chunk["lines"]:
-                self.log(f"invocation {chunk['invocation']} {stream}| {text}")
+                to_daemon_log(self.log, whose, stream, [text])
 
     def _release(self, outcomes: list) -> None:
         if not outcomes:

@@ -99,9 +99,7 @@ class Slots:
         """Lines a job process printed (the pool's monitor): the invocation's log, or,
         printed between invocations or by one no longer ours, the daemon's own."""
         if item is None or item.abandoned:
-            whose = f"invocation {item.id}" if item is not None else f"job process {pid}"
-            for line in lines:
-                self.log(f"{whose} {stream}| {line}")
+            self.pool.own_log(item, pid, stream, lines)
             return
         self.logbook.add(attempt_key(item), item.daemon_id, stream, lines)
 

@@ -331,3 +331,21 @@ def test_a_shipment_costs_the_same_statements_however_many_chunks_it_holds():
         return len(statements)
 
     assert cost(1, 0) == cost(6, 1)
+
+
+def test_a_read_costs_the_same_statements_however_long_the_log():
+    short, short_me, short_daemon = running_job()
+    ship(short_daemon, short_me, short, lines(5))
+    long, long_me, long_daemon = running_job()
+    for seq in range(40):
+        ship(long_daemon, long_me, long, lines(100, start=seq * 100), seq=seq)
+    viewer = client(builders.token("viewer"))
+
+    def cost(job) -> int:
+        with CaptureQueriesContext(connection) as statements:
+            page = viewer.get(f"/api/v1/jobs/{job}/logs/", {"limit": 10_000})
+        assert page.status_code == 200
+        return len(statements)
+
+    cost(short)  # the token's first use notes itself once
+    assert cost(short) == cost(long)

@@ -83,3 +83,15 @@ def test_a_shipment_stays_under_the_request_bound(monkeypatch):
     assert sum(len(line[2]) + 1 for c in first for line in c["lines"]) <= 1000
     rest = book.take() + book.take()
     assert sum(len(c["lines"]) for c in first + rest) == 25
+
+
+def test_an_attempt_whose_lines_were_all_dropped_does_not_wait_on_the_shipper():
+    """Another attempt fills the book; this one's only line is dropped. A count with no
+    line to carry it must not keep the attempt pending (its outcome would wait for a
+    shipment that never comes)."""
+    book = LogBook(max_bytes=100, head_keep=0)
+    book.add((1, 1), None, "o", [f"{i:09d}" for i in range(10)])  # 100 bytes: full
+    book.add((2, 1), None, "o", ["overflow"])
+    assert book.attempts[(2, 1)].dropped == 1
+    assert not book.pending({(2, 1)})
+    assert book.pending({(1, 1)})  # the control: lines waiting keep an attempt pending
