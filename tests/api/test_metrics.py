@@ -4,6 +4,7 @@ real work. Counters live as long as the test process (the database is rolled bac
 under them), so each test compares what it changed: after minus before."""
 
 from collections import Counter
+from pathlib import Path
 from datetime import timedelta
 
 import pytest
@@ -109,6 +110,8 @@ def test_a_viewer_reads_it(viewer):
 
     assert response.status_code == 200
     assert response["Content-Type"] == CONTENT_TYPE_LATEST
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"`Content-Type: {response['Content-Type']}`" in readme  # the README says the truth
     families = {f.name: f.type for f in text_string_to_metric_families(response.content.decode())}
     assert families["lakeshore_queue_pending"] == "gauge"
     assert families["lakeshore_queue_oldest_pending_age_seconds"] == "gauge"
