@@ -7,7 +7,8 @@ jobs/sdk.py, which answers through the same services as the REST API.
     POST /v1/daemon/poll · /v1/daemon/ack · /v1/daemon/result-chunk   daemon (or operator)
 
 No token: 401; a viewer: 403; another namespace: 404 (namespace_unknown). Bodies are
-msgpack both ways (lakeshore_admin/msgpack_api.py)."""
+msgpack both ways (lakeshore_admin/msgpack_api.py), except errors: one line of text, as
+the SDK shows it (lakeshore_admin/api_errors.sdk_error)."""
 
 import logging
 
@@ -18,6 +19,7 @@ from rest_framework.views import APIView
 
 from accounts.permissions import Operate
 from jobs import sdk
+from lakeshore_admin.api_errors import sdk_answer
 from lakeshore_admin.errors import Invalid
 from lakeshore_admin.msgpack_api import AlwaysMsgPack, MsgPackParser, MsgPackRenderer
 
@@ -30,6 +32,9 @@ class SdkView(APIView):
     parser_classes = [MsgPackParser]
     renderer_classes = [MsgPackRenderer]
     content_negotiation_class = AlwaysMsgPack
+
+    def handle_exception(self, exc):
+        return sdk_answer(super().handle_exception(exc))
 
 
 class ProducerSubmit(SdkView):
