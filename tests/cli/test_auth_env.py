@@ -1,6 +1,7 @@
 """`lakeshore auth env [--sdk] [--new-token]`, run through bash with the real installed
 `lakeshore` command against a live server, and its lines given to the real Python SDK."""
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -123,3 +124,20 @@ def test_the_printed_lines_make_the_real_sdk_submit_here(sh, tmp_path):
         "queued",
     )
     assert not (home / ".lakeshore").exists()  # the SDK's local fallback was not used
+
+
+def test_control_without_the_lines_the_sdk_queues_locally_and_says_nothing(sh, tmp_path):
+    """What the README warns of: no LAKESHORE_URL, and the SDK's submit succeeds into a
+    SQLite file under ~/.lakeshore, with an id of its own (a ULID), and nothing here."""
+    builders.queue(name="gpu")
+    home = tmp_path / "home"
+    home.mkdir()
+    script = "from tests.sdk import sdk_udfs; print(sdk_udfs.add.submit(40, 2))"
+    result = sh(
+        f"{FORGET_LOGIN}; cd {ROOT} && HOME={home} {sys.executable} -c {shlex.quote(script)}"
+    )
+
+    assert re.fullmatch(r"[0-9A-Z]{26}", result.stdout.strip()), result.stdout
+    assert result.stderr == ""
+    assert (home / ".lakeshore" / "dispatch.sqlite").is_file()
+    assert not Invocation.objects.exists()

@@ -80,7 +80,7 @@ def test_every_refused_submit_reads_as_a_sentence_with_its_code(sdk, settings):
         "no token": (401, "Authentication credentials were not provided.", "not_authenticated"),
         "viewer": (403, "operator role", "permission_denied"),
         "missing queue": (404, "nowhere", "not_found"),
-        "draining": (409, "winding-down", "queue_not_admitting"),
+        "draining": (409, "'lakeshore queues resume winding-down'", "queue_not_admitting"),
         "full": (429, "gpu", "backlog_full"),
         "too large": (413, "LAKESHORE_SDK_MAX_BLOB_BYTES", "too_large"),
     }
