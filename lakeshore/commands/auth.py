@@ -15,7 +15,8 @@ from lakeshore.output import fields
 
 @click.group()
 def auth() -> None:
-    """Save, remove or check the API token the CLI uses."""
+    """Save, remove or check the API token the CLI uses, or print it for another shell
+    or the Python SDK (env)."""
 
 
 @auth.command()
