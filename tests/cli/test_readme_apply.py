@@ -1,7 +1,7 @@
 """The README's `lakeshore apply` outputs ("Operate as code") are what the CLI prints: each
 `$ lakeshore …` line of its console blocks is run, in order, against a live server set
 up as the README's story has it, and its output (stdout, then stderr) compared line by
-line."""
+line. The outputs it quotes inline are checked the same way."""
 
 import re
 import textwrap
@@ -98,3 +98,14 @@ def test_the_summary_quoted_for_a_refused_apply_is_what_the_cli_prints(sh, tmp_p
     summary = result.stdout.splitlines()[-1]
     assert summary.startswith("Refused: ")
     assert f"`{summary}`" in " ".join(section().split())
+
+
+def test_the_kind_change_quoted_is_what_the_cli_prints(sh, tmp_path):
+    sh("lakeshore queues add train")
+    write(tmp_path, "queues:\n  - name: train\n    kind: priority\n")
+
+    result = sh(f"cd {tmp_path} && lakeshore apply -f lakeshore.yaml", exit=1)
+
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: lakeshore.yaml:3: queues[0].kind: cannot change")
+    assert f"`{first}`" in " ".join(section().split())
