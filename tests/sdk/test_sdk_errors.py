@@ -70,6 +70,9 @@ def test_every_refused_submit_reads_as_a_sentence_with_its_code(sdk, settings):
         "missing queue": refusal(submit(operator, "nowhere")),
         "draining": refusal(submit(operator, "winding-down")),
         "full": refusal(lambda: sdk_udfs.add.submit(3, 4, _dispatch=operator)),
+        "bad input": refusal(
+            lambda: dls.SyncQueue("gpu", dispatch=operator).submit(b"x", priority=1e9)
+        ),
     }
     settings.LAKESHORE_SDK_MAX_BLOB_BYTES = 1000
     big = dls.SyncQueue("gpu", dispatch=operator)
@@ -77,6 +80,7 @@ def test_every_refused_submit_reads_as_a_sentence_with_its_code(sdk, settings):
 
     path = "/v1/namespaces/default/producer/submit"
     expected = {
+        "bad input": (400, "run_config.priority must be between", "invalid"),
         "no token": (401, "Authentication credentials were not provided.", "not_authenticated"),
         "viewer": (403, "operator role", "permission_denied"),
         "missing queue": (404, "nowhere", "not_found"),
