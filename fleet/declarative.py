@@ -14,7 +14,12 @@ field, so what it writes applies as "up to date". A queue's state (drain, pause,
 archive) is not declared here: the verbs change it.
 
 A dry run is the apply itself, rolled back: the plan it shows is exactly what the
-services would do, refusals included."""
+services would do, refusals included.
+
+A removal that `rm` would refuse (a queue with bound daemons or work, a provider in use)
+does not stop the plan: the item is kept with its refusal ({code, message}, the
+service's), the rest is planned, and then nothing is changed and the whole plan is
+refused (409 `apply_refused`, the items in the error's `items`), dry run or not."""
 
 import json
 from contextlib import contextmanager
@@ -23,7 +28,7 @@ from django.db import connection, transaction
 
 from fleet import services as fleet_services
 from fleet.models import Provider
-from lakeshore_admin.errors import DomainError, Invalid
+from lakeshore_admin.errors import Conflict, DomainError, Invalid
 from queues import elasticity, services
 from queues.models import Queue
 
@@ -101,7 +106,8 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
     """Make providers and queues as the document declares them, all or nothing: providers
     first (a queue may name one), then queues; with `prune`, remove the queues and then
     the providers it does not declare, as `rm` would (never forced). Answers
-    {applied, up_to_date, dry_run, items: [{type, name, action, changes}]}."""
+    {applied, up_to_date, dry_run, items: [{type, name, action, changes, refused}]}, or
+    raises Conflict `apply_refused` with those items when a removal is refused."""
     providers = document.get("providers", [])
     queues = document.get("queues", [])
     _refuse_duplicates({**_duplicates("providers", providers), **_duplicates("queues", queues)})
@@ -125,8 +131,11 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
                 ).order_by("name")
             ]
         up_to_date = all(item["action"] == UNCHANGED for item in items)
-        if dry_run:
+        refused = [item for item in items if item["refused"]]
+        if dry_run or refused:
             transaction.set_rollback(True)
+    if refused:
+        raise _plan_refused(refused, items, dry_run=dry_run)
     return {
         "applied": not dry_run and not up_to_date,
         "up_to_date": up_to_date,
@@ -185,17 +194,24 @@ def _queue(spec: dict, path: str) -> dict:
 
 
 def _delete_queue(queue: Queue) -> dict:
-    before = queue_document(queue)
-    with _errors_of(None, f"queue {queue.name}", note=PRUNE_NEVER_FORCES):
-        services.queue_delete(name=queue.name, force=False)
-    return _item("queue", queue.name, DELETE, _diff(before, {}))
+    item = _item("queue", queue.name, DELETE, _diff(queue_document(queue), {}))
+    return _removal(item, lambda: services.queue_delete(name=queue.name, force=False))
 
 
 def _delete_provider(provider: Provider) -> dict:
-    before = provider_document(provider)
-    with _errors_of(None, f"provider {provider.name}"):
-        fleet_services.provider_delete(name=provider.name)
-    return _item("provider", provider.name, DELETE, _diff(before, {}))
+    item = _item("provider", provider.name, DELETE, _diff(provider_document(provider), {}))
+    return _removal(item, lambda: fleet_services.provider_delete(name=provider.name))
+
+
+def _removal(item: dict, remove) -> dict:
+    """Remove, in a savepoint: a refusal is kept on the item and undoes only this one,
+    so the rest of the plan is still worked out."""
+    try:
+        with transaction.atomic():
+            remove()
+    except Conflict as exc:
+        item["refused"] = {"code": exc.code, "message": exc.message}
+    return item
 
 
 # ---------------------------------------------------------------------------- refusals
@@ -212,6 +228,18 @@ def _duplicates(section: str, specs: list[dict]) -> dict:
             )
         first.setdefault(name, index)
     return found
+
+
+def _plan_refused(refused: list[dict], items: list[dict], *, dry_run: bool) -> Conflict:
+    names = ", ".join(f"{item['type']} {item['name']}" for item in refused)
+    count = f"{len(refused)} removal{'s' if len(refused) > 1 else ''}"
+    note = PRUNE_NEVER_FORCES if any(item["type"] == "queue" for item in refused) else ""
+    return Conflict(
+        f"{count} of the plan {'is' if len(refused) == 1 else 'are'} refused ({names}), "
+        f"so nothing was changed{note}.",
+        extra={"dry_run": dry_run, "items": items},
+        code="apply_refused",
+    )
 
 
 def _refuse_duplicates(found: dict) -> None:
@@ -256,21 +284,19 @@ def _refuse_immutable_changes(providers: list[dict], queues: list[dict]) -> None
 
 
 @contextmanager
-def _errors_of(path: str | None, label: str, *, note: str = ""):
-    """A service's refusal of one item, re-raised with the item named: its message
-    prefixed with the item (and followed by `note`), its fields with the item's path in
-    the document (`max` → `queues[2].elasticity.max`), its code and status kept."""
+def _errors_of(path: str, label: str):
+    """A service's refusal of a declared item, re-raised with the item named: its message
+    prefixed with the item, its fields with the item's path in the document (`max` →
+    `queues[2].elasticity.max`), its code and status kept."""
     try:
         yield
     except DomainError as exc:
-        fields = exc.fields
-        if path is not None:
-            fields = {
-                (f"{path}.{key}" if key and key != "__all__" else path): message
-                for key, message in exc.fields.items()
-            } or {path: exc.message}
+        fields = {
+            (f"{path}.{key}" if key and key != "__all__" else path): message
+            for key, message in exc.fields.items()
+        } or {path: exc.message}
         again = DomainError(
-            f"{label}: {exc.message}{note}", fields=fields, extra=exc.extra, code=exc.code
+            f"{label}: {exc.message}", fields=fields, extra=exc.extra, code=exc.code
         )
         again.status = exc.status
         raise again from exc
@@ -318,4 +344,4 @@ def _patch_of(differs: dict) -> dict:
 
 
 def _item(kind: str, name: str, action: str, changes: dict | None = None) -> dict:
-    return {"type": kind, "name": name, "action": action, "changes": changes or {}}
+    return {"type": kind, "name": name, "action": action, "changes": changes or {}, "refused": None}

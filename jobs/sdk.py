@@ -20,9 +20,11 @@ changes nothing."""
 
 import time
 
+import msgpack
 from django.conf import settings
 from django.db import IntegrityError, connection
-from django.db.models import F, Func
+from django.db.models import BinaryField, F, Func
+from django.db.models.functions import Substr
 
 from jobs import services, waits
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
@@ -116,6 +118,56 @@ def describe(blob: bytes) -> tuple[str, str]:
     qualname = fn["qualname"] or "(unnamed)"
     name = f"{fn['module']}.{qualname}" if fn["kind"] == "ref" and fn["module"] else qualname
     return Wire.ENVELOPE, name[:FUNCTION_MAX]
+
+
+HEAD_BYTES = 64 * 1024  # an Envelope's `fn` (its pickle at most 32 KiB) lies in these
+FN_TEXT = ("kind", "module", "qualname", "where")
+
+
+def shipped_function(invocation_id: int) -> dict | None:
+    """The function as the SDK sent it in an Envelope: {"kind": "ref"|"pickle", "module",
+    "qualname", "where"} (`where` names a pickled function's file and line:
+    "<lambda> (/home/ana/run.py:8)"). Read from the first HEAD_BYTES of args_blob alone:
+    the Envelope's keys come in the SDK's order (v, id, fn, then the arguments). None
+    when they are not there."""
+    head = (
+        Invocation.objects.filter(pk=invocation_id)
+        .annotate(head=Substr("args_blob", 1, HEAD_BYTES, output_field=BinaryField()))
+        .values_list("head", flat=True)
+        .first()
+    )
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=HEAD_BYTES)
+    unpacker.feed(bytes(head or b""))
+    try:
+        for _ in range(min(unpacker.read_map_header(), 3)):
+            if unpacker.unpack() == "fn":
+                fn = unpacker.unpack()
+                break
+            unpacker.skip()
+        else:
+            return None
+    except (msgpack.OutOfData, msgpack.UnpackException, ValueError, TypeError):
+        return None
+    if not isinstance(fn, dict):
+        return None
+    text = {key: fn.get(key) if isinstance(fn.get(key), str) else "" for key in FN_TEXT}
+    return {**text, "kind": text["kind"] or "ref"}
+
+
+def function_note(invocation: Invocation) -> str:
+    """How an SDK invocation's function travelled, beside its name on the job page."""
+    if invocation.wire == Wire.VALUE:
+        return "Python SDK: a bare value, SyncQueue.submit"
+    fn = shipped_function(invocation.pk)
+    if fn is None:
+        return "Python SDK"
+    if fn["kind"] == "ref":
+        return "Python SDK: @dls.udf by reference, imported where it runs"
+    where = fn["where"]
+    named = f"{fn['qualname']} ("
+    if where.startswith(named) and where.endswith(")"):
+        where = where[len(named) : -1]  # "<lambda> (/home/ana/run.py:8)": the place alone
+    return f"Python SDK: pickled{f', defined at {where}' if where else ''}"
 
 
 # ---------------------------------------------------------------------------- producer

@@ -19,7 +19,7 @@ from jobs.models import Invocation, InvocationState, Wire
 from jobs.transitions import kill, submit
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
-from queues.models import ADMITTING_QUEUE_STATES, Queue, QueueKind
+from queues.models import ADMITTING_QUEUE_STATES, Queue, QueueKind, QueueState
 
 # module.path.name: two or more parts, each starting with a letter (so never private)
 FUNCTION_PATTERN = re.compile(r"^[A-Za-z]\w*(\.[A-Za-z]\w*)+$")
@@ -39,9 +39,10 @@ def _admitting_queue(name: str, known: dict | None = None) -> Queue | None:
     if queue is None:
         raise NotFound(f"Queue '{name}' does not exist.", fields={"queue": "unknown"})
     if not queue.admits_submissions:
+        verb = "unarchive" if queue.state == QueueState.ARCHIVED else "resume"
         raise Conflict(
             f"Queue '{name}' is {queue.state} and admits no new work "
-            f"('lakeshore queues unarchive {name}' reopens it).",
+            f"('lakeshore queues {verb} {name}' reopens it).",
             extra={"state": queue.state},
             code="queue_not_admitting",
         )

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.console import console_view
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
-from jobs import services
+from jobs import sdk, services
 from jobs.filters import InvocationFilter
 from jobs.log_views import log_context
 from jobs.models import Invocation, InvocationState
@@ -166,6 +166,7 @@ def job_detail(request, invocation_id: int):
         "args_text": _pretty(job.args),
         "kwargs_text": _pretty(job.kwargs),
         "result_text": _pretty(job.result),
+        "sdk_note": sdk.function_note(job) if job.wire else "",
         "args_bytes": job.blob_size("args_blob"),
         "result_bytes": job.blob_size("result_blob"),
         "timeline": _timeline(job, retried_as),

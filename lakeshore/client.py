@@ -116,7 +116,8 @@ def _api_error(response: httpx.Response) -> ApiError:
         message = str(error.get("message") or response.reason_phrase)
         fields = error.get("fields")
         fields = {str(k): str(v) for k, v in fields.items()} if isinstance(fields, dict) else {}
-        return ApiError(response.status_code, str(error.get("code", "")), message, fields)
+        code = str(error.get("code", ""))
+        return ApiError(response.status_code, code, message, fields, detail=error)
     except (ValueError, KeyError, TypeError, AttributeError):
         reason = f"{response.status_code} {response.reason_phrase}".strip()
         return ApiError(

@@ -43,10 +43,18 @@ class CliError(Exception):
 class ApiError(CliError):
     """The server refused the request (4xx/5xx)."""
 
-    def __init__(self, status: int, code: str, message: str, fields: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        fields: dict | None = None,
+        detail: dict | None = None,
+    ):
         super().__init__(message, fields=fields, hint=LOGIN_HINT if status == 401 else None)
         self.status = status
         self.code = code
+        self.detail = detail or {}  # the whole `error` object of the answer
 
 
 class Unreachable(CliError):

@@ -1,5 +1,13 @@
 """The one place that turns errors into the API's error body:
-{"error": {"code": "...", "message": "...", "fields": {...}}}."""
+{"error": {"code": "...", "message": "...", "fields": {...}}}, and, under /v1/ (the
+Python SDK's routes), into the answer the SDK shows.
+
+The SDK (dreamlake-lakeshore 0.5.0, http_dispatch.py) does not decode an error answer:
+any status of 400 or more raises `DispatchError(f"{path} -> {status}: {r.text[:200]}")`,
+the body read as text. A msgpack body shows there as bytes that are not text, so an
+error under /v1/ answers one line of plain text instead: the message, then the code in
+parentheses (`Queue 'gpu' is draining. (queue_not_admitting)`). The code is also in the
+Lakeshore-Error-Code header, for a client that branches on it."""
 
 from django.conf import settings
 from django.core.exceptions import DisallowedHost, PermissionDenied, RequestDataTooBig
@@ -23,14 +31,49 @@ def is_api(request) -> bool:
     return request.path.startswith("/api/")
 
 
+def is_sdk(request) -> bool:
+    return request.path.startswith("/v1/")
+
+
+SDK_CODE_HEADER = "Lakeshore-Error-Code"
+
+
+def sdk_error(status: int, code: str, message: str, headers=None) -> HttpResponse:
+    """An error answer under /v1/, as the SDK shows it: `message (code)`, one line of
+    UTF-8 text (see the module's docstring)."""
+    line = " ".join(str(message).split())  # one line: the SDK prints it inside its own
+    response = HttpResponse(
+        f"{line} ({code})", status=status, content_type="text/plain; charset=utf-8"
+    )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    response[SDK_CODE_HEADER] = code
+    return response
+
+
+def sdk_answer(response) -> HttpResponse:
+    """A DRF error Response of a /v1/ view (its data the error body, its headers
+    Retry-After or WWW-Authenticate) as sdk_error's answer."""
+    error = (response.data or {}).get("error", {}) if isinstance(response.data, dict) else {}
+    headers = {name: value for name, value in response.items() if name != "Content-Type"}
+    return sdk_error(
+        response.status_code,
+        error.get("code", "error"),
+        error.get("message") or str(response.data),
+        headers,
+    )
+
+
 def body_too_large() -> str:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE / (1024 * 1024)
     return f"The request body is too large (at most {limit:g} MB)."
 
 
 def error_response(request, status: int, code: str, message: str, title: str) -> HttpResponse:
-    """The error body under /api/, a small HTML page elsewhere (no template: this
-    answers requests the rest of the site refused)."""
+    """The error body under /api/, the SDK's text under /v1/, a small HTML page elsewhere
+    (no template: this answers requests the rest of the site refused)."""
+    if is_sdk(request):
+        return sdk_error(status, code, message)
     if is_api(request):
         return JsonResponse(error_body(code, message), status=status)
     page = format_html(

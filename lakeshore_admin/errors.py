@@ -25,6 +25,7 @@ CODES = {
     "already_retried",  # retry of one retried before (names the retry)
     "daemon_terminated",  # the daemon was dropped or left: it must stop
     "daemon_lost",  # the reaper marked the daemon lost: register again
+    "apply_refused",  # lakeshore apply: a removal in the plan is refused (the plan says why)
     "claim_stale",  # a completion for a claim the daemon no longer holds
     "already_completed",  # the same attempt was completed with another outcome
     # 401 beyond DRF's not_authenticated / authentication_failed

@@ -1,10 +1,10 @@
 """msgpack in and out, for the Python SDK's routes (jobs/api/sdk_views.py).
 
 The SDK (dreamlake-lakeshore) sends `content-type: application/x-msgpack` bodies with
-blobs as msgpack bin, and decodes every answer as msgpack, errors included: a JSON
-body would raise in the client even on success. So these views always answer msgpack,
-whatever the Accept header says, and the error bodies are the API's usual
-`{"error": {"code", "message", …}}`, packed.
+blobs as msgpack bin, and decodes every successful answer as msgpack: a JSON body would
+raise in the client. So these views answer msgpack whatever the Accept header says. An
+error (status 400 or more) the SDK does not decode: it shows the body as text, so errors
+answer a line of text (lakeshore_admin/api_errors.sdk_error).
 
 A body is decoded within bounds. msgpack needs a byte for an empty map, which Python
 holds in about 70: unbounded, an 11 MiB body of them became 11.5 million dicts and

@@ -1,11 +1,11 @@
-import msgpack
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.http import HttpResponse, JsonResponse
+from django.http import JsonResponse
 from django.urls import include, path, re_path
 from django.utils.csp import CSP
 from django.views.decorators.csp import csp_override
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import (
     SpectacularAPIView,
     SpectacularRedocView,
@@ -19,7 +19,7 @@ from accounts.permissions import ReadOrOperate
 from fleet import views as daemon_views
 from jobs import log_views
 from jobs import views as job_views
-from lakeshore_admin.api_errors import bad_request, error_body
+from lakeshore_admin.api_errors import bad_request, error_body, is_sdk, sdk_error
 from lakeshore_admin.health import healthz, readyz
 from queues import views as queue_views
 from queues.metrics import metrics_view
@@ -33,15 +33,17 @@ def api_not_found(request, *args, **kwargs):
     return JsonResponse(error_body("not_found", message), status=404)
 
 
+@csrf_exempt  # the SDK has no CSRF cookie: its POST to a wrong address gets this answer
 def sdk_not_found(request, *args, **kwargs):
-    """Unknown addresses under /v1/ (the Python SDK's) answer msgpack, as the SDK reads."""
+    """Unknown addresses under /v1/ (the Python SDK's) answer as the SDK shows errors."""
 
-    body = error_body("not_found", f"No SDK endpoint at {request.path}.")
-    return HttpResponse(msgpack.packb(body), status=404, content_type="application/x-msgpack")
+    return sdk_error(404, "not_found", f"No SDK endpoint at {request.path}.")
 
 
 def _json_for_api(status: int, code: str, message: str, html_view):
     def view(request, *args, **kwargs):
+        if is_sdk(request):
+            return sdk_error(status, code, message)
         if request.path.startswith("/api/"):
             return JsonResponse(error_body(code, message), status=status)
         return html_view(request, *args, **kwargs)

@@ -173,6 +173,11 @@ class ApplyChange(serializers.Serializer):
     new = serializers.JSONField(allow_null=True)
 
 
+class ApplyRefusal(serializers.Serializer):
+    code = serializers.CharField(help_text="the service's error code (`queue_in_use`)")
+    message = serializers.CharField()
+
+
 class ApplyItem(serializers.Serializer):
     type = serializers.ChoiceField(choices=["provider", "queue"])
     name = serializers.CharField()
@@ -181,6 +186,11 @@ class ApplyItem(serializers.Serializer):
         child=ApplyChange(),
         help_text="by field path (`elasticity.max`): old and new values; on create every "
         "field's new value, on delete every field's old one",
+    )
+    refused = ApplyRefusal(
+        allow_null=True,
+        help_text="why this removal is refused, as `rm` would refuse it; null when it is "
+        "not. Only in a 409 `apply_refused` answer's `error.items`",
     )
 
 

@@ -135,6 +135,9 @@ class Apply(APIView):
         "same rules as the other endpoints; with prune, removes the queues and then the "
         "providers it does not declare (never forced). A field the document leaves out is "
         "left alone. Errors name the document path in `fields` (`queues[1].elasticity.kind`)."
+        " A removal that is refused (a queue with bound daemons or work, a provider in use) "
+        "refuses the whole plan, dry run or not: 409 `apply_refused`, with every item in "
+        "`error.items` and each refused one's `refused: {code, message}`; nothing changes."
         " A viewer may plan (dry_run); applying needs the operator role.",
         request=s.ApplyInput,
         responses={200: s.ApplyResult, **errors(400, 409)},

@@ -183,3 +183,15 @@ class LogPage(serializers.Serializer):
     dropped_lines = serializers.IntegerField()
     finished = serializers.BooleanField(help_text="the attempt is over: no new line will come")
     complete = serializers.BooleanField(help_text="finished, and every line was read")
+
+
+class SdkSetup(serializers.Serializer):
+    url_path = serializers.CharField(help_text="Where the SDK's routes start: /v1/.")
+    namespace = serializers.CharField(
+        help_text="The SDK's one namespace here (LAKESHORE_SDK_NAMESPACE): its LAKESHORE_NAMESPACE."
+    )
+    user = serializers.CharField(help_text="The caller's user, who owns a token made for it.")
+    roles = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What the caller's token may do (submitting from the SDK needs operator).",
+    )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from jobs.api import views
+from jobs.api import sdk_views, views
 
 urlpatterns = [
     path("jobs/", views.JobList.as_view(), name="job-list"),
@@ -9,4 +9,5 @@ urlpatterns = [
     path("jobs/<str:invocation_id>/logs/", views.JobLogs.as_view(), name="job-logs"),
     path("jobs/<str:invocation_id>/kill/", views.JobKill.as_view(), name="job-kill"),
     path("jobs/<str:invocation_id>/retry/", views.JobRetry.as_view(), name="job-retry"),
+    path("sdk/", sdk_views.SdkSettings.as_view(), name="sdk-settings"),
 ]

@@ -162,8 +162,9 @@ def _located(error: ApiError, document: Document) -> CliError:
 @click.option(
     "--prune",
     is_flag=True,
-    help="Also remove the queues, then the providers, that the file does not declare "
-    "(refused, whole, if one is in use, as 'rm' would refuse it).",
+    help="Also remove the queues, then the providers, that the file does not declare. "
+    "If 'rm' would refuse one (in use), the plan is printed with the refusals and "
+    "nothing changes (exit 1).",
 )
 @json_option
 @pass_client
@@ -181,6 +182,8 @@ def apply(client: Client, source: str, dry_run: bool, prune: bool, as_json: bool
     try:
         result = client.post("apply/", json=body)
     except ApiError as error:
+        if error.code == "apply_refused" and isinstance(error.detail.get("items"), list):
+            raise _refused_plan(error, as_json) from error
         if error.status in (400, 404, 409):
             raise _located(error, document) from error
         raise
@@ -192,8 +195,22 @@ def apply(client: Client, source: str, dry_run: bool, prune: bool, as_json: bool
     click.echo(summary_line(result))
 
 
+def _refused_plan(error: ApiError, as_json: bool) -> CliError:
+    """A plan with a refused removal: the whole plan, each refusal on its item's line,
+    then the error (exit 1). Nothing was changed."""
+    if as_json:
+        print_json({"error": error.detail})
+    else:
+        result = {"dry_run": bool(error.detail.get("dry_run")), "items": error.detail["items"]}
+        for item in result["items"]:
+            click.echo(item_line(item))
+        click.echo(summary_line(result))
+    return CliError(error.message)
+
+
 def item_line(item: dict) -> str:
-    """`queue/train: update (description: "a" → "b", elasticity.max: 4 → 8)`."""
+    """`queue/train: update (description: "a" → "b", elasticity.max: 4 → 8)`, and
+    `queue/old: delete — refused: <why> (queue_in_use)`."""
     line = f"{item['type']}/{item['name']}: {item['action']}"
     if item["action"] == "update":
         changes = ", ".join(
@@ -201,19 +218,26 @@ def item_line(item: dict) -> str:
             for field, change in item["changes"].items()
         )
         line += f" ({changes})"
+    if refused := item.get("refused"):
+        line += f" — refused: {refused['message']} ({refused['code']})"
     return line
 
 
 def summary_line(result: dict) -> str:
+    count = Counter(item["action"] for item in result["items"])
+    refused = sum(1 for item in result["items"] if item.get("refused"))
+    planned = (
+        f"{count['create']} to create, {count['update']} to update, {count['delete']} to "
+        f"delete{f' ({refused} refused)' if refused else ''}, {count['unchanged']} unchanged"
+    )
+    if refused:
+        if result.get("dry_run"):
+            return f"Plan: {planned} (dry run: nothing changed)"
+        return f"Refused: {planned}; nothing was changed."
     if result["up_to_date"]:
         return "Up to date: nothing to change."
-    count = Counter(item["action"] for item in result["items"])
     if result.get("dry_run"):
-        return (
-            f"Plan: {count['create']} to create, {count['update']} to update, "
-            f"{count['delete']} to delete, {count['unchanged']} unchanged "
-            "(dry run: nothing changed)"
-        )
+        return f"Plan: {planned} (dry run: nothing changed)"
     return (
         f"Applied: {count['create']} created, {count['update']} updated, "
         f"{count['delete']} deleted, {count['unchanged']} unchanged."

@@ -308,21 +308,51 @@ def test_without_prune_what_the_file_leaves_out_stays(operator):
     assert Queue.objects.filter(name="old").exists()
 
 
-def test_prune_refuses_a_queue_in_use_and_rolls_back_the_whole_apply(operator):
+def refusals(response) -> dict[str, dict | None]:
+    """A refused plan (409 apply_refused): each item's refusal, by type/name."""
+    assert response.status_code == 409, response.json()
+    error = response.json()["error"]
+    assert error["code"] == "apply_refused"
+    return {f"{i['type']}/{i['name']}": i["refused"] for i in error["items"]}
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_refused_removal_refuses_the_plan_and_the_answer_holds_every_item(operator, dry_run):
     builders.queue(name="busy")
     builders.daemon(queues=["busy"])
+    builders.daemon(queues=["busy"])
     builders.queue(name="keep", description="old")
+    builders.queue(name="idle")
     document = {"queues": [{"name": "keep", "description": "new"}, {"name": "fresh"}]}
     before = rows()
 
-    response = apply(operator, document, prune=True)
+    response = apply(operator, document, prune=True, dry_run=dry_run)
 
-    assert_error(
-        response, 409, "queue_in_use", says=["queue busy:", "bound daemon", "--prune never forces"]
+    found = refusals(response)
+    assert list(found) == ["queue/keep", "queue/fresh", "queue/busy", "queue/idle"]
+    assert found["queue/busy"]["code"] == "queue_in_use"
+    assert "still has 2 bound daemon(s)" in found["queue/busy"]["message"]
+    assert (found["queue/keep"], found["queue/fresh"], found["queue/idle"]) == (None,) * 3
+    error = response.json()["error"]
+    assert [i["action"] for i in error["items"]] == ["update", "create", "delete", "delete"]
+    assert error["dry_run"] is dry_run
+    assert error["message"] == (
+        "1 removal of the plan is refused (queue busy), so nothing was changed (lakeshore "
+        "apply --prune never forces: drain the queue first, or remove it by hand with "
+        "'lakeshore queues rm NAME --force')."
     )
     assert rows() == before
     assert Queue.objects.get(name="keep").description == "old"
     assert not Queue.objects.filter(name="fresh").exists()
+    assert Queue.objects.filter(name="idle").exists()  # removable, yet not removed
+
+
+def test_control_when_every_removal_is_allowed_the_plan_is_applied(operator):
+    builders.queue(name="idle")
+    response = apply(operator, {"queues": [{"name": "fresh"}]}, prune=True)
+    assert actions(response) == {"queue/fresh": "create", "queue/idle": "delete"}
+    assert [i["refused"] for i in response.json()["items"]] == [None, None]
+    assert not Queue.objects.filter(name="idle").exists()
 
 
 def test_prune_refuses_a_provider_a_declared_queue_still_uses(operator):
@@ -331,8 +361,25 @@ def test_prune_refuses_a_provider_a_declared_queue_still_uses(operator):
 
     response = apply(operator, {"queues": [{"name": "train"}]}, prune=True)
 
-    assert_error(response, 409, "provider_in_use", says="provider here:")
+    refused = refusals(response)["provider/here"]
+    assert refused["code"] == "provider_in_use"
+    assert refused["message"].startswith("Provider 'here' is used by queue(s) train")
+    assert "never forces" not in response.json()["error"]["message"]
     assert Provider.objects.filter(name="here").exists()
+
+
+def test_a_provider_behind_a_refused_queue_is_refused_too(operator):
+    """Planned in order: the queue stays, so the provider it uses cannot go either."""
+    builders.provider(name="old-cloud")
+    builders.queue(name="old", provider="old-cloud")
+    builders.daemon(queues=["old"])
+
+    found = refusals(apply(operator, {}, prune=True, dry_run=True))
+
+    assert {name: r["code"] for name, r in found.items()} == {
+        "queue/old": "queue_in_use",
+        "provider/old-cloud": "provider_in_use",
+    }
 
 
 # --- export -----------------------------------------------------------------------------------

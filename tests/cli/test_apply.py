@@ -1,6 +1,7 @@
 """`lakeshore apply -f lakeshore.yaml` and `lakeshore export`, run through bash with the
 real installed `lakeshore` command against a live server."""
 
+import json
 import textwrap
 
 import pytest
@@ -121,18 +122,61 @@ def test_prune_deletes_what_the_file_does_not_declare(sh, workdir):
     assert names() == (["here"], ["eval", "train"])
 
 
-def test_a_prune_refused_changes_nothing_and_says_why(sh, workdir):
+@pytest.mark.parametrize("dry_run", [" --dry-run", ""])
+def test_a_prune_refused_prints_the_whole_plan_with_the_refusal(sh, workdir, dry_run):
+    from tests import builders
+
+    builders.queue(name="busy")
+    first = builders.daemon(queues=["busy"], name="d-one")
+    second = builders.daemon(queues=["busy"], name="d-two")
+    write(workdir, LAKESHORE_YAML)
+
+    result = sh(f"cd {workdir} && lakeshore apply -f lakeshore.yaml --prune{dry_run}", exit=1)
+
+    refused = (
+        "queue/busy: delete — refused: Queue 'busy' still has 2 bound daemon(s): "
+        f"d-one ({first.pk}), d-two ({second.pk}). Remove them or use --force to unbind "
+        "them. (queue_in_use)"
+    )
+    summary = (
+        "Plan: 3 to create, 0 to update, 1 to delete (1 refused), 0 unchanged "
+        "(dry run: nothing changed)"
+        if dry_run
+        else "Refused: 3 to create, 0 to update, 1 to delete (1 refused), 0 unchanged; "
+        "nothing was changed."
+    )
+    assert result.stdout.splitlines() == [
+        "provider/here: create",
+        "queue/train: create",
+        "queue/eval: create",
+        refused,
+        summary,
+    ]
+    assert result.stderr == (
+        "error: 1 removal of the plan is refused (queue busy), so nothing was changed "
+        "(lakeshore apply --prune never forces: drain the queue first, or remove it by hand "
+        "with 'lakeshore queues rm NAME --force').\n"
+    )
+    assert names() == ([], ["busy"])
+
+
+def test_a_refused_plan_with_json_prints_the_apis_answer(sh, workdir):
     from tests import builders
 
     builders.queue(name="busy")
     builders.daemon(queues=["busy"])
     write(workdir, LAKESHORE_YAML)
 
-    stderr = refused(sh, workdir, "lakeshore apply -f lakeshore.yaml --prune")
+    result = sh(f"cd {workdir} && lakeshore apply -f lakeshore.yaml --prune --json", exit=1)
 
-    assert stderr.startswith("error: lakeshore.yaml: queue busy: Queue 'busy' still has 1 bound")
-    assert "nothing was changed" in stderr
-    assert names() == ([], ["busy"])
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "apply_refused"
+    assert [i["refused"] and i["refused"]["code"] for i in error["items"]] == [
+        None,
+        None,
+        None,
+        "queue_in_use",
+    ]
 
 
 def test_a_hyphenated_elasticity_kind_is_shown_at_its_line(sh, workdir):

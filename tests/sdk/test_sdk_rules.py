@@ -10,6 +10,7 @@ from jobs import sdk, services
 from jobs.models import Invocation, ResultFrame
 from queues import services as queue_services
 from tests import builders
+from tests.sdk.answers import answer_of
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +37,7 @@ def _call(api, path, body, token):
         content_type="application/x-msgpack",
         HTTP_AUTHORIZATION=f"Bearer {token}",
     )
-    return answer.status_code, msgpack.unpackb(answer.content, raw=False) if answer.content else {}
+    return answer.status_code, answer_of(answer)
 
 
 SUBMIT = "/v1/namespaces/default/producer/submit"
@@ -185,7 +186,7 @@ def test_a_body_that_is_not_msgpack_is_400_in_msgpack(api, operator):
     answer = api.post(SUBMIT, data=b"\xc1", content_type="application/x-msgpack",
                       HTTP_AUTHORIZATION=f"Bearer {operator}")  # fmt: skip
     assert answer.status_code == 400
-    assert msgpack.unpackb(answer.content)["error"]["code"] == "invalid"
+    assert answer_of(answer)["error"]["code"] == "invalid"
 
 
 def test_the_controller_counts_sdk_backlog_and_sdk_workers(api, operator, daemon_token):

@@ -19,6 +19,7 @@ from jobs.models import Invocation
 from queues import services as queue_services
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
+from tests.sdk.answers import answer_of
 from tests.sdk.conftest import ROOT
 
 dls = pytest.importorskip("dreamlake.lakeshore")
@@ -156,7 +157,7 @@ def test_roles_no_token_is_401_and_a_viewer_is_403(gpu, live_server):
     headers = {"content-type": "application/x-msgpack"}
     anonymous = httpx.post(url, content=body, headers=headers)
     assert anonymous.status_code == 401
-    assert msgpack.unpackb(anonymous.content)["error"]["code"]
+    assert answer_of(anonymous)["error"]["code"] == "not_authenticated"
     viewer = httpx.post(
         url,
         content=body,

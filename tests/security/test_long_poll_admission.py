@@ -27,6 +27,7 @@ from jobs.models import ResultFrame
 from jobs.wakeup import listener
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
+from tests.sdk.answers import answer_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -243,7 +244,7 @@ def test_past_the_limit_a_stream_that_would_wait_is_refused_whole(full, live_ser
     refused = httpx.get(url, headers=headers, timeout=30)
 
     assert refused.status_code == 503
-    assert msgpack.unpackb(refused.content)["error"]["code"] == "busy"
+    assert answer_of(refused)["error"]["code"] == "busy"
     assert int(refused.headers["Retry-After"]) >= 1
     assert full.holding()
     # a stream that is over never waits: it is served whole, slot or not

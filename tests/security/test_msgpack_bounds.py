@@ -16,6 +16,7 @@ from lakeshore import sdk_job
 from lakeshore.msgpack_count import count_objects
 from lakeshore_admin.msgpack_api import MsgPackParser, body_limit, unpack_limits
 from tests import builders
+from tests.sdk.answers import answer_of
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +41,7 @@ def nested(width: int) -> bytes:
 def post(api, path, raw: bytes, token: str):
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     response = api.generic("POST", path, raw, content_type="application/x-msgpack")
-    return response.status_code, msgpack.unpackb(response.content)
+    return response.status_code, answer_of(response)
 
 
 def peak_mib(parse) -> tuple[float, object]:

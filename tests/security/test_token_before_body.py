@@ -8,7 +8,6 @@ measures the memory of a real gunicorn."""
 
 import io
 
-import msgpack
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
 from rest_framework.utils import json as drf_json
@@ -16,6 +15,7 @@ from rest_framework.utils import json as drf_json
 from accounts.authentication import BearerTokenAuthentication, token_cache
 from lakeshore_admin.fastpath import LeanPath
 from tests import builders
+from tests.sdk.answers import decoded as sdk_decoded
 from tests.security.parse_first import ParseFirst
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,8 +84,8 @@ def call(app, path, raw: bytes, *, token: str, content_type="application/json"):
     content = b"".join(result)
     if hasattr(result, "close"):
         result.close()
-    if content_type.startswith("application/x-msgpack"):
-        decoded = msgpack.unpackb(content)
+    if path.startswith("/v1/"):
+        decoded = sdk_decoded(answer["status"], answer["headers"], content)
     else:
         decoded = drf_json.loads(content)
     return answer["status"], answer["headers"], decoded, body.read_bytes

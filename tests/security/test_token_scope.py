@@ -16,6 +16,7 @@ from fleet.models import Daemon
 from jobs import services
 from queues.models import Queue
 from tests import builders
+from tests.sdk.answers import answer_of
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +34,7 @@ def _poll(api, raw, queue):
         content_type="application/x-msgpack",
         HTTP_AUTHORIZATION=f"Bearer {raw}",
     )
-    return answer.status_code, msgpack.unpackb(answer.content, raw=False)
+    return answer.status_code, answer_of(answer)
 
 
 # ---------------------------------------------------------------------------- roles
