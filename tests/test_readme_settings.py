@@ -38,7 +38,8 @@ def product_files() -> list[Path]:
 
 
 def _is_python(path: Path) -> bool:
-    return path.suffix == ".py" or path.read_text(errors="replace").startswith("#!/usr/bin/env python")
+    shebang = path.read_text(errors="replace").startswith("#!/usr/bin/env python")
+    return path.suffix == ".py" or shebang
 
 
 def module_constants(tree: ast.Module) -> dict[str, object]:
@@ -64,9 +65,9 @@ def names_read(source: str, constants: dict | None = None) -> set[str]:
             first = node.args[0]
             if isinstance(first, ast.Name) and first.id in constants:
                 first = ast.Constant(constants[first.id])
-            if called in READERS and isinstance(first, ast.Constant):
-                if called != "get" or _is_environ(func.value):
-                    found.add(first.value)
+            of_environ = called != "get" or _is_environ(getattr(func, "value", None))
+            if called in READERS and isinstance(first, ast.Constant) and of_environ:
+                found.add(first.value)
         elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
             if _is_environ(node.value) and isinstance(node.slice, ast.Constant):
                 found.add(node.slice.value)

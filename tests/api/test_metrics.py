@@ -4,8 +4,8 @@ real work. Counters live as long as the test process (the database is rolled bac
 under them), so each test compares what it changed: after minus before."""
 
 from collections import Counter
-from pathlib import Path
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
