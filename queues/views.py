@@ -126,7 +126,6 @@ class QueueList(ConsoleListView):
     filterset_class = QueueFilter
     ordering = "name"
     page_size = PAGE_SIZE
-    table_class = ""
     filter_look = {"state": {"label": "State", "empty_label": "active, draining, paused"}}
 
     def get_queryset(self):
@@ -225,6 +224,7 @@ def queue_add(request):
         if queue is not None:
             messages.success(request, f"Queue '{queue.name}' added.")
             return redirect("console-queue", name=queue.name)
+        form.focus_first_error()
     return render(
         request,
         "queues/queue_form.html",
@@ -254,6 +254,7 @@ def queue_edit(request, name: str):
             else:
                 messages.info(request, f"Nothing to save: queue '{name}' is unchanged.")
             return redirect("console-queue", name=name)
+        form.focus_first_error()
     return render(
         request,
         "queues/queue_form.html",

@@ -204,7 +204,7 @@ def _list_cells(body: str) -> dict[str, str]:
     cells = {}
     for row in re.findall(r"<tr>(.*?)</tr>", body, flags=re.S):
         name = re.search(r'<a href="/queues/([^/]+)/">', row)
-        spark = re.search(r'<td class="spark">(.*?)</td>', row, flags=re.S)
+        spark = re.search(r'<td class="spark"[^>]*>(.*?)</td>', row, flags=re.S)
         if name and spark:
             cells[name.group(1)] = spark.group(1)
     return cells
