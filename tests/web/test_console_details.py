@@ -3,15 +3,18 @@ current page, a list's error region that its refresh leaves alone, events linkin
 they name, and the queue list's cells labelled for the phone's cards."""
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.roles import grant
 from accounts.services import token_create
 from fleet.daemons import daemon_drop
+from fleet.models import Daemon
 from jobs import services as job_services
 from tests import builders
 
@@ -101,3 +104,18 @@ def test_every_cell_of_the_queue_list_is_labelled_for_the_cards(operator):
     row = re.search(r"<tr>\s*<td data-label=\"Name\">.*?</tr>", body, re.S).group(0)
     cells = re.findall(r"<td\b[^>]*>", row)
     assert len(cells) == 13 and all("data-label=" in cell for cell in cells)
+
+
+def test_the_queue_page_refreshes_its_member_daemons_with_their_heartbeats(operator):
+    builders.queue(name="train")
+    daemon = builders.daemon(name="gpu-1", queues=["train"])
+    Daemon.objects.filter(pk=daemon.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=12)
+    )
+    page = operator.get("/queues/train/").content.decode()
+    assert '<div id="queue-members" hx-get="/queues/train/" hx-trigger="every 5s"' in page
+    box = operator.get(
+        "/queues/train/", headers={"HX-Request": "true", "HX-Target": "queue-members"}
+    ).content.decode()
+    assert box.lstrip().startswith('<div id="queue-members"') and "<html" not in box
+    assert re.search(r">1[2-4] seconds ago</time>", box) and "gpu-1" in box

@@ -193,7 +193,7 @@ def test_the_legend_explains_d_b_p_u_next_to_the_decisions(viewer):
     for letter, word in (("D", "daemons"), ("B", "busy"), ("P", "pending"), ("U", "utilisation")):
         assert f"<dt>{letter}</dt><dd>{word}:" in legend
         assert f'<abbr title="{word}">{letter}</abbr>' in body
-    assert '<table aria-describedby="decision-legend">' in body
+    assert '<table class="stack" aria-describedby="decision-legend">' in body
 
 
 # ---------------------------------------------------------------------------- the list
