@@ -5,7 +5,7 @@ import re
 from django import template
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import conditional_escape, format_html
+from django.utils.html import conditional_escape, format_html, format_html_join
 
 register = template.Library()
 
@@ -106,3 +106,22 @@ def event_what(event: dict) -> str:
     if url:
         return format_html('<strong><a href="{}">{}</a></strong>: {}', url, target, summary)
     return format_html("<strong>{}</strong>: {}", target, summary)
+
+
+REFERENCE = re.compile(r"\b(job|daemon) (\d+)\b")
+
+
+@register.filter
+def link_refs(text) -> str:
+    """Plain text with each "job 4" and "daemon 7" in it linked to that page (a job's
+    timeline: "started on daemon 7", "retried as job 12"); the rest escaped."""
+    text = str(text or "")
+    pieces, start = [], 0
+    for found in REFERENCE.finditer(text):
+        pieces.append(conditional_escape(text[start : found.start()]))
+        pieces.append(
+            format_html('<a href="{}">{}</a>', target_url(found.group(0)), found.group(0))
+        )
+        start = found.end()
+    pieces.append(conditional_escape(text[start:]))
+    return format_html_join("", "{}", ((piece,) for piece in pieces))

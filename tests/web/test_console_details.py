@@ -13,9 +13,11 @@ from django.utils import timezone
 
 from accounts.roles import grant
 from accounts.services import token_create
+from fleet import protocol
 from fleet.daemons import daemon_drop
 from fleet.models import Daemon
 from jobs import services as job_services
+from jobs.templatetags.console_tags import link_refs
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -119,3 +121,16 @@ def test_the_queue_page_refreshes_its_member_daemons_with_their_heartbeats(opera
     ).content.decode()
     assert box.lstrip().startswith('<div id="queue-members"') and "<html" not in box
     assert re.search(r">1[2-4] seconds ago</time>", box) and "gpu-1" in box
+
+
+def test_a_job_s_timeline_links_the_daemon_and_the_jobs_it_names(operator):
+    assert link_refs("attempt 1 of 3 started on daemon 7 <b>") == (
+        'attempt 1 of 3 started on <a href="/daemons/?id=7">daemon 7</a> &lt;b&gt;'
+    )
+    assert link_refs("retried as job 12") == 'retried as <a href="/jobs/12/">job 12</a>'
+    assert link_refs("jobs 3 and daemonic 4") == "jobs 3 and daemonic 4"  # whole words only
+    job, _ = job_services.invocation_submit(function="a.b")
+    daemon = builders.daemon(name="gpu-1", queues=[])
+    protocol.invocation_claim(daemon=daemon)
+    body = operator.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'started on <a href="/daemons/?id={daemon.pk}">daemon {daemon.pk}</a>' in body
