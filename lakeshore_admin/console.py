@@ -3,14 +3,49 @@
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponsePermanentRedirect
 from django.shortcuts import redirect
+from django.templatetags.static import static
+from django.views.decorators.http import require_GET
+
+# The navigation's sections: {url name: the section it belongs to}.
+SECTIONS = {
+    "console-home": "queues",
+    "console-queue": "queues",
+    "console-queue-add": "queues",
+    "console-queue-edit": "queues",
+    "console-jobs": "jobs",
+    "console-job": "jobs",
+    "console-daemons": "daemons",
+    "console-events": "events",
+    "console-tokens": "tokens",
+}
+# The pages the navigation links to: there its item is aria-current="page".
+SECTION_PAGES = {
+    "console-home",
+    "console-jobs",
+    "console-daemons",
+    "console-events",
+    "console-tokens",
+}
 
 
 def context(request) -> dict:
-    """`refresh`: the hx-trigger of boxes that refresh themselves ("every 5s")."""
+    """`refresh`: the hx-trigger of boxes that refresh themselves ("every 5s").
+    `nav`: the navigation's current section and whether this is its own page (then its
+    item says aria-current="page", on a page below it aria-current="true")."""
     seconds = settings.LAKESHORE_CONSOLE_REFRESH_SECONDS
-    return {"refresh": f"every {seconds:g}s"}
+    match = getattr(request, "resolver_match", None)
+    name = match.url_name if match else None
+    nav = {"section": SECTIONS.get(name), "current": "page" if name in SECTION_PAGES else "true"}
+    return {"refresh": f"every {seconds:g}s", "nav": nav}
+
+
+@require_GET
+def favicon(request):
+    """/favicon.ico, which browsers and tools ask for whatever the page links: the
+    console's icon (static/favicon.svg, served by WhiteNoise), by a permanent redirect."""
+    return HttpResponsePermanentRedirect(static("favicon.svg"))
 
 
 def back_url(request, default: str) -> str:

@@ -113,8 +113,12 @@ class ConsoleListView(TemplateView):
 
     # ------------------------------------------------------------------ the page
 
+    def table_only(self) -> bool:
+        """An htmx request for the table alone (a filter, a page, a refresh)."""
+        return bool(self.request.htmx and self.request.htmx.target == self.table_id)
+
     def get_template_names(self):
-        if self.request.htmx and self.request.htmx.target == self.table_id:
+        if self.table_only():
             return ["console/list.html#table"]
         return [self.template_name]
 
@@ -135,6 +139,9 @@ class ConsoleListView(TemplateView):
             datalists=self.datalists(),
             list_url=request.path,
             query=request.GET.urlencode(),
+            # the table's own refresh (it triggered the request): not a new filter or page
+            table_only=self.table_only(),
+            is_refresh=bool(request.htmx and request.htmx.trigger == self.table_id),
             **self.extra_context_data(),
         )
         return self.render_to_response(context)

@@ -20,6 +20,7 @@ from fleet import views as daemon_views
 from jobs import log_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request, error_body, is_sdk, sdk_error
+from lakeshore_admin.console import favicon
 from lakeshore_admin.health import healthz, readyz
 from queues import views as queue_views
 from queues.metrics import metrics_view
@@ -118,6 +119,7 @@ urlpatterns = [
     ),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("favicon.ico", favicon, name="favicon"),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

@@ -17,7 +17,7 @@ from queues.services import PENDING_CAP
 WIDTH = 640
 LEFT, RIGHT, TOP, BOTTOM = 56, 24, 12, 30
 # The queue list's sparkline.
-SPARK_WIDTH, SPARK_HEIGHT, SPARK_PAD = 80, 20, 2
+SPARK_WIDTH, SPARK_HEIGHT, SPARK_PAD = 120, 32, 3
 
 RANGE_TEXT = {"hour": "hour", "day": "day"}
 # (step between x ticks, how a tick's age reads)
@@ -103,9 +103,20 @@ class Chart:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """One sample of a sparkline as a hover target: a column of the SVG's full height
+    around the sample, with its value in words ("12:05 — 3 pending")."""
+
+    x: str
+    width: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Sparkline:
     segments: list[str]
     label: str
+    marks: list[Mark] = field(default_factory=list)
     width: int = SPARK_WIDTH
     height: int = SPARK_HEIGHT
 
@@ -232,8 +243,17 @@ def pending_sparklines(queues: list[Queue], *, now: datetime | None = None) -> d
             return SPARK_PAD + (SPARK_HEIGHT - 2 * SPARK_PAD) * (1 - value / top)
 
         line = Line("pending", "pending", [], values[0], values[-1], max(values))
+        step = (SPARK_WIDTH - 2 * SPARK_PAD) * (samples.PERIOD / samples.SPARKLINE_SPAN)
         drawn[queue_id] = Sparkline(
             segments=_segments(points, x, y, samples.PERIOD),
             label=f"{line.text} over the last hour",
+            marks=[
+                Mark(
+                    x=f"{x(at) - step / 2:.1f}",
+                    width=f"{step:.1f}",
+                    text=f"{timezone.localtime(at):%H:%M} — {_count(pending)} pending",
+                )
+                for at, pending in points
+            ],
         )
     return drawn

@@ -125,6 +125,7 @@ class QueueForm(forms.Form):
                 names.append(current)
             self.fields["provider"].widget.choices = [("", "none"), *((n, n) for n in names)]
         self.message = ""  # a refusal's whole message, shown above the fields
+        self.message_focused = False  # focus_first_error: no field to blame, the message
         self.status = 200
 
     def _kept(self) -> set[str]:
@@ -139,6 +140,18 @@ class QueueForm(forms.Form):
             if fields:
                 shown.append((legend, fields))
         return shown
+
+    def focus_first_error(self) -> None:
+        """After a refused submit, the page opens with the focus on the first field
+        marked invalid, in the order shown (autofocus; Django's widget already says
+        aria-invalid and aria-describedby names its error); with no field to blame,
+        on the refusal's message."""
+        for _, fields in self.groups:
+            for bound in fields:
+                if bound.errors:
+                    bound.field.widget.attrs["autofocus"] = True
+                    return
+        self.message_focused = bool(self.message or self.non_field_errors())
 
     def _through_api(self, serializer_class, payload: dict, call):
         """Check `payload` with the API's serializer, then `call` the service with what

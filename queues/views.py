@@ -126,7 +126,6 @@ class QueueList(ConsoleListView):
     filterset_class = QueueFilter
     ordering = "name"
     page_size = PAGE_SIZE
-    table_class = ""
     filter_look = {"state": {"label": "State", "empty_label": "active, draining, paused"}}
 
     def get_queryset(self):
@@ -145,6 +144,12 @@ EVENTS_SHOWN = 20
 ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 
+def _members(name: str) -> dict:
+    """The queue's live member daemons, as its page lists them."""
+    daemons = Daemon.objects.live().subscribed_to(name).for_list().order_by("id")
+    return {"members": list(daemons[:MEMBERS_SHOWN]), "members_shown": MEMBERS_SHOWN}
+
+
 def _detail_context(request, name: str) -> dict:
 
     try:
@@ -154,10 +159,7 @@ def _detail_context(request, name: str) -> dict:
     return {
         "queue": queue,
         "stats": services.queue_stats(queue),
-        "members": list(
-            Daemon.objects.live().subscribed_to(name).for_list().order_by("id")[:MEMBERS_SHOWN]
-        ),
-        "members_shown": MEMBERS_SHOWN,
+        **_members(name),
         "events": audit.timeline(queue=name, limit=EVENTS_SHOWN)[0],
         "can_act": can_operate(request.user),
         "actions": services.queue_actions(queue),
@@ -167,19 +169,22 @@ def _detail_context(request, name: str) -> dict:
 @require_GET
 @console_view
 def queue_detail(request, name: str):
-    """The queue page; htmx asks for its parts: the summary (refreshed every few
-    seconds), the chart with its range switch, or the chart's figure (refreshed every
-    minute). `?range=hour|day` picks the chart's range (anything else: the hour)."""
+    """The queue page; htmx asks for its parts: the summary and the member daemons
+    (each refreshed every few seconds), the chart with its range switch, or the chart's
+    figure (refreshed every minute). `?range=hour|day` picks the chart's range
+    (anything else: the hour)."""
 
     template = "queues/queue_detail.html"
     target = request.htmx.target if request.htmx else None
     if target == "queue-summary":
         return render(request, template + "#queue-summary", _detail_context(request, name))
     range_name = samples.chart_range(request.GET.get("range"))
-    if target in ("queue-chart", "queue-chart-figure"):
+    if target in ("queue-members", "queue-chart", "queue-chart-figure"):
         queue = Queue.objects.filter(name=name).only("pk", "name").first()
         if queue is None:
             raise Http404(f"Queue '{name}' does not exist.")
+        if target == "queue-members":
+            return render(request, template + "#queue-members", {"queue": queue, **_members(name)})
         context = {"queue": queue}
         template += f"#{target}"
     else:
@@ -225,6 +230,7 @@ def queue_add(request):
         if queue is not None:
             messages.success(request, f"Queue '{queue.name}' added.")
             return redirect("console-queue", name=queue.name)
+        form.focus_first_error()
     return render(
         request,
         "queues/queue_form.html",
@@ -254,6 +260,7 @@ def queue_edit(request, name: str):
             else:
                 messages.info(request, f"Nothing to save: queue '{name}' is unchanged.")
             return redirect("console-queue", name=name)
+        form.focus_first_error()
     return render(
         request,
         "queues/queue_form.html",

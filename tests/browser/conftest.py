@@ -5,6 +5,9 @@ import shutil
 
 import pytest
 
+# the console tour's small but busy system, for the tests that look at every page
+from tests.browser.test_console_tour import world  # noqa: F401 - a fixture
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

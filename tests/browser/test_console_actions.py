@@ -58,7 +58,7 @@ def test_bulk_cancel_counts_first_and_cancels_only_that_queue(operator, live_ser
     page = operator("/jobs/?queue=train")
     asked = []
     page.on("dialog", lambda dialog: asked.append(dialog.message) or dialog.accept())
-    page.get_by_role("button", name="Cancel the 3 queued in queue train").click()
+    page.get_by_role("button", name="Cancel 3 queued in train").click()
     expect(page.get_by_role("status")).to_contain_text(
         "Cancelled 3 queued invocation(s) of queue train."
     )

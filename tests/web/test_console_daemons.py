@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -81,8 +83,15 @@ def test_it_shows_every_job_a_daemon_runs_and_its_heartbeat_relative_with_the_ti
     body = viewer.get("/daemons/").content.decode()
     for job in jobs:
         assert f'href="/jobs/{job.pk}/"' in body and f"a.job{jobs.index(job)}" in body
-    assert "1\xa0minute ago" in body
+    assert "1 minute ago" in body
     assert 'title="' in body and " UTC" in body  # the absolute time, time zone shown
+    # below a minute it counts seconds (Django's timesince said "0 minutes")
+    Daemon.objects.filter(pk=daemon.pk).update(
+        last_heartbeat_at=timezone.now() - timedelta(seconds=12)
+    )
+    body = viewer.get("/daemons/").content.decode()
+    assert re.search(r'<time datetime="[^"]+" title="[^"]+ UTC">1[23] seconds ago</time>', body)
+    assert "0 minutes" not in body and "0\xa0minutes" not in body
     assert f'href="/jobs/?worker={daemon.pk}"' in body
 
 

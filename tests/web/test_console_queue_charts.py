@@ -193,7 +193,7 @@ def test_the_legend_explains_d_b_p_u_next_to_the_decisions(viewer):
     for letter, word in (("D", "daemons"), ("B", "busy"), ("P", "pending"), ("U", "utilisation")):
         assert f"<dt>{letter}</dt><dd>{word}:" in legend
         assert f'<abbr title="{word}">{letter}</abbr>' in body
-    assert '<table aria-describedby="decision-legend">' in body
+    assert '<table class="stack" aria-describedby="decision-legend">' in body
 
 
 # ---------------------------------------------------------------------------- the list
@@ -204,7 +204,7 @@ def _list_cells(body: str) -> dict[str, str]:
     cells = {}
     for row in re.findall(r"<tr>(.*?)</tr>", body, flags=re.S):
         name = re.search(r'<a href="/queues/([^/]+)/">', row)
-        spark = re.search(r'<td class="spark">(.*?)</td>', row, flags=re.S)
+        spark = re.search(r'<td class="spark"[^>]*>(.*?)</td>', row, flags=re.S)
         if name and spark:
             cells[name.group(1)] = spark.group(1)
     return cells
