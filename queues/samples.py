@@ -161,17 +161,30 @@ def running_counts(names: list[str]) -> dict[str, int]:
     return {queue: min(n, services.PENDING_CAP + 1) for queue, n in rows}
 
 
+# Each queue a daemon serves; '' (the default queue) for one that subscribes to none.
+_SERVED = (
+    "unnest(CASE WHEN cardinality(%(expressions)s) = 0 THEN ARRAY['']::varchar[]"
+    " ELSE %(expressions)s END)"
+)
+
+
 def live_daemons(names: list[str]) -> dict[str, dict[str, int]]:
-    """Live daemons by queue name and state, for all `names` in one grouped query."""
+    """Live daemons by queue name and state, for all `names` ('' is the default queue)
+    in one grouped query."""
     counts: dict[str, dict[str, int]] = {}
     if not names:
         return counts
     wanted = set(names)
+    serving = Q(queues__overlap=names)
+    if "" in wanted:  # the default queue's daemons subscribe to none
+        serving |= Q(queues=[])
     rows = (
         Daemon.objects.live()
-        .filter(queues__overlap=names)
+        .filter(serving)
         .order_by()
-        .annotate(served=Func(F("queues"), function="unnest", output_field=CharField()))
+        .annotate(
+            served=Func(F("queues"), function="unnest", template=_SERVED, output_field=CharField())
+        )
         .values_list("served", "state")
         .annotate(n=Count("*"))
     )
