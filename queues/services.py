@@ -15,16 +15,16 @@ from jobs.models import Invocation, InvocationState
 from jobs.transitions import kill
 from lakeshore_admin import hooks, metrics
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
+from lakeshore_admin.names import DEFAULT_QUEUE_LABEL
 from queues import elasticity
 from queues.models import Queue, QueueEvent, QueueKind, QueueState
 
 # ---------------------------------------------------------------------------- lookups
 
 
-# The default queue ('') has no row and no name; where an address needs one (the API's
-# and the console's), it is this, which no queue can be named (names start with a letter
-# or a digit): /api/v1/queues/(default)/stats/, /queues/(default)/.
-DEFAULT_LABEL = "(default)"
+# The default queue ('') has no row and no name; where an address needs one, it is
+# "(default)" (lakeshore_admin/names.py).
+DEFAULT_LABEL = DEFAULT_QUEUE_LABEL
 
 
 def default_queue() -> Queue:
