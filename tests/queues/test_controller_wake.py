@@ -126,3 +126,25 @@ def test_the_hint_names_the_command_that_starts_a_daemon():
     builders.daemon(queues=["gpu", "other"])
     assert services.invocation_submit(function=ECHO, queue="gpu")[0].hint == ""
     assert services.invocation_submit(function=ECHO)[0].hint == ""
+
+
+def test_the_wake_shows_in_the_events_and_the_console_timeline(client):
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from accounts.roles import grant
+
+    _elastic()
+    services.invocation_submit(function=ECHO, queue="train")
+    controller.wake("train")
+
+    api = APIClient()
+    api.credentials(**builders.auth(builders.token("viewer")))
+    events = api.get("/api/v1/queues/train/events/?verbose=1").json()
+    assert [e["reason"][:18] for e in events] == ["woken by a submit:"]
+
+    user = get_user_model().objects.create_user("vera", password="pw-for-tests-only")
+    grant(user, "viewer")
+    client.force_login(user)
+    for page in ("/queues/train/", "/events/"):
+        assert "woken by a submit: " in client.get(page).content.decode(), page
