@@ -5,8 +5,11 @@ launch once. The real chain (gunicorn, a Celery worker, real daemons): tests/e2e
 import threading
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
+from rest_framework.test import APIClient
 
+from accounts.roles import grant
 from fleet import controller
 from jobs import services, serving
 from lakeshore_admin import hooks
@@ -129,11 +132,6 @@ def test_the_hint_names_the_command_that_starts_a_daemon():
 
 
 def test_the_wake_shows_in_the_events_and_the_console_timeline(client):
-    from django.contrib.auth import get_user_model
-    from rest_framework.test import APIClient
-
-    from accounts.roles import grant
-
     _elastic()
     services.invocation_submit(function=ECHO, queue="train")
     controller.wake("train")

@@ -10,6 +10,8 @@ from django.utils import timezone
 from accounts.roles import grant
 from jobs.models import Invocation
 from queues.models import QueueSample
+from queues.services import queue_transition
+from queues.views import QueueList
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -299,14 +301,10 @@ def test_the_default_queue_is_listed_first_with_its_figures_and_sparkline(alice)
 
 
 def test_the_default_queue_is_on_the_first_page_only_and_only_for_active_queues(alice, monkeypatch):
-    from queues.views import QueueList
-
     monkeypatch.setattr(QueueList, "page_size", 2)
     for i in range(3):
         builders.queue(name=f"q{i}")
     builders.queue(name="held")
-    from queues.services import queue_transition
-
     queue_transition(name="held", action="pause")
     assert list(queue_rows(alice)) == ["(default)", "held", "q0"]
     assert list(queue_rows(alice, "/?after=q0")) == ["q1", "q2"]
