@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from accounts.roles import grant
 from jobs.models import Invocation
@@ -348,3 +349,14 @@ def test_the_default_queue_with_no_daemon_says_how_to_start_one(alice):
     assert alice.get("/queues/(default)/edit/").status_code == 404
     alice.post("/queues/(default)/archive/")
     assert "was not changed" in alice.get("/queues/(default)/").content.decode()
+
+
+def test_the_default_queues_jobs_link_lists_its_jobs_only(alice):
+    builders.queue(name="gpu")
+    mine = invocation("")
+    other = invocation("gpu")
+    body = alice.get("/jobs/?queue=%28default%29").content.decode()
+    assert f'href="/jobs/{mine.pk}/"' in body and f'href="/jobs/{other.pk}/"' not in body
+    api = APIClient()  # the API's filter reads it too
+    api.credentials(**builders.auth(builders.token("viewer")))
+    assert [job["id"] for job in api.get("/api/v1/jobs/?queue=(default)").json()] == [str(mine.pk)]
