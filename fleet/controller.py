@@ -34,8 +34,9 @@ def _try_lock(queue_id: int) -> bool:
         return bool(cursor.fetchone()[0])
 
 
-def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
-    """One controller decision for one queue. None when another tick holds the queue."""
+def tick_queue(queue_id: int, *, now=None, cause: str = "") -> QueueEvent | None:
+    """One controller decision for one queue. None when another tick holds the queue.
+    `cause` starts the event's reason when something other than the beat asked."""
 
     now = now or timezone.now()
     # What the provider runs is asked before the transaction: a slow shell-out or HTTP
@@ -70,7 +71,7 @@ def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
         return queue_services.queue_event_now(
             queue,
             action=action,
-            reason=reason,
+            reason=f"{cause}: {reason}" if cause else reason,
             delta=delta,
             now=now,
             signals=signals,
@@ -120,6 +121,32 @@ def _terminate(queue: Queue, driver, decided: Plan, now):
     if len(retired) < len(candidates):
         reason += f" ({len(candidates) - len(retired)} took work meanwhile and stay)"
     return EventAction.SCALE_DOWN, -len(ended), reason
+
+
+WOKEN = "woken by a submit"
+
+
+def wake(queue_name: str, *, now=None) -> QueueEvent | None:
+    """A submit into a queue that no live daemon serves, and whose provider starts them,
+    asks for a decision now rather than at the next tick (jobs/serving.py sends it after
+    the submit commits). The decision is an ordinary tick of that queue, under the same
+    lock: a wake and a tick that race decide once, and the one that comes second sees
+    the daemons the first started. None when nothing is to be done: the queue is gone,
+    not the controller's, backing off after failed ticks, served by now, or another
+    tick holds it."""
+    now = now or timezone.now()
+    queue = (
+        Queue.objects.exclude(elasticity_kind="")
+        .exclude(state=QueueState.ARCHIVED)
+        .filter(name=queue_name, provider__isnull=False)
+        .only("pk", "tick_backoff_until")
+        .first()
+    )
+    if queue is None or (queue.tick_backoff_until and queue.tick_backoff_until > now):
+        return None
+    if Daemon.objects.live().subscribed_to(queue_name).exists():
+        return None  # another wake or tick started one meanwhile
+    return tick_queue(queue.pk, now=now, cause=WOKEN)
 
 
 def tick(*, now=None) -> dict:

@@ -65,6 +65,11 @@ class DaemonQuerySet(models.QuerySet):
     def subscribed_to(self, queue_name: str):
         return self.filter(queues__contains=[queue_name])
 
+    def serving(self, queue_name: str):
+        """Daemons that take this queue's work: subscribed to it, or for the default
+        queue (''), subscribed to none."""
+        return self.filter(queues=[]) if not queue_name else self.subscribed_to(queue_name)
+
     def for_list(self):
         """With its provider, and `current_invocation_id`: the newest invocation it runs
         (read from the invocations, so the daemon's row is not written on every claim)."""

@@ -4,6 +4,7 @@ import django_filters
 from django import forms
 
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin.names import DEFAULT_QUEUE_LABEL
 
 
 class IdFilter(django_filters.NumberFilter):
@@ -20,7 +21,9 @@ class IdFilter(django_filters.NumberFilter):
 class InvocationFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=InvocationState.choices)
     worker = IdFilter(field_name="daemon_id", label="daemon id")
-    queue = django_filters.CharFilter(field_name="queue", label="queue name ('' = default)")
+    queue = django_filters.CharFilter(
+        method="in_queue", label="queue name ('(default)': the default queue)"
+    )
     cursor = IdFilter(
         field_name="id", lookup_expr="lt", label="only invocations older than this id"
     )
@@ -38,6 +41,9 @@ class InvocationFilter(django_filters.FilterSet):
     class Meta:
         model = Invocation
         fields = ["state", "worker", "queue", "cursor", "id", "function", "since", "until"]
+
+    def in_queue(self, queryset, name, value):
+        return queryset.filter(queue="" if value == DEFAULT_QUEUE_LABEL else value)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

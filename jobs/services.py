@@ -15,6 +15,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts import audit
+from jobs import serving
 from jobs.models import Invocation, InvocationState, Wire
 from jobs.transitions import kill, submit
 from lakeshore_admin import hooks
@@ -133,12 +134,13 @@ def invocation_submit(
         "run_config": run_config or {},
     }
     fresh = submit.insert_if_admitted(item, admitting=_ADMITTING)
-    if fresh is not None:  # the common case, in one statement
-        return fresh, True
+    if fresh is not None:  # the common case, in one statement (which says who serves it)
+        found = serving.Serving(queue, fresh.serving_live, fresh.serving_starts)
+        return _served(fresh, found), True
     if key:
         existing = Invocation.objects.filter(queue=queue, key=key).first()
         if existing is not None:
-            return existing, False
+            return _served(existing, serving.of_queue(queue), wake=False), False
     row = _admitting_queue(queue)
     deadline = time.monotonic() + (
         settings.LAKESHORE_BLOCK_TIMEOUT if block_timeout is None else block_timeout
@@ -150,7 +152,7 @@ def invocation_submit(
                 invocation = Invocation.objects.create(
                     **{**item, "args": args or [], "kwargs": kwargs or {}}
                 )
-            return invocation, True
+            return _served(invocation, serving.of_queue(queue)), True
         except IntegrityError:
             # Another submit with the same key won the race: answer with its row.
             existing = Invocation.objects.filter(queue=queue, key=key).first()
@@ -162,6 +164,15 @@ def invocation_submit(
                 raise
             time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
             row = _admitting_queue(queue)  # it may have been drained meanwhile
+
+
+def _served(invocation: Invocation, found: serving.Serving, *, wake: bool = True):
+    """A submit's answer says when nothing will run its queue (`hint`); a submit into an
+    elastic queue with no live daemon wakes the controller once it commits."""
+    invocation.hint = found.hint if invocation.state == Q_.QUEUED else ""
+    if wake:
+        serving.after_submit(found)
+    return invocation
 
 
 BATCH_SUBMIT_MAX = 10_000
@@ -199,6 +210,11 @@ def invocation_submit_batch(items: list[dict]) -> list[tuple[Invocation, bool]]:
         existing.update(_by_queue_and_key(missing))
     rows = Invocation.objects.in_bulk(list(existing.values()))
     rows.update((row.pk, row) for row in inserted)
+    found = serving.of_queues([row.queue for row in rows.values()])
+    for row in rows.values():
+        _served(row, found[row.queue], wake=False)
+    for name in {row.queue for row in inserted}:
+        serving.after_submit(found[name])
     answers, given = [], set()
     for item in items:
         pair = (item["queue"], item.get("key") or "")

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts.console import console_view
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
-from jobs import sdk, services
+from jobs import sdk, services, serving
 from jobs.filters import InvocationFilter
 from jobs.log_views import log_context
 from jobs.models import Invocation, InvocationState
@@ -159,6 +159,9 @@ def job_detail(request, invocation_id: int):
         "job": job,
         "position": position,
         "eta": services.queue_eta(job, position),
+        # who will run it: said when nothing serves its queue (jobs/serving.py)
+        "serving": serving.of_queue(job.queue) if position is not None else None,
+        "start_command": serving.start_command(job.queue),
         "retried_as": retried_as,
         "can_act": can_operate(request.user),
         "waited": waited,

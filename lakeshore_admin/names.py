@@ -9,3 +9,8 @@ name_validator = RegexValidator(
     "Names use lower-case letters, digits and '-', starting with a letter or digit "
     "(^[a-z0-9][a-z0-9-]*$).",
 )
+
+# The default queue has no name (a job's queue is '', a daemon serving it subscribes to
+# none). Where an address or a list needs one, it is this, which no queue can be named:
+# /api/v1/queues/(default)/stats/, the console's /queues/(default)/, ?queue=(default).
+DEFAULT_QUEUE_LABEL = "(default)"

@@ -56,9 +56,10 @@ def prepared_cursor():
     return connection.make_cursor(cursor)
 
 
-def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:
+def model_rows(model, sql: str, params, *, prepared: bool = False, extras=()) -> list:
     """Every row of `sql` as an instance of `model`; its columns must all be the
-    model's (SELECT * or RETURNING *)."""
+    model's (SELECT * or RETURNING *), but those named in `extras`, which become plain
+    attributes of each instance."""
     prepared = prepared and settings.LAKESHORE_DB_PREPARED
     with prepared_cursor() if prepared else connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -71,6 +72,9 @@ def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:
         rows = cursor.fetchall()
     if not rows:
         return []
+    added = [(i, name) for i, name in enumerate(names) if name in extras]
+    if added:
+        names = tuple(name if name not in extras else "" for name in names)
     attnames, order, converters = _plan(model, names)
     db = connection.alias
     made = []
@@ -83,7 +87,10 @@ def model_rows(model, sql: str, params, *, prepared: bool = False) -> list:
                     value = step(value, column, connection)
                 row[position] = value
         # from_db takes the values in the model's field order, not the table's
-        made.append(model.from_db(db, attnames, [row[i] for i in order]))
+        instance = model.from_db(db, attnames, [row[i] for i in order])
+        for position, name in added:
+            setattr(instance, name, row[position])
+        made.append(instance)
     return made
 
 
@@ -92,12 +99,14 @@ def _plan(model, names: tuple[str, ...]):
     plan = _plans.get(key)
     if plan is None:
         by_column = {f.column: f for f in model._meta.concrete_fields}
-        unknown = [name for name in names if name not in by_column]
+        unknown = [name for name in names if name and name not in by_column]
         if unknown:
             raise ValueError(f"{model.__name__} has no field for column(s) {unknown}")
         table = model._meta.db_table
         converters = []
         for position, name in enumerate(names):
+            if not name:  # an extra column: not the model's
+                continue
             column = by_column[name].get_col(table)
             convert = connection.ops.get_db_converters(column) + column.get_db_converters(
                 connection

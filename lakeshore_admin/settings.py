@@ -379,6 +379,10 @@ if CELERY_BROKER_URL == "filesystem://":
         "data_folder_out": str(_broker / "queue"),
         "control_folder": str(_broker / "control"),
         "store_processed": False,
+        # The worker looks for new messages this often (kombu's default: every second).
+        # A submit's wake of the controller (jobs/serving.py) waits for it: a listing
+        # of one directory every 0.1 s.
+        "polling_interval": 0.1,
     }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"

@@ -29,6 +29,10 @@ if os.environ.get("LAKESHORE_METRICS_TEST_WORKER") != _worker:
 # still under the server's 100 connections for two xdist workers.
 os.environ.setdefault("LAKESHORE_DB_POOL_MAX", "40")
 os.environ.setdefault("LAKESHORE_STATIC_FROM_FINDERS", "1")
+# Messages to the Celery worker (a submit's wake of the controller) stay in the process
+# that sends them, unless a test starts a worker with a broker of its own: a test never
+# writes into `make run`'s broker, and a wake never runs a tick a test did not ask for.
+os.environ.setdefault("LAKESHORE_BROKER_URL", "memory://")
 # Tests revoke tokens and change roles, then expect the next request to know at once.
 os.environ.setdefault("LAKESHORE_TOKEN_CACHE_SECONDS", "0")
 os.environ.setdefault("LAKESHORE_CREDENTIAL_CACHE_SECONDS", "0")

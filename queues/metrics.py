@@ -11,6 +11,7 @@ Two kinds of figures:
 """
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import DateTimeField, Func, OuterRef, Subquery
 from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
@@ -34,6 +35,34 @@ def _statement_time():
         template="statement_timestamp()",
         output_field=DateTimeField(),
     )
+
+
+COLUMNS = (
+    "name",
+    "state",
+    "elasticity_kind",
+    "metrics_pending",
+    "metrics_oldest_age",
+    "metrics_decided",
+)
+# The default queue ('') as a row of the same columns: it has no Queue row, is always
+# active and has no elasticity (its desired count is the live count).
+_DEFAULT_ROW = """
+(SELECT ''::varchar, 'active'::varchar, ''::varchar,
+        (SELECT COUNT(*) FROM (SELECT id FROM jobs_invocation
+                                WHERE queue = '' AND state = %s LIMIT %s) AS capped),
+        statement_timestamp() - (SELECT created_at FROM jobs_invocation
+                                  WHERE queue = '' AND state = %s ORDER BY id LIMIT 1),
+        NULL::int)
+"""
+
+
+def _row(values: tuple) -> Queue:
+    """A row of the scrape's read as an unsaved Queue (controller.plan reads it)."""
+    name, state, elasticity_kind, *figures = values
+    queue = Queue(name=name, state=state, elasticity_kind=elasticity_kind)
+    queue.metrics_pending, queue.metrics_oldest_age, queue.metrics_decided = figures
+    return queue
 
 
 class QueueCollector:
@@ -64,14 +93,28 @@ class QueueCollector:
             .order_by("-at", "-id")
             .values("desired")[:1]
         )
-        queues = list(
-            Queue.objects.order_by("name").annotate(
+        named = (
+            Queue.objects.order_by("name")
+            .annotate(
                 metrics_pending=samples.capped_queued(),
                 metrics_oldest_age=_statement_time()
                 - Subquery(oldest, output_field=DateTimeField()),
                 metrics_decided=Subquery(decided),
             )
+            .values_list(*COLUMNS)
         )
+        sql, params = named.query.sql_with_params()
+        with connection.cursor() as cursor:  # the default queue first, in the same statement
+            cursor.execute(
+                f"{_DEFAULT_ROW} UNION ALL ({sql})",
+                [
+                    str(InvocationState.QUEUED),
+                    PENDING_CAP + 1,
+                    str(InvocationState.QUEUED),
+                    *params,
+                ],
+            )
+            queues = [_row(row) for row in cursor.fetchall()]
         names = [queue.name for queue in queues]
         running = samples.running_counts(names)
         live = samples.live_daemons(names)

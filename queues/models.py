@@ -5,7 +5,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
-from lakeshore_admin.names import NAME_MAX_LENGTH, name_validator
+from lakeshore_admin.names import DEFAULT_QUEUE_LABEL, NAME_MAX_LENGTH, name_validator
 
 
 class QueueKind(models.TextChoices):
@@ -122,7 +122,17 @@ class Queue(models.Model):
     def get_absolute_url(self) -> str:
         """Its console page (Django admin: "View on site")."""
 
-        return reverse("console-queue", args=[self.name])
+        return reverse("console-queue", args=[self.address])
+
+    @property
+    def is_default(self) -> bool:
+        """The default queue (queues.services.default_queue): it has no row and no name."""
+        return not self.name
+
+    @property
+    def address(self) -> str:
+        """Its name where an address needs one: '(default)' for the default queue."""
+        return self.name or DEFAULT_QUEUE_LABEL
 
     @property
     def elasticity(self) -> dict | None:
@@ -215,11 +225,18 @@ class QueueEvent(models.Model):
 
 
 class QueueSample(models.Model):
-    """A queue's signals at one minute: the console's charts read them. At most one row
-    per queue per minute (`at` is the minute's start), written by queues/samples.py on
-    every controller tick and deleted after LAKESHORE_RETENTION_DAYS by jobs/retention.py."""
+    """A queue's signals at one minute: the console's charts read them (queue None: the
+    default queue's). At most one row per queue per minute (`at` is the minute's start),
+    written by queues/samples.py on every controller tick and deleted after
+    LAKESHORE_RETENTION_DAYS by jobs/retention.py."""
 
-    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, related_name="samples")
+    queue = models.ForeignKey(
+        Queue,
+        null=True,
+        on_delete=models.CASCADE,
+        related_name="samples",
+        help_text="None: the default queue (it has no row).",
+    )
     at = models.DateTimeField(help_text="The minute sampled (seconds and microseconds zero).")
     pending = models.PositiveIntegerField(help_text="P: queued invocations (capped).")
     running = models.PositiveIntegerField(help_text="Running invocations (capped).")
@@ -231,7 +248,10 @@ class QueueSample(models.Model):
     class Meta:
         constraints = [
             # one per queue per minute; also the index of a queue's series (its charts)
-            models.UniqueConstraint(fields=["queue", "at"], name="queue_sample_minute"),
+            # (the default queue's too: its NULLs are not distinct)
+            models.UniqueConstraint(
+                fields=["queue", "at"], name="queue_sample_minute", nulls_distinct=False
+            ),
         ]
         indexes = [models.Index(fields=["at"], name="queue_sample_at")]  # retention, the tick
 

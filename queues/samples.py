@@ -79,6 +79,16 @@ def capped_queued():
     )
 
 
+# The default queue ('', no row: its samples have queue None) as a row of the same
+# columns, unless it was sampled this minute: it has no elasticity, so no last desired.
+_DEFAULT_UNSAMPLED = """
+(SELECT NULL::bigint, ''::varchar,
+        (SELECT COUNT(*) FROM (SELECT id FROM jobs_invocation
+                                WHERE queue = '' AND state = %s LIMIT %s) AS capped),
+        NULL::int
+  WHERE NOT EXISTS (SELECT 1 FROM queues_queuesample WHERE queue_id IS NULL AND at = %s))
+"""
+
 _INSERT_SQL = """
 INSERT INTO queues_queuesample
        (queue_id, at, pending, running, daemons, busy, desired, utilization)
@@ -100,7 +110,7 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
     last_desired = (
         QueueEvent.objects.filter(queue=OuterRef("pk")).order_by("-at", "-id").values("desired")
     )
-    rows = list(
+    named = (
         Queue.objects.filter(~Q(state=QueueState.ARCHIVED) | Q(pk__in=list(decided)))
         .exclude(Exists(QueueSample.objects.filter(queue=OuterRef("pk"), at=minute)))
         .order_by()
@@ -113,6 +123,13 @@ def record(*, now: datetime | None = None, events: Iterable[QueueEvent] = ()) ->
         )
         .values_list("pk", "name", "fresh_pending", "last_desired")
     )
+    sql, params = named.query.sql_with_params()
+    with connection.cursor() as cursor:  # and the default queue's, in the same statement
+        cursor.execute(
+            f"{_DEFAULT_UNSAMPLED} UNION ALL ({sql})",
+            [str(InvocationState.QUEUED), services.PENDING_CAP + 1, minute, *params],
+        )
+        rows = cursor.fetchall()
     if not rows:
         return 0
     running = running_counts([name for _, name, *_ in rows])
@@ -161,17 +178,30 @@ def running_counts(names: list[str]) -> dict[str, int]:
     return {queue: min(n, services.PENDING_CAP + 1) for queue, n in rows}
 
 
+# Each queue a daemon serves; '' (the default queue) for one that subscribes to none.
+_SERVED = (
+    "unnest(CASE WHEN cardinality(%(expressions)s) = 0 THEN ARRAY['']::varchar[]"
+    " ELSE %(expressions)s END)"
+)
+
+
 def live_daemons(names: list[str]) -> dict[str, dict[str, int]]:
-    """Live daemons by queue name and state, for all `names` in one grouped query."""
+    """Live daemons by queue name and state, for all `names` ('' is the default queue)
+    in one grouped query."""
     counts: dict[str, dict[str, int]] = {}
     if not names:
         return counts
     wanted = set(names)
+    serving = Q(queues__overlap=names)
+    if "" in wanted:  # the default queue's daemons subscribe to none
+        serving |= Q(queues=[])
     rows = (
         Daemon.objects.live()
-        .filter(queues__overlap=names)
+        .filter(serving)
         .order_by()
-        .annotate(served=Func(F("queues"), function="unnest", output_field=CharField()))
+        .annotate(
+            served=Func(F("queues"), function="unnest", template=_SERVED, output_field=CharField())
+        )
         .values_list("served", "state")
         .annotate(n=Count("*"))
     )
@@ -212,7 +242,7 @@ def series(queue: Queue, range_name: str, *, now: datetime | None = None) -> lis
         output_field=DateTimeField(),
     )
     rows = (
-        QueueSample.objects.filter(queue=queue, at__gt=since)
+        QueueSample.objects.filter(queue=queue if queue.pk else None, at__gt=since)
         .order_by()
         .annotate(bucket=binned)
         .values("bucket")
@@ -234,13 +264,16 @@ def recent_pending(
     queue_ids: list[int], *, now: datetime | None = None
 ) -> dict[int, list[tuple[datetime, int]]]:
     """Pending over the last hour for the queues of one page, in one query:
-    {queue id: [(minute, pending), …] oldest first}."""
+    {queue id (None: the default queue): [(minute, pending), …] oldest first}."""
     found: dict[int, list[tuple[datetime, int]]] = {pk: [] for pk in queue_ids}
     if not queue_ids:
         return found
     since = minute_of(now or timezone.now()) - SPARKLINE_SPAN
+    ids = Q(queue_id__in=[pk for pk in queue_ids if pk is not None])
+    if None in found:
+        ids |= Q(queue__isnull=True)  # the default queue's
     rows = (
-        QueueSample.objects.filter(queue_id__in=queue_ids, at__gt=since)
+        QueueSample.objects.filter(ids, at__gt=since)
         .order_by("queue_id", "at")
         .values_list("queue_id", "at", "pending")
     )

@@ -15,10 +15,36 @@ from jobs.models import Invocation, InvocationState
 from jobs.transitions import kill
 from lakeshore_admin import hooks, metrics
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
+from lakeshore_admin.names import DEFAULT_QUEUE_LABEL
 from queues import elasticity
 from queues.models import Queue, QueueEvent, QueueKind, QueueState
 
 # ---------------------------------------------------------------------------- lookups
+
+
+# The default queue ('') has no row and no name; where an address needs one, it is
+# "(default)" (lakeshore_admin/names.py).
+DEFAULT_LABEL = DEFAULT_QUEUE_LABEL
+
+
+def default_queue() -> Queue:
+    """The default queue as a Queue that is never saved: always active, fifo, with no
+    provider and no elasticity, so the controller never acts on it and it has no events."""
+    return Queue(
+        name="",
+        kind=QueueKind.FIFO,
+        state=QueueState.ACTIVE,
+        description="The default queue: jobs submitted without --queue; served by daemons "
+        "run without --queues.",
+    )
+
+
+def queue_read(name: str) -> Queue:
+    """A queue to read (its stats, its events): by name, or the default queue for ''
+    or DEFAULT_LABEL."""
+    if name in ("", DEFAULT_LABEL):
+        return default_queue()
+    return queue_get(name)
 
 
 def queue_get(name: str, *, for_update: bool = False) -> Queue:
@@ -341,7 +367,7 @@ def queue_signals(queue: Queue) -> dict:
     counts = {state: 0 for state in LIVE_DAEMON_STATES}
     rows = (
         Daemon.objects.live()
-        .subscribed_to(queue.name)
+        .serving(queue.name)
         .order_by()
         .values_list("state")
         .annotate(n=Count("id"))
@@ -368,7 +394,9 @@ def queue_stats(queue: Queue) -> dict:
     seen = queue_signals(queue)
     signals: elasticity.Signals = seen["signals"]
     plan = elasticity.plan(queue, signals)
-    recent = list(QueueEvent.objects.filter(queue=queue).decisions()[:5])
+    recent = (
+        [] if queue.pk is None else list(QueueEvent.objects.filter(queue=queue).decisions()[:5])
+    )
     return {
         "queue": queue.name,
         "state": queue.state,

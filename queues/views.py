@@ -24,7 +24,7 @@ from lakeshore_admin.lists import ConsoleListView
 from queues import charts, samples, services
 from queues.filters import QueueFilter
 from queues.forms import QueueCreateForm, QueueEditForm
-from queues.models import Queue
+from queues.models import Queue, QueueState
 from queues.samples import live_daemons
 from queues.services import PENDING_CAP
 
@@ -89,6 +89,8 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
             for state, n in states.items():
                 daemons[served, state] = n
     for queue in queues:
+        if queue.is_default:  # live daemons subscribed to no queue
+            queue.members = sum(n for (name, _), n in daemons.items() if name == "")
         queue.running = running.get(queue.name, 0)
         queue.failed_recently = failed.get(queue.name, 0)
         queue.busy = daemons.get((queue.name, DaemonState.BUSY), 0)
@@ -128,8 +130,22 @@ class QueueList(ConsoleListView):
     page_size = PAGE_SIZE
     filter_look = {"state": {"label": "State", "empty_label": "active, draining, paused"}}
 
+    above_table = True  # "no named queue yet" when the default queue is all there is
+
     def get_queryset(self):
         return with_backlog(Queue.objects.for_list())
+
+    def page(self, source) -> dict:
+        """The default queue first, on the first page only, when the state filter lets
+        active queues in (it is always active). The pager does not count it."""
+        found = super().page(source)
+        state = self.filterset.form.cleaned_data.get("state")
+        first = found["previous_url"] is None and found["first_url"] is None
+        first = first and not any(page["current"] for page in found["pages"][1:])
+        if first and state in (None, "", QueueState.ACTIVE):
+            found["rows"] = [default_queue_row(), *found["rows"]]
+            found["named"] = len(found["rows"]) - 1
+        return found
 
     def decorate(self, rows):
         add_activity(rows)
@@ -139,30 +155,49 @@ class QueueList(ConsoleListView):
         return {"can_act": can_operate(self.request.user)}
 
 
+def default_queue_row() -> Queue:
+    """The default queue as the list shows it: its pending count and oldest wait read
+    like with_backlog's (the partial index of queued rows), its members counted by
+    add_activity with the other live daemons."""
+    queue = services.default_queue()
+    queued = Invocation.objects.filter(queue="", state=InvocationState.QUEUED).order_by()
+    queue.pending = queued.values("id")[: PENDING_CAP + 1].count()
+    queue.oldest_queued_at = queued.order_by("id").values_list("created_at", flat=True).first()
+    return queue
+
+
 MEMBERS_SHOWN = 200
 EVENTS_SHOWN = 20
 ACTIONS = ["drain", "pause", "resume", "archive", "unarchive"]
 
 
-def _members(name: str) -> dict:
+def _members(queue: Queue) -> dict:
     """The queue's live member daemons, as its page lists them."""
-    daemons = Daemon.objects.live().subscribed_to(name).for_list().order_by("id")
+    daemons = Daemon.objects.live().serving(queue.name).for_list().order_by("id")
     return {"members": list(daemons[:MEMBERS_SHOWN]), "members_shown": MEMBERS_SHOWN}
 
 
-def _detail_context(request, name: str) -> dict:
-
+def _queue_shown(name: str, *, rows=Queue.objects) -> Queue:
+    """The queue a page shows: by name, or the default queue at '(default)'."""
+    if name == services.DEFAULT_LABEL:
+        return services.default_queue()
     try:
-        queue = Queue.objects.for_list().get(name=name)
+        return rows.get(name=name)
     except Queue.DoesNotExist:
         raise Http404(f"Queue '{name}' does not exist.") from None
+
+
+def _detail_context(request, name: str) -> dict:
+    """The queue page's figures. The default queue's is read-only: it has no settings to
+    edit and no state to change (no Edit, no actions)."""
+    queue = _queue_shown(name, rows=Queue.objects.for_list())
     return {
         "queue": queue,
         "stats": services.queue_stats(queue),
-        **_members(name),
-        "events": audit.timeline(queue=name, limit=EVENTS_SHOWN)[0],
-        "can_act": can_operate(request.user),
-        "actions": services.queue_actions(queue),
+        **_members(queue),
+        "events": audit.timeline(queue=queue.name, limit=EVENTS_SHOWN)[0],
+        "can_act": can_operate(request.user) and not queue.is_default,
+        "actions": [] if queue.is_default else services.queue_actions(queue),
     }
 
 
@@ -180,17 +215,14 @@ def queue_detail(request, name: str):
         return render(request, template + "#queue-summary", _detail_context(request, name))
     range_name = samples.chart_range(request.GET.get("range"))
     if target in ("queue-members", "queue-chart", "queue-chart-figure"):
-        queue = Queue.objects.filter(name=name).only("pk", "name").first()
-        if queue is None:
-            raise Http404(f"Queue '{name}' does not exist.")
+        queue = _queue_shown(name, rows=Queue.objects.only("pk", "name"))
         if target == "queue-members":
-            return render(request, template + "#queue-members", {"queue": queue, **_members(name)})
+            return render(request, template + "#queue-members", {"queue": queue, **_members(queue)})
         context = {"queue": queue}
         template += f"#{target}"
     else:
         context = _detail_context(request, name)
-        queue = context["queue"]
-    context["chart"] = charts.queue_chart(queue, range_name)
+    context["chart"] = charts.queue_chart(context["queue"], range_name)
     context["chart_ranges"] = list(samples.RANGES)
     return render(request, template, context)
 

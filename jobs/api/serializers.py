@@ -71,6 +71,21 @@ class InvocationSerializer(BuiltOnceFields, serializers.ModelSerializer):
         return invocation.blob_size("result_blob")
 
 
+class SubmittedSerializer(InvocationSerializer):
+    """A submit's answer: the invocation, and what its user should know about its queue."""
+
+    hint = serializers.SerializerMethodField(
+        help_text="Set when no live daemon serves the queue and no provider starts one: "
+        "what to run to start one ('' otherwise)"
+    )
+
+    class Meta(InvocationSerializer.Meta):
+        fields = [*InvocationSerializer.Meta.fields, "hint"]
+
+    def get_hint(self, invocation) -> str:
+        return getattr(invocation, "hint", "")
+
+
 class PositionSerializer(serializers.Serializer):
     ahead = serializers.FloatField()
     exact = serializers.BooleanField()

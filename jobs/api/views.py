@@ -55,8 +55,8 @@ class JobList(APIView):
         summary="Submit one invocation (an object) or a batch (a list of up to 10,000)",
         request=s.SubmitInput,
         responses={
-            201: s.InvocationSerializer,
-            200: s.InvocationSerializer,
+            201: s.SubmittedSerializer,
+            200: s.SubmittedSerializer,
             **errors(400, 404, 409, 429),
         },
     )
@@ -78,10 +78,10 @@ def submit_answer(request, data):
             raise ValidationError({"__all__": f"a batch holds 1 to {limit:,} invocations."})
         results = services.invocation_submit_batch(validated(s.SubmitInput, data, many=True))
         created = any(made for _, made in results)
-        payload = s.InvocationSerializer([inv for inv, _ in results], many=True).data
+        payload = s.SubmittedSerializer([inv for inv, _ in results], many=True).data
     else:
         invocation, created = services.invocation_submit(**validated(s.SubmitInput, data))
-        payload = s.InvocationSerializer(invocation).data
+        payload = s.SubmittedSerializer(invocation).data
     return payload, status.HTTP_201_CREATED if created else status.HTTP_200_OK
 
 

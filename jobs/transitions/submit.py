@@ -3,6 +3,7 @@ of a single submit into a queue that admits it."""
 
 from django.core.serializers.json import DjangoJSONEncoder
 
+from jobs import serving
 from jobs.models import Invocation
 from jobs.transitions.states import STATE_PARAMS
 from lakeshore_admin.rows import model_rows
@@ -60,13 +61,17 @@ SELECT %(queue)s::text, %(function)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(prio
                 WHERE q.name = %(queue)s::text AND q.state = ANY(%(admitting)s)
                   AND COALESCE(q.max_depth, 0) = 0)
     ON CONFLICT (queue, key) WHERE NOT (key = '') DO NOTHING
-RETURNING *
-"""
+RETURNING *, """ + serving.columns("%(queue)s::text")  # noqa: S608 - constants only
+
+
+SERVING_COLUMNS = ("serving_live", "serving_starts")
 
 
 def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None:
     """The fast path of a submit: the new queued invocation, or None when the queue is
-    missing, not admitting, bounded, or the key is taken (the caller then looks why)."""
+    missing, not admitting, bounded, or the key is taken (the caller then looks why).
+    The row also says whether its queue is served (jobs/serving.py), in the same
+    statement: `serving_live` and `serving_starts`."""
     encode = DjangoJSONEncoder().encode
     params = {
         "queue": item["queue"],
@@ -82,5 +87,11 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         "run_config": encode(item.get("run_config") or {}),
         "admitting": admitting,
     }
-    rows = model_rows(Invocation, _INSERT_ADMITTED_SQL, {**STATE_PARAMS, **params}, prepared=True)
+    rows = model_rows(
+        Invocation,
+        _INSERT_ADMITTED_SQL,
+        {**STATE_PARAMS, **serving.PARAMS, **params},
+        prepared=True,
+        extras=SERVING_COLUMNS,
+    )
     return rows[0] if rows else None

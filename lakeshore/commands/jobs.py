@@ -224,3 +224,5 @@ def submit(
             click.echo(f"job/{j['id']} queued in {_queue_label(j.get('queue'))}")
 
     emit(job, as_json, human)
+    if job.get("hint"):  # nothing serves its queue: the server says how to start a daemon
+        click.echo(f"note: {job['hint']}", err=True)

@@ -345,8 +345,9 @@ def rm(client: Client, name: str, force: bool, as_json: bool) -> None:
 @json_option
 @pass_client
 def events(client: Client, name: str, verbose: bool, limit: int, as_json: bool) -> None:
-    """The elasticity audit trail: one row per controller decision, newest first."""
-    found = client.get(path("queues", name, "events"), limit=limit, verbose=verbose)
+    """The elasticity audit trail: one row per controller decision, newest first.
+    NAME "" is the default queue (it has none: the controller never acts on it)."""
+    found = client.get(path("queues", _readable(name), "events"), limit=limit, verbose=verbose)
     if as_json:
         print_json(found)
     elif not found:
@@ -381,8 +382,18 @@ def print_events(found: list[dict]) -> None:
 @json_option
 @pass_client
 def stats(client: Client, name: str, as_json: bool) -> None:
-    """What the controller sees now, and what its next tick would do."""
-    emit(client.get(path("queues", name, "stats")), as_json, _print_stats)
+    """What the controller sees now, and what its next tick would do. NAME "" is the
+    default queue."""
+    emit(client.get(path("queues", _readable(name), "stats")), as_json, _print_stats)
+
+
+DEFAULT_QUEUE = "(default)"  # the default queue where the API's address needs a name
+
+
+def _readable(name: str) -> str:
+    """A queue to read (stats, events): '' (or '(default)', as `jobs list` shows it) is
+    the default queue, which has no name."""
+    return name or DEFAULT_QUEUE
 
 
 def _print_stats(s: dict) -> None:

@@ -138,7 +138,8 @@ def queue_action(action: str, summary: str):
 
 class QueueEvents(APIView):
     @extend_schema(
-        summary="The elasticity audit trail, newest first",
+        summary="The elasticity audit trail, newest first (the default queue, "
+        "'(default)', has none: the controller never acts on it)",
         parameters=[
             OpenApiParameter("limit", int, description="1–200, default 50"),
             OpenApiParameter("verbose", bool, description="include tick_noop rows"),
@@ -147,8 +148,10 @@ class QueueEvents(APIView):
         responses={200: s.EventSerializer(many=True), **errors(400, 404)},
     )
     def get(self, request, name):
-        queue = services.queue_get(name)
+        queue = services.queue_read(name)
         limit = bounded_int(request, "limit", default=50, low=1, high=200)
+        if queue.pk is None:  # the default queue: the controller never acts on it
+            return list_response([], None, s.EventSerializer)
         events = QueueEvent.objects.filter(queue=queue)
         if not _truthy(request, "verbose"):
             events = events.decisions()
@@ -165,11 +168,12 @@ class QueueEvents(APIView):
 
 class QueueStats(APIView):
     @extend_schema(
-        summary="What the controller sees now, and what its next tick would do",
+        summary="What the controller sees now, and what its next tick would do "
+        "('(default)' for the default queue)",
         responses={200: s.StatsSerializer, **errors(404)},
     )
     def get(self, request, name):
-        return Response(s.StatsSerializer(services.queue_stats(services.queue_get(name))).data)
+        return Response(s.StatsSerializer(services.queue_stats(services.queue_read(name))).data)
 
 
 # ---------------------------------------------------------------------------- lakeshore.yaml

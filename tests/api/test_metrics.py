@@ -201,6 +201,34 @@ def test_the_queue_gauges_match_the_queues_stats(viewer):
     assert gauge(samples, "lakeshore_queue_oldest_pending_age_seconds", queue="empty") == 0
 
 
+def test_the_default_queue_has_its_gauges_as_queue_empty(viewer):
+    """queue="": the same figures as its stats, so LakeshoreBacklogWaiting fires for it."""
+    builders.queue(name="named")
+    builders.daemon(queues=[], state=DaemonState.BUSY)
+    builders.daemon(queues=[], state=DaemonState.DRAINING)
+    builders.daemon(queues=["named"], state=DaemonState.IDLE)  # not the default queue's
+    for i in range(3):
+        services.invocation_submit(function=ECHO, args=[i])
+    Invocation.objects.filter(queue="").update(created_at=timezone.now() - timedelta(minutes=20))
+    protocol.invocation_claim(daemon=builders.daemon(queues=[]), limit=1)
+    samples = scrape(viewer)
+    assert gauges(samples, "") == pytest.approx(stats(viewer, "(default)"))
+    figures = gauges(samples, "")
+    assert (figures["pending"], figures["running"], figures["busy"]) == (2, 1, 2)
+    assert (figures["draining"], figures["idle"], figures["desired"]) == (1, 0, 2)
+    assert gauge(samples, "lakeshore_queue_info", queue="", state="active") == 1
+    age = gauge(samples, "lakeshore_queue_oldest_pending_age_seconds", queue="")
+    assert 1200 <= age < 1260  # past the README alert's 900 s
+    assert gauges(samples, "named")["idle"] == 1 and gauges(samples, "named")["busy"] == 0
+
+
+def test_the_default_queue_with_nothing_queued_is_all_zeros(viewer):
+    samples = scrape(viewer)
+    assert gauge(samples, "lakeshore_queue_pending", queue="") == 0
+    assert gauge(samples, "lakeshore_queue_oldest_pending_age_seconds", queue="") == 0
+    assert gauge(samples, "lakeshore_queue_daemons", queue="", state="idle") == 0
+
+
 def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
     def busy_queues(names):
         """Daemons, pending and running work; every other queue with elasticity (whose

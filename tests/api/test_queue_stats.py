@@ -204,3 +204,18 @@ def test_archived_and_drained_queues_scale_to_zero(operator, action):
 
 def test_it_answers_404_for_an_unknown_queue(operator):
     assert_error(operator.get("/api/v1/queues/nope/stats/"), 404, "not_found", says="nope")
+
+
+def test_the_default_queue_has_stats_and_no_events(operator):
+    """The default queue has no name: its address is '(default)' (`queues stats ""`)."""
+    queued(2, queue="")
+    queued(1, queue="", state="running")
+    builders.daemon(queues=[], state=DaemonState.BUSY)
+    builders.daemon(queues=["q"], state=DaemonState.IDLE)  # another queue's: not counted
+    body = stats(operator, "(default)")
+    assert (body["queue"], body["state"], body["pending"], body["running"]) == ("", "active", 2, 1)
+    assert (body["daemons"], body["busy"]) == (1, 1)
+    assert body["next_action"] == "none (no elasticity declared)"
+    answer = operator.get("/api/v1/queues/(default)/events/?verbose=1")
+    assert answer.status_code == 200 and answer.json() == []
+    assert operator.get("/api/v1/queues/default/stats/").status_code == 404  # no such name

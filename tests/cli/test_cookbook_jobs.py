@@ -175,3 +175,27 @@ def test_jobs_show_of_an_sdk_invocation_gives_its_blobs_sizes(sh):
     assert "Function: hello_udfs.add" in out
     assert "Args:     1,234 bytes (SDK envelope, msgpack)" in out
     assert "Priority: 5.5" in out
+
+
+def test_submit_into_a_queue_nothing_serves_says_how_to_start_a_daemon(sh):
+    builders.queue(name="gpu")
+    done = sh("lakeshore jobs submit lakeshore.functions.echo --queue gpu")
+    assert done.stdout.startswith("job/") and "queued in gpu" in done.stdout
+    assert "No live daemon serves queue gpu" in done.stderr
+    assert "'lakeshore daemon run --queues gpu'" in done.stderr
+    default = sh("lakeshore jobs submit lakeshore.functions.echo")
+    assert "No live daemon serves the default queue" in default.stderr
+    assert "'lakeshore daemon run'" in default.stderr
+    answer = sh.json("lakeshore jobs submit lakeshore.functions.echo --json")  # stdout: JSON
+    assert answer["hint"].startswith("No live daemon serves the default queue")
+
+
+def test_submit_into_a_served_or_elastic_queue_says_nothing_more(sh):
+    builders.queue(name="gpu")
+    builders.daemon(queues=["gpu"])
+    builders.daemon(queues=[])
+    builders.provider(name="sim")
+    builders.queue(name="elastic", provider="sim", elasticity_spec={"kind": "fully_elastic"})
+    for where in ("--queue gpu", "", "--queue elastic"):
+        done = sh(f"lakeshore jobs submit lakeshore.functions.echo {where}")
+        assert done.stderr == "" and done.stdout.startswith("job/")

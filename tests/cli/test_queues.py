@@ -396,3 +396,11 @@ def test_every_verb_takes_json(fake_api, verb):
 def test_the_group_has_no_list_or_remove(fake_api):
     assert fake_api.run("queues", "list").exit_code == 2
     assert fake_api.run("queues", "remove", "q").exit_code == 2
+
+
+def test_stats_and_events_of_the_default_queue_are_asked_as_default(fake_api):
+    fake_api.on("GET", "queues/(default)/stats/", json={"daemons": 0, "recent_actions": []})
+    assert fake_api.run("queues", "stats", "").exit_code == 0
+    fake_api.on("GET", "queues/(default)/events/", json=[])
+    result = fake_api.run("queues", "events", "", "--verbose")
+    assert result.exit_code == 0 and "No events." in result.stderr

@@ -54,7 +54,8 @@ def test_a_tick_samples_every_queue_but_archived_ones_once(sim):
     controller.tick(now=NOW)
 
     rows = QueueSample.objects.order_by("queue__name").values_list("queue__name", "at")
-    assert list(rows) == [("elastic", MINUTE), ("held", MINUTE), ("plain", MINUTE)]
+    assert list(rows) == [("elastic", MINUTE), ("held", MINUTE), ("plain", MINUTE), (None, MINUTE)]
+    # (None: the default queue's)
 
 
 def test_a_second_tick_in_the_same_minute_writes_nothing_and_the_next_minute_does(sim):
@@ -66,11 +67,11 @@ def test_a_second_tick_in_the_same_minute_writes_nothing_and_the_next_minute_doe
         assert samples.record(now=NOW + timedelta(seconds=20)) == 0
     assert len(ctx) == 1  # the read found every queue sampled: nothing more
     controller.tick(now=NOW + timedelta(seconds=39))
-    assert QueueSample.objects.count() == 2
+    assert QueueSample.objects.count() == 3  # and the default queue's
     assert _sample("plain").pending == 0  # the minute's first tick stands
 
     controller.tick(now=NOW + timedelta(seconds=40))  # 12:31:00
-    assert QueueSample.objects.count() == 4
+    assert QueueSample.objects.count() == 6
     later = QueueSample.objects.get(queue__name="plain", at=MINUTE + timedelta(minutes=1))
     assert later.pending == 3
 
@@ -176,15 +177,16 @@ def test_retention_deletes_old_samples():
     samples.record(now=NOW)
     samples.record(now=timezone.now())
     counts = retention_sweep()
-    assert counts["samples"] == 1
-    assert QueueSample.objects.get().at > timezone.now() - timedelta(minutes=2)
+    assert counts["samples"] == 2  # plain's and the default queue's
+    assert QueueSample.objects.count() == 2
+    assert all(s.at > timezone.now() - timedelta(minutes=2) for s in QueueSample.objects.all())
 
 
 def test_deleting_a_queue_deletes_its_samples():
     queue = builders.queue(name="plain")
     samples.record(now=NOW)
     Queue.objects.filter(pk=queue.pk).delete()
-    assert not QueueSample.objects.exists()
+    assert not QueueSample.objects.filter(queue__isnull=False).exists()
 
 
 # ---------------------------------------------------------------------------- cost
@@ -200,14 +202,14 @@ def test_a_tick_over_1_or_20_plain_queues_costs_the_same_queries():
     builders.queue(name="q0")
     _jobs("q0", 2)
     one = _tick_queries(NOW)
-    assert QueueSample.objects.count() == 1
+    assert QueueSample.objects.count() == 2  # and the default queue's
     for i in range(1, 20):
         builders.queue(name=f"q{i}")
         _jobs(f"q{i}", 2)
         _jobs(f"q{i}", 1, state="running")
         builders.daemon(queues=[f"q{i}"], state="busy")
     assert _tick_queries(NOW + timedelta(minutes=1)) == one
-    assert QueueSample.objects.filter(at=MINUTE + timedelta(minutes=1)).count() == 20
+    assert QueueSample.objects.filter(at=MINUTE + timedelta(minutes=1)).count() == 21
 
 
 def test_sampling_1_or_20_ticked_queues_costs_the_same_queries(sim):
@@ -215,7 +217,8 @@ def test_sampling_1_or_20_ticked_queues_costs_the_same_queries(sim):
         managed = Queue.objects.exclude(elasticity_kind="").values_list("pk", flat=True)
         events = [controller.tick_queue(pk, now=now) for pk in managed]
         with CaptureQueriesContext(connection) as ctx:
-            assert samples.record(now=now, events=events) == len(events) + 1  # + plain
+            # + plain + the default queue
+            assert samples.record(now=now, events=events) == len(events) + 2
         return len(ctx)
 
     spec = {"kind": "fixed", "min": 1}
@@ -282,3 +285,18 @@ def test_recent_pending_reads_a_whole_page_in_one_query():
         queues[1].pk: [],
         queues[2].pk: [],
     }
+
+
+def test_the_default_queue_is_sampled_like_a_plain_queue():
+    """Its samples have no queue (it has no row); the console's list draws its sparkline."""
+    _jobs("", 3)
+    _jobs("", 1, state="running")
+    builders.daemon(queues=[], state="busy")
+    builders.daemon(queues=["other"], state="idle")  # not the default queue's
+    assert samples.record(now=NOW) == 1
+    sample = QueueSample.objects.get(queue=None, at=MINUTE)
+    assert _row(sample) == {
+        "pending": 3, "running": 1, "daemons": 1, "busy": 1, "desired": 1, "utilization": 1.0,
+    }  # fmt: skip
+    assert samples.record(now=NOW + timedelta(seconds=20)) == 0  # once a minute
+    assert samples.recent_pending([None], now=NOW + timedelta(minutes=1)) == {None: [(MINUTE, 3)]}

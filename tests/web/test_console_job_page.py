@@ -104,7 +104,7 @@ def test_the_job_page_costs_a_fixed_number_of_queries(viewer, failed):
 
     queued, _ = services.invocation_submit(function="a.b", queue="train")
     assert count(failed.pk) <= 9  # with its log's totals
-    assert count(queued.pk) <= 11  # plus its position and the queue's pace
+    assert count(queued.pk) <= 12  # plus its position, the queue's pace and who serves it
     # a log adds one read of its lines, however many lines and chunks it holds
     log = JobLog.objects.create(invocation=failed, attempt=failed.attempts)
     for seq in range(30):
@@ -263,3 +263,35 @@ def test_the_page_offers_what_the_job_s_state_allows(operator, state):
     assert refreshes == inv.is_active == (state in ("queued", "running"))
     said = {"queued": "No result yet.", "running": "No result yet.", "succeeded": "None."}
     assert f'<p class="empty">{said.get(state, "No result.")}</p>' in page
+
+
+def test_a_queued_job_nothing_serves_says_how_to_start_a_daemon(viewer):
+    builders.queue(name="gpu")
+    job, _ = services.invocation_submit(function="a.b", queue="gpu")
+    body = html.unescape(viewer.get(f"/jobs/{job.pk}/").content.decode())
+    start = "start one with <code>lakeshore daemon run"
+    assert f"no live daemon serves queue gpu; {start} --queues gpu</code>" in body
+    assert 'unknown <span class="hint">(no live daemon serves this queue)' in body
+    default, _ = services.invocation_submit(function="a.b")
+    body = html.unescape(viewer.get(f"/jobs/{default.pk}/").content.decode())
+    assert f"no live daemon serves the default queue; {start}</code>" in body
+
+
+def test_a_queued_job_a_live_daemon_serves_says_nothing_of_starting_one(viewer):
+    builders.queue(name="gpu")
+    builders.daemon(queues=["gpu"], state="busy")
+    builders.daemon(queues=[], state="idle")
+    for queue in ("gpu", ""):
+        job, _ = services.invocation_submit(function="a.b", queue=queue)
+        body = viewer.get(f"/jobs/{job.pk}/").content.decode()
+        assert 'id="job-unserved"' not in body and "lakeshore daemon run" not in body
+        assert "unknown" in body  # nothing finished lately: no pace to go by
+
+
+def test_a_queued_job_of_an_elastic_queue_waits_for_its_provider(viewer):
+    builders.provider(name="sim")
+    builders.queue(name="elastic", provider="sim", elasticity_spec={"kind": "fully_elastic"})
+    job, _ = services.invocation_submit(function="a.b", queue="elastic")
+    body = viewer.get(f"/jobs/{job.pk}/").content.decode()
+    assert "its provider starts one at the controller" in body
+    assert "lakeshore daemon run" not in body

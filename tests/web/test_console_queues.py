@@ -6,10 +6,13 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from accounts.roles import grant
 from jobs.models import Invocation
 from queues.models import QueueSample
+from queues.services import queue_transition
+from queues.views import QueueList
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -211,7 +214,8 @@ def test_the_htmx_table_carries_the_backlog_too(alice):
     assert body.lstrip().startswith('<div id="queue-table"')
     table = _Table()
     table.feed(body)
-    assert table.rows[0]["Pending"][0] == "1"
+    assert [row["Name"][0] for row in table.rows] == ["(default)", "train"]
+    assert table.rows[1]["Pending"][0] == "1"
 
 
 @pytest.mark.parametrize(
@@ -251,9 +255,111 @@ def test_the_backlog_costs_the_same_queries_for_1_and_50_busy_queues(alice):
         busy_queue(f"q{i}")
     assert count() == one
     rows = queue_rows(alice)
-    assert len(rows) == 50
+    assert len(rows) == 51 and "(default)" in rows  # the default queue first
     # the sparkline of pending over the last hour, from the page's one query of samples
+    del rows["(default)"]  # no samples of its own here
     # (the cell's text: the SVG's title, then each sample's, "15:11 — 0 pending")
     spark = "pending 59 → 0 over the last hour"
     assert all(row["Last hour"][0].startswith(spark) for row in rows.values())
     assert all(row["Last hour"][0].endswith(" — 0 pending") for row in rows.values())
+
+
+# ---------------------------------------------------------------------------- the default queue
+
+
+def test_the_default_queue_is_listed_first_with_its_figures_and_sparkline(alice):
+    now = timezone.now()
+    builders.queue(name="train")
+    oldest = invocation("")
+    Invocation.objects.filter(pk=oldest.pk).update(created_at=now - timedelta(minutes=2))
+    invocation("")
+    invocation("", "running", started_at=now)
+    invocation("", "failed", finished_at=now)
+    invocation("train")  # not the default queue's
+    builders.daemon(queues=[], state="busy")
+    builders.daemon(queues=[], state="idle")
+    builders.daemon(queues=["train"], state="idle")  # not the default queue's
+    minute = now.replace(second=0, microsecond=0)
+    QueueSample.objects.bulk_create(
+        QueueSample(
+            queue=None, at=minute - timedelta(minutes=m), pending=m, running=1,
+            daemons=2, busy=1, desired=2, utilization=0.5,
+        )
+        for m in range(3)
+    )  # fmt: skip
+
+    response = alice.get("/")
+    body = response.content.decode()
+    table = _Table()
+    table.feed(body)
+    assert [row["Name"][0] for row in table.rows] == ["(default)", "train"]
+    default = table.rows[0]
+    assert [default[c][0] for c in ("Pending", "Running", "Failed 24 h", "Oldest wait")] == [
+        "2", "1", "1", "2 min",
+    ]  # fmt: skip
+    assert (default["Daemons"][0], default["Busy / idle"][0]) == ("2", "1 / 1")
+    assert default["Last hour"][0].startswith("pending 2 → 0 over the last hour")
+    assert 'href="/queues/(default)/"' in body
+    assert 'href="/jobs/?queue=%28default%29&amp;state=failed"' in body
+    assert "No named queues yet" not in body
+
+
+def test_the_default_queue_is_on_the_first_page_only_and_only_for_active_queues(alice, monkeypatch):
+    monkeypatch.setattr(QueueList, "page_size", 2)
+    for i in range(3):
+        builders.queue(name=f"q{i}")
+    builders.queue(name="held")
+    queue_transition(name="held", action="pause")
+    assert list(queue_rows(alice)) == ["(default)", "held", "q0"]
+    assert list(queue_rows(alice, "/?after=q0")) == ["q1", "q2"]
+    assert list(queue_rows(alice, "/?before=q1")) == ["(default)", "held", "q0"]
+    assert "(default)" in queue_rows(alice, "/?state=active")
+    assert list(queue_rows(alice, "/?state=paused")) == ["held"]
+
+
+def test_with_no_named_queue_the_list_shows_the_default_queue_and_how_to_add_one(alice):
+    body = alice.get("/").content.decode()
+    assert "(default)" in body and "No named queues yet" in body
+    assert "lakeshore queues add NAME" in body
+
+
+def test_the_default_queues_page_shows_its_figures_members_and_no_edit_or_actions(alice):
+    invocation("")
+    invocation("", "running", started_at=timezone.now())
+    member = builders.daemon(queues=[], state="busy")
+    builders.daemon(queues=["other"], state="idle")
+    response = alice.get("/queues/(default)/")
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "<h1>(default)" in body
+    assert f'href="/daemons/?id={member.pk}"' in body
+    assert "Edit" not in body and 'action="/queues/' not in body  # read-only
+    assert "Pending</dt><dd>1</dd>" in body and "Running</dt><dd>1</dd>" in body
+    assert 'href="/jobs/?queue=%28default%29"' in body
+    chart = alice.get(
+        "/queues/(default)/?range=day",
+        headers={"HX-Request": "true", "HX-Target": "queue-chart"},
+    )
+    assert chart.status_code == 200
+
+
+def test_the_default_queue_with_no_daemon_says_how_to_start_one(alice):
+    body = alice.get("/queues/(default)/").content.decode()
+    assert "No member daemons" in body and "<code>lakeshore daemon run</code>" in body
+    grant(get_user_model().objects.get(username="alice"), "operator")
+    body = alice.get("/queues/(default)/").content.decode()
+    assert "Edit" not in body and "Archive" not in body  # nothing to edit, no state to change
+    assert alice.get("/queues/(default)/edit/").status_code == 404
+    alice.post("/queues/(default)/archive/")
+    assert "was not changed" in alice.get("/queues/(default)/").content.decode()
+
+
+def test_the_default_queues_jobs_link_lists_its_jobs_only(alice):
+    builders.queue(name="gpu")
+    mine = invocation("")
+    other = invocation("gpu")
+    body = alice.get("/jobs/?queue=%28default%29").content.decode()
+    assert f'href="/jobs/{mine.pk}/"' in body and f'href="/jobs/{other.pk}/"' not in body
+    api = APIClient()  # the API's filter reads it too
+    api.credentials(**builders.auth(builders.token("viewer")))
+    assert [job["id"] for job in api.get("/api/v1/jobs/?queue=(default)").json()] == [str(mine.pk)]

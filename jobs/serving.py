@@ -1,0 +1,125 @@
+"""Whether anything will run a queue's work: the one rule behind a submit's hint, the job
+page's note and the controller's wake after a submit (issue 20).
+
+A queue is served when a live daemon (provisioning, idle, busy or draining) subscribes to
+it; the default queue ('') by a live daemon whose `queues` is empty. A queue that is not
+served *starts* when it has a provider and an elasticity declaration and is not archived:
+the controller starts daemons for it. A submit into such a queue wakes the controller
+at once (fleet.wake, sent after the submit commits) instead of waiting for its next tick.
+A submit into a queue that is neither served nor started says how to start a daemon.
+
+The same SQL answers for one queue inside a submit's INSERT (RETURNING, no extra
+statement) and for many queues in one query (a batch, the job page)."""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from fleet.models import LIVE_DAEMON_STATES
+from lakeshore_admin.celery import app as celery_app
+from queues.models import QueueState
+
+log = logging.getLogger(__name__)
+
+WAKE_TASK = "fleet.wake"
+WAKE_EVERY = 1.0  # seconds: a process sends at most one wake a queue in this time
+
+_LIVE = (
+    "EXISTS (SELECT 1 FROM queues_daemon sd"
+    " WHERE sd.state = ANY(%(serving_live)s::text[])"
+    " AND CASE WHEN {name} = '' THEN sd.queues = '{{}}'"
+    " ELSE sd.queues @> ARRAY[{name}]::varchar(63)[] END)"
+)
+_STARTS = (
+    "EXISTS (SELECT 1 FROM queues_queue sq"
+    " WHERE sq.name = {name} AND sq.provider_id IS NOT NULL"
+    " AND sq.elasticity_kind <> '' AND sq.state <> %(serving_archived)s::text)"
+)
+PARAMS = {
+    "serving_live": [str(state) for state in LIVE_DAEMON_STATES],
+    "serving_archived": str(QueueState.ARCHIVED),
+}
+
+
+def columns(name_sql: str) -> str:
+    """`live` and `starts` as two output columns, for the queue whose name `name_sql`
+    is (a cast parameter or a column); the statement takes PARAMS too."""
+    return (
+        f"{_LIVE.format(name=name_sql)} AS serving_live, "
+        f"{_STARTS.format(name=name_sql)} AS serving_starts"
+    )
+
+
+def start_command(queue: str) -> str:
+    """The command that starts a daemon serving `queue` on this machine."""
+    return f"lakeshore daemon run --queues {queue}" if queue else "lakeshore daemon run"
+
+
+@dataclass(frozen=True)
+class Serving:
+    queue: str
+    live: bool  # a live daemon serves it
+    starts: bool  # else its provider starts one (the controller's next decision)
+
+    @property
+    def wakes(self) -> bool:
+        """A submit here wakes the controller."""
+        return not self.live and self.starts
+
+    @property
+    def hint(self) -> str:
+        """What a submit here tells its user ('' when something will run it)."""
+        if self.live or self.starts:
+            return ""
+        where = f"queue {self.queue}" if self.queue else "the default queue"
+        return (
+            f"No live daemon serves {where} and no provider starts one: it stays queued "
+            f"until one does. Start one with '{start_command(self.queue)}'."
+        )
+
+
+def of_queues(names: list[str]) -> dict[str, Serving]:
+    """Serving of each of `names`, in one query."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    sql = f"SELECT n.name, {columns('n.name')} FROM unnest(%(names)s::text[]) AS n(name)"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {**PARAMS, "names": wanted})
+        return {name: Serving(name, live, starts) for name, live, starts in cursor.fetchall()}
+
+
+def of_queue(name: str) -> Serving:
+    return of_queues([name])[name]
+
+
+# ---------------------------------------------------------------------------- the wake
+
+_sent: dict[str, float] = {}
+_sent_lock = threading.Lock()
+
+
+def after_submit(serving: Serving) -> None:
+    """Wake the controller for this queue once the submit commits, if it needs one."""
+    if serving.wakes:
+        transaction.on_commit(lambda: send_wake(serving.queue))
+
+
+def send_wake(queue: str) -> bool:
+    """Ask the Celery worker to decide for `queue` now. At most one a queue every
+    WAKE_EVERY seconds from a process (a burst of submits sends one); a broker that
+    cannot take it loses nothing but time: the next tick decides as it would have."""
+    now = time.monotonic()
+    with _sent_lock:
+        if now - _sent.get(queue, -WAKE_EVERY) < WAKE_EVERY:
+            return False
+        _sent[queue] = now
+    try:
+        celery_app.send_task(WAKE_TASK, args=[queue], expires=60, retry=False)
+    except Exception:  # noqa: BLE001 - a submit never fails for want of a wake
+        log.warning("could not wake the controller for queue %r", queue, exc_info=True)
+        return False
+    return True
