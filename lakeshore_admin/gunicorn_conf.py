@@ -7,11 +7,19 @@ Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
 default 2), LAKESHORE_WEB_THREADS (threads per process, default 128)."""
 
 import os
+import sys
 
-bind = f"{os.environ.get('LAKESHORE_BIND', '127.0.0.1')}:{os.environ.get('PORT', '8080')}"
+from lakeshore_admin.env import BadSetting, env_log_level, env_number, env_str
+
+try:
+    _port = env_number("PORT", 8080, minimum=1, maximum=65535)
+    bind = f"{env_str('LAKESHORE_BIND', '127.0.0.1')}:{_port}"
+    workers = env_number("LAKESHORE_WEB_WORKERS", 2, minimum=1)
+    threads = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
+    loglevel = env_log_level("LAKESHORE_WEB_LOG_LEVEL", "WARNING").lower()
+except BadSetting as exc:  # gunicorn would print a traceback under its own words
+    sys.exit(str(exc))
 worker_class = "gthread"
-workers = int(os.environ.get("LAKESHORE_WEB_WORKERS", "2"))
-threads = int(os.environ.get("LAKESHORE_WEB_THREADS", "128"))
 worker_connections = 1000
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
 graceful_timeout = 25  # long-polls wait at most 20 s
@@ -21,7 +29,6 @@ wsgi_app = "lakeshore_admin.wsgi:application"
 accesslog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
 errorlog = "-"
-loglevel = os.environ.get("LAKESHORE_WEB_LOG_LEVEL", "warning")
 # Above Django's own header limits (lakeshore_admin/middleware.py), so that Django
 # answers an oversized header with its JSON error first.
 limit_request_line = 8190  # gunicorn's maximum: longer filter URLs reach the app
