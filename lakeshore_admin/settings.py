@@ -383,6 +383,7 @@ CELERY_BROKER_URL = env_str("LAKESHORE_BROKER_URL").strip() or "filesystem://loc
 if CELERY_BROKER_URL == "filesystem://":
     CELERY_BROKER_URL = "filesystem://localhost/"
 if CELERY_BROKER_URL == "filesystem://localhost/":
+    CELERY_BROKER_TRANSPORT = "lakeshore_admin.broker:Transport"  # whole messages only
     _broker = VAR_DIR / "broker"
     for _folder in ("queue", "control"):
         (_broker / _folder).mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ leave behind becomes its child, and nothing of it outlives the stop."""
 
 import contextlib
 import ctypes
+import hashlib
 import io
 import json
 import os
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import django  # noqa: E402
 from django.conf import settings  # noqa: E402 - read once django.setup() has run
+from django.contrib.staticfiles.finders import get_finders  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 
@@ -51,10 +53,11 @@ URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # n
 VAR = Path(env_str("LAKESHORE_VAR_DIR", str(ROOT / "var")))
 
 # How long each part may take to stop before the next step (seconds): at most 14 in all.
-DAEMONS_DRAIN = 5  # then a second SIGTERM: running jobs are stopped, they still deregister
-CELERY_KILL = 7  # then SIGKILL: the worker, its beat and what is left of its daemons
-WEB_KILL = 3  # gunicorn's own graceful timeout is one less (it kills its workers first)
-DB_STOP = 2  # pg_ctl's fast shutdown, then its immediate one
+# An idle daemon leaves 5-7 s after its SIGTERM: it waits out its long-poll claim (5 s).
+DAEMONS_DRAIN = 8  # then a second SIGTERM: running jobs are stopped, they still deregister
+CELERY_KILL = 10  # then SIGKILL: the worker, its beat and what is left of its daemons
+WEB_KILL = 2  # gunicorn's own graceful timeout is one less (it kills its workers first)
+DB_STOP = 2  # pg_ctl's fast shutdown, then SIGKILL (the next start recovers)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -208,7 +211,7 @@ def front() -> None:
         elif len(asked) == 1:
             say(
                 "Still stopping: the daemons deregister first, then the web server and the "
-                f"database stop (at most {CELERY_KILL + WEB_KILL + 2 * DB_STOP + 1} s)."
+                f"database stop (at most {CELERY_KILL + WEB_KILL + DB_STOP + 1} s)."
             )
         asked.append(signum)
 
@@ -277,7 +280,7 @@ class Supervisor:
         self.stop_web()
         if settings.EMBEDDED_PGDATA is not None:
             connections.close_all()
-            embedded_db.stop(settings.EMBEDDED_PGDATA, timeout=DB_STOP)
+            embedded_db.stop(settings.EMBEDDED_PGDATA, timeout=DB_STOP, modes=("fast",))
         self.sweep()
         say("Stopped.")
 
@@ -361,7 +364,8 @@ class Supervisor:
         say("Migrating the database…")
         manage("migrate", "--no-input", "-v", "0")
         boot = json.loads(manage("bootstrap"))
-        manage("collectstatic", "--no-input", "-v", "0")  # WhiteNoise serves var/static
+        collect_static()
+        tidy_broker()
         connections.close_all()  # the children open their own
         # GET /metrics adds up the counters every process left in this directory (even
         # processes of an earlier run): a fresh start counts from zero, like any restart.
@@ -402,6 +406,36 @@ class Supervisor:
         )
         say(f"{name} exited with code {gone.returncode} (see above); stopping the rest.")
         self.exit_code = 1
+
+
+def tidy_broker() -> None:
+    """The filesystem broker's leftovers of a writer killed mid-message: a part written
+    (lakeshore_admin/broker.py), or an empty message (kombu's own writer, before it)."""
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None)
+    if not options:
+        return
+    folder = Path(options["data_folder_in"])
+    for path in folder.glob("*.msg.part"):
+        path.unlink(missing_ok=True)
+    for path in folder.glob("*.msg"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
+
+
+def collect_static() -> None:
+    """collectstatic (WhiteNoise serves var/static), unless no static file changed since
+    the last one: it compresses every file again, which costs a second at each start."""
+    digest = hashlib.sha256()
+    for finder in get_finders():
+        for path, storage in sorted(finder.list([]), key=lambda found: found[0]):
+            stat = os.stat(storage.path(path))
+            digest.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    stamp = Path(settings.STATIC_ROOT) / ".collected"
+    if stamp.is_file() and stamp.read_text() == digest.hexdigest():
+        return
+    manage("collectstatic", "--no-input", "-v", "0")
+    stamp.write_text(digest.hexdigest())
 
 
 def banner(boot: dict) -> str:
