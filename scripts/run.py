@@ -164,7 +164,12 @@ def single_instance():
     first one's database on its way out. A `make run` that is stopping is waited for."""
     import fcntl
 
-    var = private_dir(VAR)  # 0700
+    try:
+        var = private_dir(VAR)  # 0700
+    except OSError as exc:
+        raise BadSetting(
+            "LAKESHORE_VAR_DIR", str(VAR), f"a directory this user can create ({exc.strerror})"
+        ) from None
     handle = open(var / "make-run.lock", "a+")  # noqa: SIM115 - held for the process's life
     deadline = time.monotonic() + 20
     while True:
@@ -228,6 +233,7 @@ class Supervisor:
         self.web: subprocess.Popen | None = None
         self.celery: subprocess.Popen | None = None
         self.lock = None  # make-run.lock, once held
+        self.django_ready = False  # the settings loaded (a bad one raises BadSetting)
         self.stopping = False
         self.exit_code = 0
 
@@ -275,14 +281,23 @@ class Supervisor:
         self.lock.truncate()
         self.lock.write(f"{os.getpid()} stopping")
         self.lock.flush()
-        say("Stopping: the daemons, the Celery worker, the web server, then the database…")
+        started = self.web is not None or self.celery is not None
+        if started:
+            say("Stopping: the daemons, the Celery worker, the web server, then the database…")
         self.stop_celery()
         self.stop_web()
-        if settings.EMBEDDED_PGDATA is not None:
+        if self.django_ready:
+            pgdata = settings.EMBEDDED_PGDATA
             connections.close_all()
-            embedded_db.stop(settings.EMBEDDED_PGDATA, timeout=DB_STOP, modes=("fast",))
+        elif not env_str("DATABASE_URL"):  # a bad setting after the server started
+            pgdata = Path(env_str("LAKESHORE_PGDATA", str(VAR / "pg")))
+        else:
+            pgdata = None
+        if pgdata is not None:
+            embedded_db.stop(pgdata, timeout=DB_STOP, modes=("fast",))
         self.sweep()
-        say("Stopped.")
+        if started:
+            say("Stopped.")
 
     def stop_celery(self) -> None:
         """The worker takes no more tasks (warm shutdown: the one running ends) and its
@@ -360,6 +375,7 @@ class Supervisor:
         os.environ.setdefault("LAKESHORE_PUBLIC_URL", URL)  # for the local provider's daemons
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
         django.setup()  # starts (or attaches to) the embedded PostgreSQL when no DATABASE_URL
+        self.django_ready = True
 
         say("Migrating the database…")
         manage("migrate", "--no-input", "-v", "0")
