@@ -7,6 +7,7 @@ Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
 default 2), LAKESHORE_WEB_THREADS (threads per process, default 128)."""
 
 import os
+import signal
 import sys
 
 from lakeshore_admin.env import BadSetting, env_log_level, env_number, env_str
@@ -52,3 +53,16 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
+
+
+def post_worker_init(worker):
+    """A quit signal (SIGINT, SIGQUIT) only flags the worker to stop, as SIGTERM does.
+    The gthread worker's own quit handler shuts its thread pool down inside the signal
+    handler: a second quit signal arriving there (Ctrl-C reaches master and workers of a
+    gunicorn run in a terminal; the master then sends SIGQUIT) deadlocks on the pool's
+    lock (CPython issue 121649), and the worker keeps the port for good. Flagged, the
+    worker leaves its loop and shuts the pool down outside any handler; the master kills
+    it after graceful_timeout at the latest, as it would have anyway (a worker's threads
+    hold its exit until their requests end)."""
+    signal.signal(signal.SIGINT, worker.handle_exit)
+    signal.signal(signal.SIGQUIT, worker.handle_exit)

@@ -53,8 +53,8 @@ URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # n
 VAR = Path(env_str("LAKESHORE_VAR_DIR", str(ROOT / "var")))
 
 # How long each part may take to stop before the next step (seconds): at most 14 in all.
-# An idle daemon leaves 5-7 s after its SIGTERM: it waits out its long-poll claim (5 s).
-DAEMONS_DRAIN = 8  # then a second SIGTERM: running jobs are stopped, they still deregister
+# The worker waits 8 s for its daemons (fleet/tasks.py); an idle one leaves 5-7 s after
+# its SIGTERM (it waits out its long-poll claim).
 CELERY_KILL = 10  # then SIGKILL: the worker, its beat and what is left of its daemons
 WEB_KILL = 2  # gunicorn's own graceful timeout is one less (it kills its workers first)
 DB_STOP = 2  # pg_ctl's fast shutdown, then SIGKILL (the next start recovers)
@@ -300,35 +300,29 @@ class Supervisor:
             say("Stopped.")
 
     def stop_celery(self) -> None:
-        """The worker takes no more tasks (warm shutdown: the one running ends) and its
-        daemons drain and deregister, while the web server still answers them."""
+        """The worker takes no more tasks (warm shutdown: the one running ends), gives
+        its daemons one SIGTERM and waits for them (fleet/tasks.py): they drain and
+        deregister while the web server still answers them. Past CELERY_KILL seconds,
+        the worker and what is left of its daemons are killed."""
         if self.celery is None:
             return
         started = time.monotonic()
-        signalled: dict[int, psutil.Process] = {}
+        daemons: dict[int, psutil.Process] = {}
         if self.celery.poll() is None:
             self.celery.send_signal(signal.SIGTERM)
-        again = False
         while True:
             for daemon in self.daemons():  # those a running tick started too
-                if daemon.pid not in signalled:
-                    signalled[daemon.pid] = daemon
-                    with_suppress(daemon.send_signal, signal.SIGTERM)
-            alive = [d for d in signalled.values() if running(d)]
+                daemons.setdefault(daemon.pid, daemon)
+            alive = [d for d in daemons.values() if running(d)]
             if self.celery.poll() is not None and not alive:
                 break
-            waited = time.monotonic() - started
-            if waited > CELERY_KILL:
+            if time.monotonic() - started > CELERY_KILL:
                 kill_group(self.celery.pid)
                 for daemon in alive:
                     kill_group(daemon.pid)
                     with_suppress(daemon.kill)
                 self.celery.wait()
                 break
-            if waited > DAEMONS_DRAIN and not again:
-                again = True  # a second SIGTERM: stop running jobs now, then deregister
-                for daemon in alive:
-                    with_suppress(daemon.send_signal, signal.SIGTERM)
             self.reap()
             time.sleep(0.05)
         self.reap()

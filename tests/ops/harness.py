@@ -124,12 +124,19 @@ class MakeRun:
         return {path: path.read_text(errors="replace") for path in folder.glob("*.log")}
 
     def wait_for_daemon(self, timeout: float = 30) -> Path:
-        """A daemon of the local provider registered and still running: its log."""
+        """A daemon of the local provider that this start runs, registered: its log."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for path, text in self.daemon_logs().items():
-                if "registered daemon" in text and " stopped (" not in text:
-                    return path
+            for process in self.tree():
+                try:
+                    command = process.cmdline()
+                except psutil.Error:
+                    continue
+                if "daemon" in command and "run" in command and "--name" in command:
+                    name = command[command.index("--name") + 1]
+                    log = self.var / "log" / "daemons" / f"{name}.log"
+                    if log.exists() and "registered daemon" in log.read_text(errors="replace"):
+                        return log
             time.sleep(0.1)
         raise AssertionError(f"no daemon registered within {timeout} s:\n{self.output()}")
 

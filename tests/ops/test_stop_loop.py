@@ -81,6 +81,7 @@ def one_round(run: MakeRun, stop, *, graceful: bool = True) -> float:
     started = time.monotonic()
     stop(tree)
     took = run.wait_gone(tree, started)
+    assert not clean_start(run.output()), run.output()  # the stop's lines too
     if graceful:
         log = run.daemon_logs()[daemon]
         assert deregistered(log), log
