@@ -10,8 +10,8 @@ from fleet.models import Provider
 
 # How long a stopping worker waits for the local provider's daemons it started: an idle
 # one leaves 5-7 s after its SIGTERM (it waits out its long-poll claim). `make run`
-# gives the worker 10 s in all (scripts/run.py).
-LOCAL_DAEMONS_STOP_SECONDS = 8
+# gives the worker 11 s in all (scripts/run.py).
+LOCAL_DAEMONS_STOP_SECONDS = 9
 
 
 @shared_task(name="fleet.tick", ignore_result=True)

@@ -103,10 +103,10 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-def env_log_level(name: str, default: str) -> str:
-    """A logging level name (any case), returned upper-case."""
-    raw = _raw(name)
-    if raw is None or raw.strip() == "":
+def log_level(name: str, raw: str, default: str) -> str:
+    """`raw`, the value of `name` (read with env_str), as a logging level name; empty:
+    `default`."""
+    if not raw.strip():
         return default
     if raw.strip().upper() not in LOG_LEVELS:
         raise BadSetting(name, raw, "a log level: " + ", ".join(LOG_LEVELS))

@@ -10,14 +10,15 @@ import os
 import signal
 import sys
 
-from lakeshore_admin.env import BadSetting, env_log_level, env_number, env_str
+from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
 
 try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
     bind = f"{env_str('LAKESHORE_BIND', '127.0.0.1')}:{_port}"
     workers = env_number("LAKESHORE_WEB_WORKERS", 2, minimum=1)
     threads = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
-    loglevel = env_log_level("LAKESHORE_WEB_LOG_LEVEL", "WARNING").lower()
+    loglevel = env_str("LAKESHORE_WEB_LOG_LEVEL")
+    loglevel = log_level("LAKESHORE_WEB_LOG_LEVEL", loglevel, "WARNING").lower()
 except BadSetting as exc:  # gunicorn would print a traceback under its own words
     sys.exit(str(exc))
 worker_class = "gthread"

@@ -9,7 +9,7 @@ import dj_database_url
 
 from lakeshore.private import create_private, private_dir
 from lakeshore_admin import dbpool, embedded_db
-from lakeshore_admin.env import BadSetting, env_bool, env_list, env_log_level, env_number, env_str
+from lakeshore_admin.env import BadSetting, env_bool, env_list, env_number, env_str, log_level
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LAKESHORE_VAR_DIR", str(BASE_DIR / "var")))
@@ -441,7 +441,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_log_level("LAKESHORE_LOG_LEVEL", "WARNING")},
+    "root": {
+        "handlers": ["console"],
+        "level": log_level("LAKESHORE_LOG_LEVEL", env_str("LAKESHORE_LOG_LEVEL"), "WARNING"),
+    },
 }
 
 

@@ -16,7 +16,6 @@ process is killed (kill -9), the kernel sends the supervisor SIGTERM
 leave behind becomes its child, and nothing of it outlives the stop."""
 
 import contextlib
-import ctypes
 import hashlib
 import io
 import json
@@ -41,6 +40,14 @@ from django.db import connections  # noqa: E402
 from lakeshore.private import private_dir, write_private  # noqa: E402 - ROOT on sys.path first
 from lakeshore_admin import embedded_db  # noqa: E402
 from lakeshore_admin.env import BadSetting, env_number, env_str  # noqa: E402
+from scripts.processes import (  # noqa: E402
+    PR_SET_CHILD_SUBREAPER,
+    die_with_parent,
+    kill_group,
+    prctl,
+    running,
+    with_suppress,
+)
 
 PY = sys.executable
 DEV = "--dev" in sys.argv  # `make dev`: Django's runserver, reloading on code changes
@@ -53,24 +60,11 @@ URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # n
 VAR = Path(env_str("LAKESHORE_VAR_DIR", str(ROOT / "var")))
 
 # How long each part may take to stop before the next step (seconds): at most 14 in all.
-# The worker waits 8 s for its daemons (fleet/tasks.py); an idle one leaves 5-7 s after
+# The worker waits 9 s for its daemons (fleet/tasks.py); an idle one leaves 5-7 s after
 # its SIGTERM (it waits out its long-poll claim).
-CELERY_KILL = 10  # then SIGKILL: the worker, its beat and what is left of its daemons
+CELERY_KILL = 11  # then SIGKILL: the worker, its beat and what is left of its daemons
 WEB_KILL = 2  # gunicorn's own graceful timeout is one less (it kills its workers first)
-DB_STOP = 2  # pg_ctl's fast shutdown, then SIGKILL (the next start recovers)
-
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def prctl(option: int, value: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: neither of them
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(option, value)
-
-
-def die_with_parent() -> None:
-    """In a child: get SIGTERM when its parent dies, even by kill -9 (Linux)."""
-    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+DB_STOP = 1  # pg_ctl's fast shutdown, then SIGKILL (the next start recovers)
 
 
 def say(text: str) -> None:
@@ -477,24 +471,6 @@ def banner(boot: dict) -> str:
     lines.append(f"  lakeshore CLI: {link_cli()}")
     lines.append("Press Ctrl-C to stop.")
     return "\n".join(lines)
-
-
-def running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def with_suppress(action, *args) -> None:
-    with contextlib.suppress(psutil.Error, ProcessLookupError):
-        action(*args)
-
-
-def kill_group(pid: int) -> None:
-    """SIGKILL the process group `pid` leads (each child here leads its own)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def main() -> None:

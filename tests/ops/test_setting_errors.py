@@ -19,7 +19,7 @@ SOURCES = [
     ROOT / "lakeshore_admin" / "gunicorn_conf.py",
     ROOT / "scripts" / "run.py",
 ]
-READ = re.compile(r"""env_(number|bool|str|list|log_level)\(\s*["']([A-Z][A-Z0-9_]*)["']""")
+READ = re.compile(r"""env_(number|bool|str|list)\(\s*["']([A-Z][A-Z0-9_]*)["']""")
 RAW = re.compile(
     r"""(?:os\.environ(?:\.get|\.setdefault)?\(?\[?|getenv\()\s*["']([A-Z][A-Z0-9_]*)"""
 )
@@ -56,7 +56,7 @@ def discovered(*sources: Path) -> dict[str, str]:
     found = {}
     for source in sources or SOURCES:
         for kind, name in READ.findall(source.read_text()):
-            found.setdefault(name, kind)
+            found.setdefault(name, "log_level" if name.endswith("_LOG_LEVEL") else kind)
     return found
 
 
