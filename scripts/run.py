@@ -282,7 +282,7 @@ class Supervisor:
         self.stop_web()
         if self.django_ready:
             pgdata = settings.EMBEDDED_PGDATA
-            connections.close_all()
+            close_database()
         elif not env_str("DATABASE_URL"):  # a bad setting after the server started
             pgdata = Path(env_str("LAKESHORE_PGDATA", str(VAR / "pg")))
         else:
@@ -370,7 +370,7 @@ class Supervisor:
         boot = json.loads(manage("bootstrap"))
         collect_static()
         tidy_broker()
-        connections.close_all()  # the children open their own
+        close_database()  # the children open their own
         # GET /metrics adds up the counters every process left in this directory (even
         # processes of an earlier run): a fresh start counts from zero, like any restart.
         for stale in Path(settings.LAKESHORE_METRICS_DIR).glob("*.db"):
@@ -410,6 +410,14 @@ class Supervisor:
         )
         say(f"{name} exited with code {gone.returncode} (see above); stopping the rest.")
         self.exit_code = 1
+
+
+def close_database() -> None:
+    """Close this process's connections and their pool (whose thread would otherwise
+    reconnect while the server stops, and log each try)."""
+    connections.close_all()
+    for connection in connections.all(initialized_only=True):
+        connection.close_pool()
 
 
 def tidy_broker() -> None:
