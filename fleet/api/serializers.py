@@ -57,9 +57,16 @@ class RegisteredDaemonSerializer(DaemonSerializer):
         "for this daemon only. Null when the token that registered is already this "
         "daemon's own (a daemon a provider started).",
     )
+    heartbeat_timeout = serializers.SerializerMethodField(
+        help_text="Seconds of silence after which the server marks this daemon lost "
+        "(LAKESHORE_HEARTBEAT_TIMEOUT): the daemon renews well within it."
+    )
+
+    def get_heartbeat_timeout(self, daemon) -> float:
+        return float(settings.LAKESHORE_HEARTBEAT_TIMEOUT)
 
     class Meta(DaemonSerializer.Meta):
-        fields = [*DaemonSerializer.Meta.fields, "token"]
+        fields = [*DaemonSerializer.Meta.fields, "token", "heartbeat_timeout"]
 
 
 class ProviderSerializer(serializers.ModelSerializer):

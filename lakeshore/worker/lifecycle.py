@@ -13,6 +13,10 @@ from lakeshore.pool.pool import Pool
 from lakeshore.worker.calls import DAEMON_LOST, DAEMON_TERMINATED, TOKEN_REVOKED, Stopped
 from lakeshore.worker.environment import job_environment
 
+# The shortest interval --heartbeat allows: a server whose timeout is below three of
+# these cannot be met (the server refuses such a timeout: LAKESHORE_HEARTBEAT_TIMEOUT).
+HEARTBEAT_FLOOR = 0.5
+
 
 class Lifecycle:
     """The Worker's lifecycle (lakeshore.worker.daemon holds the state it uses)."""
@@ -34,6 +38,20 @@ class Lifecycle:
         self.daemon_id = str(daemon["id"])
         where = ", ".join(self.queues) if self.queues else "the default queue"
         self.log(f"registered daemon {self.daemon_id} ({self.name}) serving {where}")
+        self._renew_within(daemon.get("heartbeat_timeout"))
+
+    def _renew_within(self, timeout) -> None:
+        """Beat at least three times within the server's timeout, whatever --heartbeat
+        says: a busy daemon on a loaded machine must never be taken for lost."""
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            return  # an older server: keep --heartbeat
+        fastest = max(HEARTBEAT_FLOOR, timeout / 3)
+        if self.heartbeat_interval > fastest:
+            self.heartbeat_interval = fastest
+            self.log(
+                f"heartbeat every {fastest:g} s: a third of the server's {timeout:g} s "
+                "timeout (--heartbeat asked for more)"
+            )
 
     def run(self) -> int:
         # Job processes die when the thread that forked them exits (PR_SET_PDEATHSIG):

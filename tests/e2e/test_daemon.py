@@ -291,3 +291,30 @@ def test_the_daemon_speaks_with_its_own_credential_not_the_token_it_started_with
     assert proc.wait(20) == 0, _log(tmp_path)
     daemon.token.refresh_from_db()
     assert daemon.token.revoked_at is not None  # gone with its daemon
+
+
+def test_the_daemon_beats_within_the_servers_timeout_whatever_it_was_told(
+    live_server, tmp_path, settings
+):
+    """Issue 21's flap: a server timeout shorter than --heartbeat had a healthy busy
+    daemon marked lost and its jobs run again. The daemon learns the timeout when it
+    registers and beats every third of it. (Without that, this daemon's first beat
+    would come 10 s after it registered, and the reaper below would find it lost.)"""
+    settings.LAKESHORE_HEARTBEAT_TIMEOUT = 3
+    queue = builders.queue(name="e2e")
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--heartbeat", "10")
+    try:
+        _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+        job, _ = services.invocation_submit(
+            queue=queue.name, function="lakeshore.functions.sleep", args=[7]
+        )
+        _wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "running", what="a run")
+        for _ in range(7):  # the job runs past twice the timeout; the reaper looks each second
+            time.sleep(1)
+            assert daemons.reap(now=timezone.now())["lost"] == 0, _log(tmp_path)
+        _wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "succeeded", what="its end")
+        assert Invocation.objects.get(pk=job.pk).attempts == 1  # never run again
+        assert "heartbeat every 1 s: a third of the server's 3 s timeout" in _log(tmp_path)
+    finally:
+        proc.terminate()
+        proc.wait(20)
