@@ -1,6 +1,7 @@
 """/api/v1/daemons/ — register, list and show daemons."""
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -42,7 +43,8 @@ def test_a_daemon_token_registers_a_daemon(daemon_client):
 
     assert response.status_code == 201, response.json()
     body = response.json()
-    assert set(body) == DAEMON_KEYS | {"token"}
+    assert set(body) == DAEMON_KEYS | {"token", "heartbeat_timeout"}
+    assert body["heartbeat_timeout"] == settings.LAKESHORE_HEARTBEAT_TIMEOUT  # to beat within
     daemon = Daemon.objects.get()
     assert body["token"].startswith("lsk_") and daemon.token.bound  # its own credential
     assert body["id"] == str(daemon.pk)
