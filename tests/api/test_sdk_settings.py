@@ -34,3 +34,10 @@ def test_any_token_reads_the_namespace_its_user_and_its_roles(api, settings, rol
 def test_without_a_token_it_is_401(api):
     answer = api.get("/api/v1/sdk/")
     assert (answer.status_code, answer.json()["error"]["code"]) == (401, "not_authenticated")
+
+
+def test_it_costs_the_same_statements_whatever_the_user_holds(api, django_assert_max_num_queries):
+    """A query-count bound for the new endpoint: authentication and the roles, no more."""
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {builders.token('operator', username='ana')}")
+    with django_assert_max_num_queries(4):
+        assert api.get("/api/v1/sdk/").status_code == 200
