@@ -36,7 +36,7 @@ def test_without_a_token_it_is_401(api):
     assert (answer.status_code, answer.json()["error"]["code"]) == (401, "not_authenticated")
 
 
-def test_it_costs_the_same_statements_whatever_the_user_holds(api, django_assert_max_num_queries):
+def test_it_costs_at_most_four_statements(api, django_assert_max_num_queries):
     """A query-count bound for the new endpoint: authentication and the roles, no more."""
     api.credentials(HTTP_AUTHORIZATION=f"Bearer {builders.token('operator', username='ana')}")
     with django_assert_max_num_queries(4):
