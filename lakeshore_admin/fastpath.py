@@ -160,36 +160,56 @@ class LeanPath:
         self._checked = self._accounted = None
 
     def __call__(self, environ, start_response):
-        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
+        taken = self.take(environ)
+        if taken is None:
             return self.app(environ, start_response)
+        admitted = self.admit(environ, taken)
+        if admitted is None:
+            return self.app(environ, start_response)  # the body unread: DRF refuses first
+        request, view, answer = admitted
+        data = read_body(environ)  # only now: the caller is known and may act
+        if data is TO_DJANGO:
+            return self.app(environ, start_response)
+        route, args, secure = taken
+        outcome = self.outcome(request, lambda: answer(request, *args, data))
+        return self.respond(start_response, outcome, secure, allow(view))
+
+    def take(self, environ):
+        """(route, its arguments, secure) when the lean path may answer the request,
+        else None. The request line and headers only: no database, no body."""
+        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
+            return None
         path = environ.get("PATH_INFO", "")
         if path == _SUBMIT:
             route, args = "submit", ()
         elif (found := _DAEMON.match(path)) is not None:
             route, args = found.group(2), (found.group(1),)
         else:
-            return self.app(environ, start_response)
+            return None
         taken = self._take(environ)
         if taken is None:
-            return self.app(environ, start_response)
-        raw, secure = taken
+            return None
+        return route, args, taken[1]
+
+    def admit(self, environ, taken):
+        """(request, its DRF view, the answer function) when the bearer token
+        authenticates and has the view's role, else None (Django answers, and says
+        why). The body is still unread. Sends request_started."""
+        route = taken[0]
+        raw = environ["HTTP_AUTHORIZATION"].split()[1]
         signals.request_started.send(sender=self.__class__, environ=environ)
         try:
             user, token = authenticate_token(raw)
         except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
-            return self.app(environ, start_response)  # the body unread: DRF refuses first
+            return None
         if self._routes is None:
             self._routes = _routes()
         view, answer = self._routes[route]
         request = LeanRequest(environ, user, token)
         for permission in view.permission_classes:  # the view's own
             if not permission().has_permission(request, None):
-                return self.app(environ, start_response)  # DRF says 403, and why
-        data = _body(environ)  # only now: the caller is known and may act
-        if data is _DJANGO:
-            return self.app(environ, start_response)
-        allow = _allow(view)
-        return self._serve(environ, start_response, request, answer, args, data, secure, allow)
+                return None  # DRF says 403, and why
+        return request, view, answer
 
     def _enabled(self) -> bool:
         middleware = settings.MIDDLEWARE
@@ -236,20 +256,32 @@ class LeanPath:
 
     # ------------------------------------------------------------------ the answer
 
-    def _serve(self, environ, start_response, request, answer, args, data, secure, allow):
+    def outcome(self, request, call, *, finished: bool = True):
+        """(payload, status, extra headers) of `call()`, its errors answered as the API's
+        views answer them. Ends the request (request_finished) unless `finished` is
+        False (the ASGI door ends it itself)."""
         try:
             with audit.serving(request):
                 try:  # a claim's or an exchange's answer adds its headers (Retry-After)
-                    payload, status, *headers = answer(request, *args, data)
+                    payload, status, *headers = call()
                 except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
-                    payload, status, extra = self._error(exc, request)
-                else:
-                    extra = tuple(headers[0].items()) if headers else ()
-            if status != 500:  # Django's own 500 page comes without DRF's Allow
-                extra = (("Allow", allow), *extra)
-            body = self._renderer.render(payload)
+                    return self.error(exc, request)
+                return payload, status, tuple(headers[0].items()) if headers else ()
         finally:
-            signals.request_finished.send(sender=self.__class__)
+            if finished:
+                signals.request_finished.send(sender=self.__class__)
+
+    def respond(self, start_response, outcome, secure, allow):
+        status, headers, body = self.rendered(outcome, secure, allow)
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+        return [body]
+
+    def rendered(self, outcome, secure, allow):
+        """(status, headers, body) of an outcome, with the headers the middleware adds."""
+        payload, status, extra = outcome
+        if status != 500:  # Django's own 500 page comes without DRF's Allow
+            extra = (("Allow", allow), *extra)
+        body = self._renderer.render(payload)
         headers = [
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(body))),
@@ -258,10 +290,9 @@ class LeanPath:
         ]
         if secure and settings.SECURE_HSTS_SECONDS:
             headers.append(("Strict-Transport-Security", _hsts()))
-        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
-        return [body]
+        return status, headers, body
 
-    def _error(self, exc, request):
+    def error(self, exc, request):
         if isinstance(exc, DjangoValidationError):
             exc = exceptions.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -305,8 +336,8 @@ class LeanPath:
         return self._headers
 
 
-def _body(environ):
-    """The JSON body (its length already checked by _take), or _DJANGO when DRF's
+def read_body(environ):
+    """The JSON body (its length already checked by _take), or TO_DJANGO when DRF's
     parser must answer it: text that is not UTF-8 or not JSON, or nested too deep. A
     body read is put back for Django."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -318,17 +349,17 @@ def _body(environ):
         if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
             settings.LAKESHORE_JSON_MAX_DEPTH
         ):
-            return _DJANGO
+            return TO_DJANGO
         return drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
     except (UnicodeDecodeError, ValueError):
-        return _DJANGO
+        return TO_DJANGO
 
 
-_DJANGO = object()  # _body's "hand it to Django"
+TO_DJANGO = object()  # read_body's "hand it to Django"
 
 
 @functools.cache
-def _allow(view) -> str:
+def allow(view) -> str:
     """DRF's Allow header for the view (Django's setup adds HEAD to a view with GET)."""
     instance = view()
     instance.setup(None)

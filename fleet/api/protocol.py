@@ -27,9 +27,14 @@ def heartbeat_answer(request, daemon_id, data):
 
 
 def claim_answer(request, daemon_id, data):
+    return waits.drive(claim_answer_steps(request, daemon_id, data))
+
+
+def claim_answer_steps(request, daemon_id, data):
+    """claim_answer as steps (jobs/waits.py): where it waits, it yields."""
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
-    claimed = protocol.invocation_claim(daemon=daemon, **fields)
+    claimed = yield from protocol.claim_steps(daemon=daemon, **fields)
     return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK, waits.headers(claimed)
 
 
@@ -56,9 +61,14 @@ def complete_answer(request, daemon_id, data):
 
 
 def exchange_answer(request, daemon_id, data):
+    return waits.drive(exchange_answer_steps(request, daemon_id, data))
+
+
+def exchange_answer_steps(request, daemon_id, data):
+    """exchange_answer as steps (jobs/waits.py): where it waits, it yields."""
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
-    answer = protocol.invocation_exchange(daemon=daemon, **fields)
+    answer = yield from protocol.exchange_steps(daemon=daemon, **fields)
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
     payload = {"recorded": answer["recorded"], "claimed": claimed}
     return payload, status.HTTP_200_OK, waits.headers(answer["claimed"])
