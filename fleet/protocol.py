@@ -136,19 +136,24 @@ def claim_steps(
     wait: float = 0.0,
     rng: random.Random | None = None,
     wires: list[str] | None = None,
+    tell_draining: bool = False,
 ) -> Generator[waits.Wait, bool | None, list[Invocation]]:
     """invocation_claim's steps: it yields a waits.Wait where it would sleep, and is
     sent back whether it was woken (True), its time ran out (False) or the wait was
-    refused (None); it returns what it claimed."""
+    refused (None); it returns what it claimed. `tell_draining`: a draining daemon's
+    claim answers at once (its answer says so: the daemon stops claiming) rather than
+    wait out its time."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
+    wait = min(wait, daemons.longest_wait())  # a parked daemon must renew in time
     deadline = time.monotonic() + wait
     fresh = True  # the caller just loaded the daemon
     while True:
         if not fresh:
             daemons.refresh_live(daemon)
         daemons.check_live(daemon)
-        listening = daemon.queues or [""]  # paused ones too: a resume wakes them
+        # its queues (paused ones too: a resume wakes them), and itself (a drain)
+        listening = [*(daemon.queues or [""]), f"daemon:{daemon.pk}"]
         seen = wakeup.listener.snapshot(listening) if wait else ()
         # a long-poll first asks whether anything is queued at all: one indexed read in
         # place of a transaction (a woken one too: others may have been woken with it)
@@ -157,7 +162,7 @@ def claim_steps(
         if len(claimed) >= limit:  # there may be more: the next waiters' turn
             wakeup.listener.relay(listening)
         left = deadline - time.monotonic()
-        if claimed or left <= 0:
+        if claimed or left <= 0 or (tell_draining and daemon.state == DaemonState.DRAINING):
             return claimed
         if not connection.in_atomic_block:
             connection.close()  # hold no connection while waiting
@@ -321,7 +326,13 @@ def invocation_exchange(
 
 
 def exchange_steps(
-    *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
+    *,
+    daemon: Daemon,
+    outcomes: list[dict],
+    limit: int,
+    wait: float = 0.0,
+    wires=None,
+    tell_draining: bool = False,
 ) -> Generator[waits.Wait, bool | None, dict]:
     """Report outcomes and claim more in one call: invocation_complete_batch, then
     invocation_claim, each with its own rules and transaction. Answers
@@ -344,7 +355,11 @@ def exchange_steps(
             raise
         return {"recorded": recorded, "claimed": []}
     claimed = (
-        (yield from claim_steps(daemon=daemon, limit=limit, wait=wait, wires=wires))
+        (
+            yield from claim_steps(
+                daemon=daemon, limit=limit, wait=wait, wires=wires, tell_draining=tell_draining
+            )
+        )
         if limit
         else []
     )

@@ -64,7 +64,7 @@ class Application:
             taken = lean.take(environ)
             if taken is not None and taken[0] in STEPPED:
                 return await self.long_poll(environ, taken, scope, receive, send)
-        return await self.wsgi(scope, receive, send)
+        return await self.wsgi(scope, _coroutine(receive), send)
 
     async def run(self, request, fn, *args):
         """fn(*args) in a worker thread, acting for `request` (the audit trail), its
@@ -84,7 +84,7 @@ class Application:
     async def long_poll(self, environ, taken, scope, receive, send):
         admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
-            return await self.wsgi(scope, receive, send)
+            return await self.wsgi(scope, _coroutine(receive), send)
         request, view, answer_steps = admitted
         route, args, secure = taken
         try:
@@ -140,6 +140,15 @@ async def _read(receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def _coroutine(receive):
+    """`receive` as a coroutine function, which a2wsgi needs (granian's is not one)."""
+
+    async def coroutine():
+        return await receive()
+
+    return coroutine
 
 
 def _replay(body: bytes, receive):
