@@ -68,7 +68,12 @@ class SimulatedDriver(Driver):
         )
 
     def sync(self, *, provider, queue, now, observed=None):
-        mine = Daemon.objects.live().filter(provider=provider).subscribed_to(queue.name)
+        self.sync_queues(provider=provider, queues=[queue], now=now, observed={})
+
+    def sync_queues(self, *, provider, queues, now, observed):
+        """Two statements for all the queues, however many."""
+        names = [queue.name for queue in queues]
+        mine = Daemon.objects.live().filter(provider=provider, queues__overlap=names)
         startup = float((provider.config or {}).get("startup_seconds", 0) or 0)
         mine.filter(
             state=DaemonState.PROVISIONING, created_at__lte=now - timedelta(seconds=startup)
@@ -164,6 +169,10 @@ class LocalDriver(Driver):
         for process in live:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.0, deadline - time.monotonic()))
+
+    def sync_queues(self, *, provider, queues, now, observed):
+        """Its processes are this worker's, whatever their queue: looked at once."""
+        self.sync(provider=provider, queue=None, now=now)
 
     def sync(self, *, provider, queue, now, observed=None):
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]
