@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from fleet import controller, controller_acts
 from fleet.drivers import SimulatedDriver
-from fleet.models import Daemon
+from fleet.models import OVERLAP_NAMES_MAX, Daemon
 from jobs.models import Invocation
+from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from tests import builders
 
@@ -181,3 +182,20 @@ def test_negative_control_without_the_locks_the_tick_launches_again(sim, held_la
     _, busy, _ = _tick_while_a_queue_tick_launches(held_launch)
 
     assert Daemon.objects.subscribed_to("busy").count() == 4
+
+
+def test_many_queue_names_find_the_same_daemons_as_a_few():
+    """Past OVERLAP_NAMES_MAX names, subscribed_to_any looks each daemon's names up in a
+    hashed set instead of the array overlap: the same daemons either way."""
+    names = [f"n{i}" for i in range(OVERLAP_NAMES_MAX + 6)]
+    for i, name in enumerate(names):
+        builders.daemon(queues=[name, "other"] if i % 2 else [name])
+    builders.daemon(queues=["other"])
+    builders.daemon(queues=[])
+    many = set(Daemon.objects.subscribed_to_any(names).values_list("pk", flat=True))
+    few = set()
+    for start in range(0, len(names), 10):
+        chunk = names[start : start + 10]
+        few |= set(Daemon.objects.subscribed_to_any(chunk).values_list("pk", flat=True))
+    assert many == few and len(many) == len(names)
+    assert samples.live_daemons(names) == {name: {"idle": 1} for name in names}
