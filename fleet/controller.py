@@ -95,7 +95,7 @@ def wake(queue_name: str, *, now=None) -> QueueEvent | None:
 
 def tick(*, now=None) -> dict:
     """A tick over every queue the controller manages (fleet/controller_tick.py)."""
-    return controller_tick.tick(now=now or timezone.now(), failed=_tick_failed)
+    return controller_tick.tick(now=now or timezone.now(), failed=_tick_failed, wake=wake)
 
 
 def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:

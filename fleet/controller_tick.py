@@ -17,8 +17,9 @@ changed rather than how many queues there are.
    that tick again.
 
 Then, each in a transaction of its own: a `tick_failed` event for each queue whose part
-raised, the charts' samples (queues/samples.py) and the pruning of old `tick_noop` rows
-(never a queue's latest event: it says what is in force)."""
+raised, a wake for each queue a submit woke while this tick held it (_missed_wakes), the
+charts' samples (queues/samples.py) and the pruning of old `tick_noop` rows (never a
+queue's latest event: it says what is in force)."""
 
 import logging
 from collections import defaultdict
@@ -30,8 +31,9 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Q
 
 from fleet import controller_acts
-from fleet.controller_queues import managed
+from fleet.controller_queues import managed, starting
 from fleet.driver_base import driver_for
+from jobs.models import Invocation, InvocationState
 from lakeshore_admin import hooks
 from queues import samples, signals
 from queues import services as queue_services
@@ -50,10 +52,13 @@ SELECT q.id, {", ".join(f"e.{name}" for name in _COMPARED)}
 """  # noqa: S608 - column names of our own
 
 
-def tick(*, now, failed: Callable[[int, Exception, object], object]) -> dict:
+def tick(
+    *, now, failed: Callable[[int, Exception, object], object], wake: Callable[[str], object]
+) -> dict:
     """`failed(queue_id, error, now)` records a queue whose part raised (after the
-    commit). `queues` counts the queues decided for (a failure included); `skipped`,
-    those another tick held or that are backing off."""
+    commit); `wake(queue_name)` is the controller's wake (see _missed_wakes). `queues`
+    counts the queues decided for (a failure included); `skipped`, those another tick
+    held or that are backing off."""
     queues = list(managed().select_related("provider").order_by("pk"))
     due = [q for q in queues if not (q.tick_failures and _backing_off(q, now))]
     skipped = len(queues) - len(due)
@@ -86,6 +91,8 @@ def tick(*, now, failed: Callable[[int, Exception, object], object]) -> dict:
             )
     for queue_id, error in sorted(errors.items()):
         failed(queue_id, error, now)
+    for name in _missed_wakes(events):
+        wake(name)
     try:  # the time series of the console's charts: every queue, once a minute
         with transaction.atomic():  # a failure here spoils nothing after it
             samples.record(now=now, events=events)
@@ -191,6 +198,25 @@ def _decide(queue: Queue, now, peaks: dict, errors: dict) -> QueueEvent | None:
         logger.exception("controller tick of queue %s failed", queue.pk)
         errors[queue.pk] = exc
         return None
+
+
+def _missed_wakes(events: list[QueueEvent]) -> list[str]:
+    """The queues a submit may have woken while this tick held them: the wake found the
+    queue's lock held and did nothing, and the tick had read its signals before the
+    submit committed. They are the queues the tick saw with no daemon and nothing
+    queued, and that now hold queued work: one statement, and only when there are such
+    queues. The tick then wakes them itself, as the submit asked."""
+    empty = [e.queue_id for e in events if e.daemons == 0 and e.pending == 0]
+    if not empty:
+        return []
+    queued = Invocation.objects.filter(queue=OuterRef("name"), state=InvocationState.QUEUED)
+    return list(
+        starting()
+        .filter(pk__in=empty)
+        .filter(Exists(queued.order_by()))
+        .order_by("pk")
+        .values_list("name", flat=True)
+    )
 
 
 def _unchanged(event: QueueEvent, latest: dict | None) -> bool:

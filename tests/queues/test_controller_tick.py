@@ -11,10 +11,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import controller, controller_acts
+from fleet import controller, controller_acts, controller_tick
 from fleet.drivers import SimulatedDriver
 from fleet.models import OVERLAP_NAMES_MAX, Daemon
+from jobs import services as jobs
+from jobs import serving
 from jobs.models import Invocation
+from lakeshore_admin import hooks
 from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from tests import builders
@@ -199,3 +202,64 @@ def test_many_queue_names_find_the_same_daemons_as_a_few():
         few |= set(Daemon.objects.subscribed_to_any(chunk).values_list("pk", flat=True))
     assert many == few and len(many) == len(names)
     assert samples.live_daemons(names) == {name: {"idle": 1} for name in names}
+
+
+# ---------------------------------------------------------------------------- wakes
+
+
+@pytest.fixture
+def no_broker(monkeypatch):
+    """The wakes submits send go nowhere (the broker is the boundary): the test wakes."""
+    monkeypatch.setattr(serving, "_sent", {})
+    monkeypatch.setattr(serving.celery_app, "send_task", lambda *args, **kwargs: None)
+
+
+def _tick_with_a_submit_meanwhile() -> list:
+    """A tick, during which (its signals read, its queues held) a job is submitted into
+    `train` and the controller woken for it, as the submit's wake does."""
+    woken: list = []
+
+    def submit_meanwhile():
+        if woken:
+            return  # once: the wake's own tick passes here too
+
+        def run():
+            try:
+                jobs.invocation_submit(function="lakeshore.functions.echo", queue="train")
+                woken.append(controller.wake("train"))
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(30)
+
+    hooks.register("tick.acted", submit_meanwhile)
+    try:
+        controller.tick()
+    finally:
+        hooks.clear("tick.acted")
+    return woken
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_wake_that_finds_the_queue_held_by_the_tick_is_not_lost(sim, no_broker):
+    builders.queue(
+        name="train", provider="sim", elasticity_spec={"kind": "fully_elastic", "max": 4}
+    )
+    assert _tick_with_a_submit_meanwhile() == [None]  # the tick held the queue
+
+    assert Daemon.objects.live().subscribed_to("train").count() == 1
+    [up] = QueueEvent.objects.filter(action="scale_up")
+    assert up.reason.startswith("woken by a submit: ") and up.delta == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_negative_control_without_the_tick_waking_it_the_submit_waits(sim, no_broker, monkeypatch):
+    monkeypatch.setattr(controller_tick, "_missed_wakes", lambda events: [])
+    builders.queue(
+        name="train", provider="sim", elasticity_spec={"kind": "fully_elastic", "max": 4}
+    )
+    assert _tick_with_a_submit_meanwhile() == [None]
+
+    assert not Daemon.objects.live().subscribed_to("train").exists()  # until the next tick
