@@ -4,6 +4,8 @@ bench/results/latest.md. Asserts nothing.
 
     python -m bench.compare            the full run (under 10 minutes on 2 cores)
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
+    BENCH_ONLY=controller python -m bench.compare   the controller's rows alone (100,
+                                       1,000 and 10,000 queues), printed, not written
 
 Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
 each row measures), report (medians, ratios, targets, Markdown), lines (the JSON-lines
@@ -67,9 +69,51 @@ def _measure(result: report.RowResult, rounds: int) -> None:
             )
 
 
+def _probes(lakeshore: Lakeshore) -> LineClient:
+    return LineClient(
+        [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+        cwd=ROOT,
+        env=lakeshore.env,
+        log=RUN_DIR / "log" / "django-probes.log",
+    )
+
+
+def controller_only(budget: Budget) -> None:
+    """BENCH_ONLY=controller: the controller's rows alone, with no HTTP server and no
+    procrastinate. Printed; bench/results/latest.md is left as the last full run wrote it."""
+    (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
+    pg = Postgres()
+    pg.start()
+    lakeshore = Lakeshore(pg)
+    probes: LineClient | None = None
+    try:
+        progress("PostgreSQL: migrating the bench database")
+        lakeshore.setup_database()
+        probes = _probes(lakeshore)
+        rows = Rows(lakeshore, RawSQL(pg), None, probes, budget)
+        sections = [run_section(section, budget.rounds) for section in rows.controller()]
+    finally:
+        if probes is not None:
+            probes.close()
+        lakeshore.close()
+        pg.stop()
+    notes = [f"- {section.title}: {note}" for section in sections for note in section.notes]
+    rounds = [
+        f"- {result.row.label}: " + ", ".join(report.number(v) for v in values)
+        for section in sections
+        for result in section.rows
+        for values in result.values.values()
+    ]
+    print(f"\nBENCH_ONLY=controller, {budget.rounds} round(s) a row, wall {wall_seconds():.0f} s\n")
+    print("\n".join([*report.table(sections), "", *notes, "", *rounds, ""]))
+    print("\n".join(line for line in report.targets(sections) if "controller tick" in line))
+
+
 def main() -> None:
     quick = os.environ.get("BENCH_QUICK") == "1"
     budget = Budget.quick() if quick else Budget()
+    if os.environ.get("BENCH_ONLY") == "controller":
+        return controller_only(budget)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
     pg = Postgres()
@@ -96,13 +140,9 @@ def main() -> None:
         for section in rows.sections():
             sections.append(run_section(section, budget.rounds))
         lakeshore.stop_server()
-        rows.probes = probes = LineClient(
-            [str(BIN / "python"), "-m", "bench.compare.django_probes"],
-            cwd=ROOT,
-            env=lakeshore.env,
-            log=RUN_DIR / "log" / "django-probes.log",
-        )
-        sections.append(run_section(rows.in_process(), budget.rounds))
+        rows.probes = probes = _probes(lakeshore)
+        for section in rows.controller():
+            sections.append(run_section(section, budget.rounds))
         progress("— claim per queue kind (queue_bench.py, in-process)")
         try:
             extra["Claim per queue kind (queue_bench.py: in-process service calls, one run)"] = [

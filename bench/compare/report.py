@@ -49,6 +49,8 @@ TARGETS = (
     Target("batch submit ≥ 0.5× batch_defer", "batch", 0.5, "batch"),
     Target("one submit over HTTP ≥ 0.5× defer", "submit-one", 0.5, "submit-one"),
     Target("500 idle daemons < 5 % of one core", "idle", 5.0),
+    Target("controller tick over 1,000 queues × 10,000 daemons ≤ 1 s", "tick-1000", 1.0),
+    Target("controller tick over 10,000 queues × 100,000 daemons ≤ 10 s", "tick-10000", 10.0),
 )
 
 

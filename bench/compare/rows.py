@@ -45,8 +45,8 @@ class Budget:
     cancel_rows: int = 100_000
     list_sizes: tuple[int, ...] = (100_000, 1_000_000)
     list_samples: int = 10  # requests per page kind per round (median), within 2 s
-    tick_queues: int = 1_000
-    tick_daemons: int = 10_000
+    tick_queues: tuple[int, ...] = (100, 1_000, 10_000)  # a controller row for each
+    tick_daemons_per_queue: int = 10
     claim_kind_seconds: float = 1.0  # queue_bench's per-kind claim figures
 
     @classmethod
@@ -67,8 +67,8 @@ class Budget:
             cancel_rows=5_000,
             list_sizes=(5_000, 20_000),
             list_samples=3,
-            tick_queues=20,
-            tick_daemons=100,
+            tick_queues=(10, 20),
+            tick_daemons_per_queue=5,
             claim_kind_seconds=0.2,
         )
 
@@ -842,27 +842,33 @@ class Rows:
 
     # ------------------------------------------------------------------ in-process probes
 
-    def in_process(self) -> Section:
-        """Measured inside Django (django_probes.py), once the HTTP server is stopped."""
-        b = self.budget
+    def controller(self) -> list[Section]:
+        """The controller's tick at each size, measured inside Django (django_probes.py),
+        once the HTTP server is stopped: one section a size (each its own fleet)."""
+        return [self._tick(queues) for queues in self.budget.tick_queues]
+
+    def _tick(self, queues: int) -> Section:
+        daemons = queues * self.budget.tick_daemons_per_queue
         row = Row(
-            "tick",
-            f"controller tick over {b.tick_queues:,} queues × {b.tick_daemons:,} daemons",
+            f"tick-{queues}",
+            f"controller tick over {queues:,} queues × {daemons:,} daemons",
             "s",
             False,
             {LAKESHORE: lambda: self.probes.call("tick")["seconds"]},
+            variant=f"{queues:,} queues",
         )
         section = Section(
-            "Controller (in-process, fleet.controller.tick(), simulated provider)",
+            f"Controller (in-process, fleet.controller.tick(), simulated provider), "
+            f"{queues:,} queues",
             [row],
-            prepare=lambda: self.probes.call(
-                "tick_setup", queues=b.tick_queues, daemons=b.tick_daemons
-            ),
+            prepare=lambda: self.probes.call("tick_setup", queues=queues, daemons=daemons),
             finish=lambda: self.probes.call("tick_cleanup"),
         )
         section.notes.append(
-            "steady state: each queue at its fixed size, so a tick decides and records, "
-            "launches and terminates nothing"
+            "steady state: each queue at its fixed size, so a tick decides and launches "
+            "and terminates nothing; the first round writes each queue's first event, "
+            "later ones find nothing changed and write none (a sample per queue once a "
+            "minute, when a round starts a new minute)"
         )
         return section
 
