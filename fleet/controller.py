@@ -14,7 +14,8 @@ does: fleet/controller_acts.py."""
 
 import logging
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from fleet import controller_acts, controller_tick
@@ -91,6 +92,32 @@ def wake(queue_name: str, *, now=None) -> QueueEvent | None:
     if Daemon.objects.live().subscribed_to(queue_name).exists():
         return None  # another wake or tick started one meanwhile
     return tick_queue(queue.pk, now=now, cause=WOKEN)
+
+
+# The beat's tick is skipped when another ran less than this share of an interval ago:
+# with two servers' beats firing out of step, the controller still runs once an interval.
+BEAT_SHARE = 0.9
+
+_BEAT_SQL = """
+INSERT INTO fleet_beat AS b (name, at) VALUES (%(name)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET at = EXCLUDED.at
+ WHERE b.at <= EXCLUDED.at - make_interval(secs => %(gap)s)
+RETURNING 1
+"""
+
+
+def beat_due(name: str = "tick", *, now=None) -> bool:
+    """Whether a beat's `name` job should run now, noting that it does: False when any
+    server's beat ran it less than BEAT_SHARE of LAKESHORE_TICK_SECONDS ago. One
+    statement, so two beats at once never both run it."""
+    params = {
+        "name": name,
+        "now": now or timezone.now(),
+        "gap": settings.LAKESHORE_TICK_SECONDS * BEAT_SHARE,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_BEAT_SQL, params)
+        return cursor.fetchone() is not None
 
 
 def tick(*, now=None) -> dict:

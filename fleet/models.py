@@ -224,3 +224,15 @@ class DaemonCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.verb} {self.signal} invocation {self.invocation_id} on {self.daemon_id}"
+
+
+class Beat(models.Model):
+    """When a periodic job last ran, whichever server's Celery beat fired it: two or
+    more servers share one database, and the controller's tick runs once an interval
+    (fleet/controller.beat_due)."""
+
+    name = models.CharField(primary_key=True, max_length=32)
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"
