@@ -54,7 +54,7 @@ SERVERS = {
         "/dev/null",
         "lakeshore_admin.wsgi:application",
     ],
-    "gunicorn + uvicorn workers, ASGI (make run: 2 × 32 threads, parked long-polls)": (
+    "gunicorn + uvicorn workers, ASGI (make run: parked long-polls)": (
         lambda port: [
             str(BIN / "gunicorn"),
             "-c",

@@ -6,7 +6,7 @@ connections from a bounded pool per process (settings.py).
 
 Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
 default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the parked
-long-polls, default 32)."""
+long-polls, default 128; started as needed)."""
 
 import os
 import sys
@@ -19,7 +19,7 @@ try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
     bind = f"{env_str('LAKESHORE_BIND', '127.0.0.1')}:{_port}"
     workers = env_number("LAKESHORE_WEB_WORKERS", 2, minimum=1)
-    env_number("LAKESHORE_WEB_THREADS", 32, minimum=1)  # read by the app (asgi.py)
+    env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)  # read by the app (asgi.py)
     loglevel = env_str("LAKESHORE_WEB_LOG_LEVEL")
     loglevel = log_level("LAKESHORE_WEB_LOG_LEVEL", loglevel, "WARNING").lower()
 except BadSetting as exc:  # gunicorn would print a traceback under its own words

@@ -81,9 +81,9 @@ LAKESHORE_LOG_MAX_BYTES = env_number("LAKESHORE_LOG_MAX_BYTES", 16 * 1024 * 1024
 # full stack (the ASGI door parks the lean path's: LAKESHORE_MAX_PARKED below). Past it a
 # claim answers at once (empty, with Retry-After), the SDK's poll no command, its await
 # the current state, and a stream that would wait 503 busy. The default leaves a quarter
-# of the threads per process (LAKESHORE_WEB_THREADS, 32; at least 4) to heartbeats,
-# completions and the console, which never wait: 32 threads admit 24 waits. 0 admits none.
-LAKESHORE_WEB_THREADS = env_number("LAKESHORE_WEB_THREADS", 32, minimum=1)
+# of the threads per process (LAKESHORE_WEB_THREADS, 128; at least 4) to heartbeats,
+# completions and the console, which never wait: 128 threads admit 96 waits. 0 admits none.
+LAKESHORE_WEB_THREADS = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
 LAKESHORE_MAX_WAITS = env_number(
     "LAKESHORE_MAX_WAITS",
     max(1, LAKESHORE_WEB_THREADS - max(4, LAKESHORE_WEB_THREADS // 4)),
