@@ -137,11 +137,16 @@ def _step(steps: Steps, value):
         return _DONE, done.value
 
 
-async def drive_async(steps: Steps, run: Callable[..., Awaitable]):
+def first_step(steps: Steps):
+    """The steps' first step (in a worker thread), for drive_async's `first`."""
+    return _step(steps, None)
+
+
+async def drive_async(steps: Steps, run: Callable[..., Awaitable], *, first=None):
     """Run long-poll steps on the event loop: each step through `run` (a worker thread:
-    they touch the database), each wait a coroutine holding no thread. Returns what the
-    steps return."""
-    got = await run(_step, steps, None)
+    they touch the database), each wait a coroutine holding no thread. `first`: what
+    first_step answered, when the caller ran it. Returns what the steps return."""
+    got = first if first is not None else await run(_step, steps, None)
     while not (isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE):
         if parked.take():
             try:

@@ -11,7 +11,8 @@ as it had threads. Here:
   runs as steps (jobs/waits.py): each step in a worker thread (they touch the
   database), each wait a coroutine on this event loop, holding no thread. The answers,
   headers and errors are the lean path's own.
-- everything else (console, API, submit, heartbeats, the SDK): the WSGI application
+- POST /v1/daemon/poll, the SDK worker's poll, the same way (lakeshore_admin/asgi_sdk.py).
+- everything else (console, API, submit, heartbeats, the SDK's producer): the WSGI application
   (the lean path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per
   process (a2wsgi), as gunicorn's threads served it before.
 
@@ -31,40 +32,45 @@ from django.conf import settings
 from django.core import signals
 from django.db import close_old_connections
 
-from lakeshore_admin.wsgi import application as lean  # sets Django up: before the apps
+from lakeshore_admin.wsgi import application as lean_path  # sets Django up: before the apps
 
 # isort: split
 from accounts import audit
 from fleet.api import protocol
 from jobs import waits, wakeup
+from lakeshore_admin import asgi_sdk as sdk_door
+from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
 from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
+from lakeshore_admin.msgpack_api import MEDIA_TYPE
 
 STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
-class Disconnected(Exception):
-    """The client went away before its body arrived."""
-
-
 class Application:
-    def __init__(self, threads: int):
+    """`lean`: the WSGI application (the lean path, lakeshore_admin/fastpath.py, in front
+    of Django)."""
+
+    def __init__(self, lean, threads: int):
+        self.lean = lean
         self.steps = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-step")
         self.wsgi = WSGIMiddleware(lean, workers=threads)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self.lifespan(receive, send)
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and scope["path"].endswith(("/claim/", "/exchange/"))
-        ):
-            environ = build_environ(scope, io.BytesIO())
-            taken = lean.take(environ)
-            if taken is not None and taken[0] in STEPPED:
-                return await self.long_poll(environ, taken, scope, receive, send)
-        return await self.wsgi(scope, _coroutine(receive), send)
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path.endswith(("/claim/", "/exchange/")):
+                environ = build_environ(scope, io.BytesIO())
+                taken = self.lean.take(environ)
+                if taken is not None and taken[0] in STEPPED:
+                    return await self.long_poll(environ, taken, scope, receive, send)
+            elif path == sdk_door.POLL_PATH:
+                environ = build_environ(scope, io.BytesIO())
+                if self.lean.headers_allow(environ, MEDIA_TYPE) is not None:
+                    return await sdk_door.poll(self, environ, scope, receive, send)
+        return await self.wsgi(scope, coroutine(receive), send)
 
     async def run(self, request, fn, *args):
         """fn(*args) in a worker thread, acting for `request` (the audit trail), its
@@ -82,20 +88,21 @@ class Application:
         return await asyncio.get_running_loop().run_in_executor(self.steps, call)
 
     async def long_poll(self, environ, taken, scope, receive, send):
+        lean = self.lean
         admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
-            return await self.wsgi(scope, _coroutine(receive), send)
+            return await self.wsgi(scope, coroutine(receive), send)
         request, view, answer_steps = admitted
         route, args, secure = taken
         try:
-            body = await _read(receive)
+            body = await read_all(receive)
         except Disconnected:
             await self.run(None, signals.request_finished.send, Application)
             return
         environ["wsgi.input"] = io.BytesIO(body)
         data = await self.run(None, read_body, environ)
         if data is TO_DJANGO:  # DRF's parser answers it
-            return await self.wsgi(scope, _replay(body, receive), send)
+            return await self.wsgi(scope, replay(body, receive), send)
         try:
             steps = STEPPED[route](request, *args, data)
             payload, status, *headers = await waits.drive_async(
@@ -107,14 +114,7 @@ class Application:
         finally:
             await self.run(None, signals.request_finished.send, Application)
         status, headers, content = lean.rendered(outcome, secure, allow(view))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers],
-            }
-        )
-        await send({"type": "http.response.body", "body": content})
+        await respond(send, status, headers, content)
 
     async def lifespan(self, receive, send):
         while True:
@@ -127,42 +127,6 @@ class Application:
                 self.steps.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-async def _read(receive) -> bytes:
-    """The whole body (the lean path checked its Content-Length against Django's
-    limit, and the server holds the client to it)."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise Disconnected
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _coroutine(receive):
-    """`receive` as a coroutine function, which a2wsgi needs (granian's is not one)."""
-
-    async def coroutine():
-        return await receive()
-
-    return coroutine
-
-
-def _replay(body: bytes, receive):
-    """A receive that gives the body read once more, then the client's messages."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _release_waits_on_stop() -> None:
@@ -181,4 +145,4 @@ def _release_waits_on_stop() -> None:
         signal.signal(number, handler)
 
 
-application = Application(threads=settings.LAKESHORE_WEB_THREADS)
+application = Application(lean_path, threads=settings.LAKESHORE_WEB_THREADS)

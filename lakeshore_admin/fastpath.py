@@ -80,12 +80,12 @@ log = logging.getLogger("django.request")
 # fails until it is listed here.
 ACCOUNTED = {
     "django.middleware.security.SecurityMiddleware": (
-        "HSTS, nosniff, Referrer-Policy, COOP: _static_headers and _hsts; "
+        "HSTS, nosniff, Referrer-Policy, COOP: static_headers and _hsts; "
         "plain HTTP under SECURE_SSL_REDIRECT goes to Django"
     ),
     "whitenoise.middleware.WhiteNoiseMiddleware": "serves STATIC_URL only, never /api/",
     "django.middleware.csp.ContentSecurityPolicyMiddleware": (
-        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: _static_headers"
+        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: static_headers"
     ),
     "lakeshore_admin.middleware.RequestHeaderLimitMiddleware": (
         "header_problem(): headers over a limit go to Django"
@@ -101,9 +101,9 @@ ACCOUNTED = {
     "django.contrib.auth.middleware.AuthenticationMiddleware": "the token's user",
     "django.contrib.messages.middleware.MessageMiddleware": "the API adds no message",
     "lakeshore_admin.middleware.HtmxLoginRedirectMiddleware": (
-        "Vary: HX-Request, HX-Target (_static_headers); an API answer never redirects"
+        "Vary: HX-Request, HX-Target (static_headers); an API answer never redirects"
     ),
-    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: _static_headers",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: static_headers",
     "django_htmx.middleware.HtmxMiddleware": "request.htmx: the API does not read it",
     "accounts.audit.AuditMiddleware": "audit.serving(request) around the answer",
     "axes.middleware.AxesMiddleware": "console logins only; a bad token goes to Django",
@@ -195,21 +195,26 @@ class LeanPath:
         """(request, its DRF view, the answer function) when the bearer token
         authenticates and has the view's role, else None (Django answers, and says
         why). The body is still unread. Sends request_started."""
-        route = taken[0]
+        if self._routes is None:
+            self._routes = _routes()
+        view, answer = self._routes[taken[0]]
+        request = self.admit_to(environ, view)
+        return None if request is None else (request, view, answer)
+
+    def admit_to(self, environ, view):
+        """The request, when its bearer token authenticates and has `view`'s role, else
+        None. Sends request_started."""
         raw = environ["HTTP_AUTHORIZATION"].split()[1]
         signals.request_started.send(sender=self.__class__, environ=environ)
         try:
             user, token = authenticate_token(raw)
         except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
             return None
-        if self._routes is None:
-            self._routes = _routes()
-        view, answer = self._routes[route]
         request = LeanRequest(environ, user, token)
         for permission in view.permission_classes:  # the view's own
             if not permission().has_permission(request, None):
                 return None  # DRF says 403, and why
-        return request, view, answer
+        return request
 
     def _enabled(self) -> bool:
         middleware = settings.MIDDLEWARE
@@ -225,11 +230,18 @@ class LeanPath:
 
     # ------------------------------------------------------------------ who may take it
 
-    def _take(self, environ):
+    def headers_allow(self, environ, media_type: str):
+        """_take for another door: (bearer token, secure), or None."""
+        if not self._enabled():
+            return None
+        return self._take(environ, media_type)
+
+    def _take(self, environ, media_type: str = "application/json"):
         """(bearer token, secure) when the lean path may answer, else None. It reads
-        the headers only: the body is read after the token (_body)."""
+        the headers only: the body is read after the token (read_body). `media_type`:
+        the body's (the SDK's door takes msgpack: lakeshore_admin/asgi.py)."""
         media, _, params = environ.get("CONTENT_TYPE", "").partition(";")
-        if media.strip().lower() != "application/json" or params.strip().lower() not in (
+        if media.strip().lower() != media_type or params.strip().lower() not in (
             "",
             "charset=utf-8",
         ):
@@ -285,7 +297,7 @@ class LeanPath:
         headers = [
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(body))),
-            *self._static_headers(),
+            *self.static_headers(),
             *extra,
         ]
         if secure and settings.SECURE_HSTS_SECONDS:
@@ -310,7 +322,7 @@ class LeanPath:
         extra = tuple((k, v) for k, v in response.items() if k.lower() != "content-type")
         return response.data, response.status_code, extra
 
-    def _static_headers(self):
+    def static_headers(self):
         """What the middleware adds to an API answer. Made once: they depend only on
         settings."""
         if self._headers is None:

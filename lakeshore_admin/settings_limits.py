@@ -77,8 +77,8 @@ LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
 LAKESHORE_LOG_MAX_BYTES = env_number("LAKESHORE_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=4096)
 # Issue 17: long-poll admission (jobs/waits.py)
 # At most this many requests of one server process sleep in a thread at once: the SDK's
-# poll, await and result stream, a log follow, and a claim or exchange that takes the
-# full stack (the ASGI door parks the lean path's: LAKESHORE_MAX_PARKED below). Past it a
+# await and result stream, a log follow, and a claim, exchange or SDK poll that takes the
+# full stack (the ASGI doors park the others: LAKESHORE_MAX_PARKED below). Past it a
 # claim answers at once (empty, with Retry-After), the SDK's poll no command, its await
 # the current state, and a stream that would wait 503 busy. The default leaves a quarter
 # of the threads per process (LAKESHORE_WEB_THREADS, 128; at least 4) to heartbeats,
@@ -89,7 +89,8 @@ LAKESHORE_MAX_WAITS = env_number(
     max(1, LAKESHORE_WEB_THREADS - max(4, LAKESHORE_WEB_THREADS // 4)),
     minimum=0,
 )
-# Under the ASGI server a daemon's claim and exchange wait on the event loop, holding no
+# Under the ASGI server a daemon's claim and exchange, and an SDK worker's poll, wait on
+# the event loop, holding no
 # thread (jobs/waits.py): at most this many of them per server process, each a few KiB.
 # Past it a claim answers at once, empty, with Retry-After, as above.
 LAKESHORE_MAX_PARKED = env_number("LAKESHORE_MAX_PARKED", 10000, minimum=0)
