@@ -17,6 +17,12 @@ EXEC_GRACE = 10.0  # seconds an invocation sent TERM or INT by an operator has t
 EXEC_SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 
 
+def claims_renew(*, idle: bool, answered: float, now: float, interval: float) -> bool:
+    """The rule (Heartbeats.claims_renew; bench/fleet_swarm.py imports it): an idle
+    daemon whose claim was answered within the heartbeat interval skips its heartbeat."""
+    return idle and now - answered < interval
+
+
 class Heartbeats:
     """The Worker's heartbeats and operators' commands (lakeshore.worker.daemon holds the
     state they use)."""
@@ -51,10 +57,14 @@ class Heartbeats:
         An idle daemon's long-poll renews its liveness on the server (each claim that
         finds its heartbeat due rewrites it), and its answer says when to drain; a
         heartbeat would add nothing but a request."""
-        if time.monotonic() - self.claim_answered >= self.heartbeat_interval:
-            return False
         with self.lock:
-            return not self.running and not self.reporter.pending_ids()
+            idle = not self.running and not self.reporter.pending_ids()
+        return claims_renew(
+            idle=idle,
+            answered=self.claim_answered,
+            now=time.monotonic(),
+            interval=self.heartbeat_interval,
+        )
 
     def _heartbeat_loop(self) -> None:
         while not self.hard_stop.wait(self.heartbeat_interval):
