@@ -1,6 +1,8 @@
 """Small builders for tests: real rows through the real services."""
 
+import asyncio
 import itertools
+import threading
 
 from django.utils import timezone
 
@@ -82,3 +84,22 @@ def credential(daemon: Daemon, username: str = "provider-sim"):
     Daemon.objects.filter(pk=daemon.pk).update(token=token)
     daemon.token = token
     return token, raw
+
+
+def run_async(coroutine):
+    """asyncio.run in a thread of its own: a test process may already run an event loop
+    in its main thread (Playwright's sync API, after a browser test in the same worker)."""
+    answer = {}
+
+    def run():
+        try:
+            answer["value"] = asyncio.run(coroutine)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            answer["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in answer:
+        raise answer["error"]
+    return answer["value"]

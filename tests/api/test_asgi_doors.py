@@ -66,7 +66,7 @@ def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
     async def send(message):
         sent.append(message)
 
-    asyncio.run(app(scope, receive, send))
+    builders.run_async(app(scope, receive, send))
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     headers = {k.decode(): v.decode() for k, v in start["headers"]}

@@ -105,7 +105,7 @@ def _run(base: str, server: psutil.Process) -> dict:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     try:
-        return asyncio.run(_swarm(base, token, ids, server))
+        return builders.run_async(_swarm(base, token, ids, server))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
