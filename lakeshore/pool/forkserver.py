@@ -190,6 +190,7 @@ def preload(allowed: tuple[str, ...], skip: set[str]) -> tuple[list[str], dict[s
             skipped[module] = "its import starts a thread"
             continue
         if module in sys.modules:
+            loaded.append(module)
             continue
         try:
             importlib.import_module(module)
@@ -279,7 +280,6 @@ def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: 
     sys.argv = [runner.__file__, "--in", str(runner_in), "--out", str(runner_out), "--once"]
     os.write(said, f"{os.getpid()}\n".encode())
     os.close(said)
-    code = 0
     try:
         runner.serve(runner_in, runner_out, once=True)
     except SystemExit as exc:
@@ -287,25 +287,31 @@ def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: 
     except BaseException:  # noqa: BLE001 - as the interpreter would: a traceback, code 1
         traceback.print_exc()
         code = 1
-    _exit(code)
+    else:
+        code = 0
+    Leaving.code = code
+    sys.exit(code)
 
 
-def _exit(code: int) -> None:
-    """Ends the job process as a fresh interpreter's end would look from outside (its
-    non-daemon threads joined, its atexit functions run, its streams flushed), without
-    tearing down every module the template imported: that teardown writes to each
-    object shared with the template (a copy of each page) and took 15 ms a job."""
-    main_thread = threading.main_thread()
-    while left := [t for t in threading.enumerate() if t is not main_thread and not t.daemon]:
-        for thread in left:
-            thread.join()
-    # The one way to run them short of finalizing everything; like the interpreter's
-    # own exit, it prints what a function raises and goes on.
-    atexit._run_exitfuncs()
+class Leaving:
+    """A job process's exit code, once its invocation ran (None in the template)."""
+
+    code: int | None = None
+
+
+def _leave_quickly() -> None:
+    """The last exit function (the template registers it before it imports anything
+    that registers one): a job process has ended as a fresh interpreter's end looks from
+    outside (its non-daemon threads joined, every other exit function run); its streams
+    are flushed and it exits without tearing down each module the template imported.
+    That teardown writes to every object shared with the template (a copy of each page)
+    and took 15 ms a job."""
+    if Leaving.code is None:
+        return
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a job may close or replace its streams
             stream.flush()
-    os._exit(code)
+    os._exit(Leaving.code)
 
 
 def main(argv: list[str]) -> None:
@@ -318,6 +324,7 @@ def main(argv: list[str]) -> None:
     if options["--control"] is None:
         raise SystemExit("usage: python -m lakeshore.pool.forkserver --control FD")
     control = socket.socket(fileno=int(options["--control"]))
+    atexit.register(_leave_quickly)  # first registered, so run last
     daemon = os.getppid()
     try:
         forker = Forker()

@@ -56,7 +56,9 @@ class Forked:
 
 
 class TemplateError(OSError):
-    """The template could not be started, or could not fork."""
+    """The template could not be started, or could not fork (`said`: and it said why)."""
+
+    said = False
 
 
 class Template:
@@ -69,6 +71,7 @@ class Template:
         self.process: subprocess.Popen | None = None
         self.control: socket.socket | None = None
         self.starts = 0  # templates started, for figures and tests
+        self.preloaded: list[str] = []  # what the running template imported up front
 
     @property
     def pid(self) -> int | None:
@@ -100,11 +103,12 @@ class Template:
             why = (answer or {}).get("error") or f"it exited (code {self.process.poll()})"
             self.stop()
             raise TemplateError(f"the job template did not start: {why}")
+        self.preloaded = list(answer.get("preloaded") or [])
         left = answer.get("skipped") or {}
         note = "; not preloaded: " + ", ".join(f"{m} ({w})" for m, w in left.items())
         self.log(
             f"job template {self.process.pid} ready "
-            f"({len(answer.get('preloaded') or [])} modules preloaded{note if left else ''})"
+            f"({len(self.preloaded)} modules preloaded{note if left else ''})"
         )
 
     def _answer(self, timeout: float) -> dict | None:
@@ -127,9 +131,14 @@ class Template:
         self.ensure()
         try:
             return self._fork(env, fds)
-        except TemplateError:
-            if self.alive():
+        except TemplateError as exc:
+            if exc.said:  # alive, and it said why it could not fork
                 raise
+        try:  # dying (or deaf): gone within a second, or killed
+            self.process.wait(1)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
         self.ensure(" while forking a job process")
         return self._fork(env, fds)
 
@@ -156,8 +165,10 @@ class Template:
         finally:
             os.close(said)
         if pid is None:
-            why = self._error() or "the job template died while forking"
-            raise TemplateError(why)
+            said = self._error()
+            error = TemplateError(said or "the job template died while forking")
+            error.said = bool(said)
+            raise error
         return Forked(pid)
 
     def _pid(self, said: int) -> int | None:

@@ -157,3 +157,56 @@ def ticker(lines: int, every: float) -> int:
         print(f"tick {i}")
         time.sleep(every)
     return os.getpid()
+
+
+def leave_state(value: str) -> dict:
+    """Leaves state behind three ways: this module's global, an environment variable,
+    and an attribute of a module the job template preloads (subprocess, imported at the
+    top of this module)."""
+    global STATE
+    STATE = value
+    os.environ["LEFT_BY_A_JOB"] = value
+    subprocess.LEFT_BY_A_JOB = value
+    return seen_state()
+
+
+def seen_state() -> dict:
+    """What this process sees of the state leave_state leaves."""
+    return {
+        "pid": os.getpid(),
+        "global": STATE,
+        "env": os.environ.get("LEFT_BY_A_JOB"),
+        "module": getattr(subprocess, "LEFT_BY_A_JOB", None),
+    }
+
+
+def whoami() -> dict:
+    """This process's parent, session, group, open descriptors and arguments."""
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "sid": os.getsid(0),
+        "pgid": os.getpgid(0),
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "argv": sys.argv,
+        "env": dict(os.environ),
+        "main": getattr(sys.modules["__main__"], "__spec__", None) is not None,
+    }
+
+
+def read_environ(pid: int) -> str:
+    """Another process's environment, as a job could read it."""
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        return handle.read().decode(errors="replace")
+
+
+def at_exit_writes(path: str, text: str) -> int:
+    """Registers an exit function that writes `text` to `path` as the process ends."""
+    import atexit
+
+    def write() -> None:
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    atexit.register(write)
+    return os.getpid()
