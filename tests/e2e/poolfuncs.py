@@ -194,10 +194,10 @@ def whoami() -> dict:
     }
 
 
-def read_environ(pid: int) -> str:
-    """Another process's environment, as a job could read it."""
+def read_environ(pid: int) -> list[str]:
+    """Another process's environment (its NAME=value entries), as a job could read it."""
     with open(f"/proc/{pid}/environ", "rb") as handle:
-        return handle.read().decode(errors="replace")
+        return [entry.decode(errors="replace") for entry in handle.read().split(b"\0") if entry]
 
 
 def at_exit_writes(path: str, text: str) -> int:
