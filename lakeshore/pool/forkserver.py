@@ -64,27 +64,29 @@ class CannotFork(Exception):
 
 
 def _tid_offset(libc) -> int:
-    """Where glibc keeps a thread's kernel tid in its thread control block: the one
-    32-bit word of the main thread's block equal to its tid, checked on a second
-    thread. clone writes the child's tid there (CLONE_CHILD_SETTID), as fork(3) does,
-    so the C library's view of the child's own thread is the child's."""
+    """Where glibc keeps a thread's kernel tid in its thread control block: the 32-bit
+    word of the block equal to the thread's tid in the main thread and in two others
+    (another word may equal one tid by chance, not three). clone writes the child's tid
+    there (CLONE_CHILD_SETTID), as fork(3) does, so the C library's view of the child's
+    own thread is the child's."""
     self_block = libc.pthread_self
     self_block.restype = ctypes.c_void_p
     self_block.argtypes = []
 
-    def candidates() -> list[int]:
+    def candidates() -> set[int]:
         words = (ctypes.c_int32 * TCB_SEARCH).from_address(self_block())
         tid = threading.get_native_id()
-        return [i * 4 for i in range(TCB_SEARCH) if words[i] == tid]
+        return {i * 4 for i in range(TCB_SEARCH) if words[i] == tid}
 
-    found = candidates()
-    other: list[list[int]] = []
-    thread = threading.Thread(target=lambda: other.append(candidates()))
-    thread.start()
-    thread.join()
-    if len(found) != 1 or not other or found[0] not in other[0]:
-        raise CannotFork("the C library's thread block does not show where the tid is")
-    return found[0]
+    found = [candidates()]
+    for _ in range(2):
+        thread = threading.Thread(target=lambda: found.append(candidates()))
+        thread.start()
+        thread.join()
+    common = set.intersection(*found)
+    if len(found) != 3 or len(common) != 1:
+        raise CannotFork(f"the C library's thread block does not show where the tid is {found}")
+    return common.pop()
 
 
 class Forker:
@@ -258,28 +260,31 @@ def serve(control: socket.socket, forker: Forker, daemon: int):
 
 def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: list[int]):
     """The job process: dies with the daemon's thread, leaves the template's session,
-    takes the job's environment and streams, says its pid, runs one invocation."""
+    says its pid, takes the job's streams and environment, runs one invocation."""
     if forker.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         os._exit(71)  # no parent-death signal: better not to run at all
     if os.getppid() != daemon:
         os._exit(70)  # the daemon died before the prctl took effect
-    control.close()
     runner_in, runner_out, out, err, said = fds
-    os.setsid()
+    os.setsid()  # a session and process group of its own before the daemon knows it
+    os.write(said, f"{os.getpid()}\n".encode())
+    os.close(said)
+    control.close()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out, 1)
     os.dup2(err, 2)
-    keep = {0, 1, 2, runner_in, runner_out, said}
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            with contextlib.suppress(OSError):
-                os.close(int(name))
-    os.environ.clear()
-    os.environ.update(env)
+    low = 0
+    for fd in [*sorted({0, 1, 2, runner_in, runner_out}), os.sysconf("SC_OPEN_MAX")]:
+        if fd > low:
+            os.closerange(low, fd)  # everything else the template held
+        low = fd + 1
+    for name in [name for name in os.environ if name not in env]:
+        del os.environ[name]
+    for name, value in env.items():  # the template's, mostly: only what differs is set
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     sys.argv = [runner.__file__, "--in", str(runner_in), "--out", str(runner_out), "--once"]
-    os.write(said, f"{os.getpid()}\n".encode())
-    os.close(said)
     try:
         runner.serve(runner_in, runner_out, once=True)
     except SystemExit as exc:
