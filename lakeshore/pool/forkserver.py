@@ -12,7 +12,8 @@ process with threads cannot be forked safely) makes the template start over with
 
 Each request on the control socket (SOCK_SEQPACKET) is one JSON message, {"env": {...}},
 carrying five descriptors: the runner's input and output pipes, the job's stdout and
-stderr, and a pipe on which the new job process writes its pid. For each the template
+stderr, and a pipe on which the new job process writes its pid (which the daemon reads
+only when the template died before it answered). For each the template
 forks one child with clone(CLONE_PARENT): the child's parent is the daemon (the thread
 that started the template), exactly as if the daemon had started it itself, so the
 daemon reaps it, learns its exit code, kills its process group while it is unreaped,
@@ -23,8 +24,9 @@ stderr to its log pipes, every other descriptor closed) and runs one invocation
 (non-daemon threads joined, atexit handlers run).
 
 The template answers on the control socket: {"ready": pid, "preloaded": [...], "skipped":
-{module: why}} once it has started, {"error": "..."} when a fork fails. It exits when the
-control socket closes."""
+{module: why}} once it has started, then {"pid": pid} for each fork (the daemon goes on at
+once, without waiting for the child to run), or {"error": "..."} when one fails. It exits
+when the control socket closes."""
 
 import ast
 import atexit
@@ -256,6 +258,8 @@ def serve(control: socket.socket, forker: Forker, daemon: int):
             return lambda: _child(control, forker, daemon, env, fds)
         for fd in fds:
             os.close(fd)
+        with contextlib.suppress(OSError):
+            control.send(json.dumps({"pid": pid}).encode())
 
 
 def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: list[int]):
@@ -266,8 +270,9 @@ def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: 
     if os.getppid() != daemon:
         os._exit(70)  # the daemon died before the prctl took effect
     runner_in, runner_out, out, err, said = fds
-    os.setsid()  # a session and process group of its own before the daemon knows it
-    os.write(said, f"{os.getpid()}\n".encode())
+    os.setsid()  # a session and process group of its own (see kill_job_group)
+    with contextlib.suppress(OSError):  # read only if the template died meanwhile
+        os.write(said, f"{os.getpid()}\n".encode())
     os.close(said)
     control.close()
     null = os.open(os.devnull, os.O_RDONLY)

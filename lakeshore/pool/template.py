@@ -4,11 +4,14 @@ dies with the spawner thread like a job process) and asks it for one job process
 invocation; Forked is such a process as the daemon holds it (it is the daemon's child:
 the template forks it with clone(CLONE_PARENT)), with Popen's pid, wait and poll.
 
-The new process says its pid on a pipe of its own, which the template does not keep:
-when that pipe closes without a pid, no process was made, whatever happened to the
-template. A template found dead (before or during a fork) is started again and the fork
-asked once more; if that fails too, the fork raises OSError (the invocation fails, and
-says why). Only the spawner thread uses a Template."""
+The template answers each fork with the new process's pid. If it dies first, the new
+process's own pipe says whether one was made: the template does not keep that pipe, so
+when it closes without a pid, no process was made. Until the new process has a session
+of its own (its first step), its group is not there to kill: kill_job_group then kills
+the process itself, which has started nothing yet. A template found dead (before or
+during a fork) is started again and the fork asked once more; if that fails too, the
+fork raises OSError (the invocation fails, and says why). Only the spawner thread uses
+a Template."""
 
 import contextlib
 import json
@@ -134,11 +137,6 @@ class Template:
         except TemplateError as exc:
             if exc.said:  # alive, and it said why it could not fork
                 raise
-        try:  # dying (or deaf): gone within a second, or killed
-            self.process.wait(1)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
         self.ensure(" while forking a job process")
         return self._fork(env, fds)
 
@@ -158,21 +156,28 @@ class Template:
             try:
                 socket.send_fds(self.control, [message], [*fds, say])
             except OSError as exc:
+                self._end()
                 raise TemplateError(f"the job template is gone ({exc})") from None
             finally:
                 os.close(say)
-            pid = self._pid(said)
+            answer = self._answer(FORK_TIMEOUT) or {}
+            if isinstance(answer.get("pid"), int):
+                return Forked(answer["pid"])
+            if answer.get("error"):  # alive, and it said why it could not fork
+                error = TemplateError(str(answer["error"]))
+                error.said = True
+                raise error
+            self._end()  # it died or does not answer: it is done with
+            pid = self._pid(said)  # a child may have been made all the same
         finally:
             os.close(said)
         if pid is None:
-            said = self._error()
-            error = TemplateError(said or "the job template died while forking")
-            error.said = bool(said)
-            raise error
+            raise TemplateError("the job template died while forking")
         return Forked(pid)
 
     def _pid(self, said: int) -> int | None:
-        """The pid the new process writes on `said`; None once every writer is gone."""
+        """The pid the new process writes on `said`; None once every writer is gone (no
+        process was made) or after FORK_TIMEOUT."""
         got = b""
         while True:
             ready, _, _ = select.select([said], [], [], FORK_TIMEOUT)
@@ -183,13 +188,14 @@ class Template:
             if not chunk or got.endswith(b"\n"):
                 return int(got) if got.strip().isdigit() and got.endswith(b"\n") else None
 
-    def _error(self) -> str | None:
-        if self.control is None:
-            return None
-        with contextlib.suppress(BlockingIOError, OSError, ValueError):
-            data = self.control.recv(MESSAGE_MAX, socket.MSG_DONTWAIT)
-            return str(json.loads(data).get("error") or "") or None if data else None
-        return None
+    def _end(self) -> None:
+        """Waits a second for a template that stopped answering to exit, then kills it
+        (its exit code stays for the log)."""
+        try:
+            self.process.wait(1)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
         """Closes the control socket (the template exits), kills and reaps it."""
