@@ -2,6 +2,7 @@
 daemon runs them when its LAKESHORE_ALLOWED_MODULES names tests.e2e.poolfuncs and its
 PYTHONPATH holds the repository root. Each returns the pid of the process it ran in."""
 
+import atexit
 import logging
 import os
 import subprocess
@@ -202,7 +203,6 @@ def read_environ(pid: int) -> list[str]:
 
 def at_exit_writes(path: str, text: str) -> int:
     """Registers an exit function that writes `text` to `path` as the process ends."""
-    import atexit
 
     def write() -> None:
         with open(path, "w") as handle:

@@ -11,6 +11,7 @@ import threading
 import time
 
 from lakeshore.pool.forkserver import top_level_imports
+from lakeshore.pool.template import Template
 from lakeshore.worker.environment import job_environment
 from tests.e2e.jobfuncs import alive
 from tests.lakeshore.test_pool import ROOT, harness  # noqa: F401 - the fixture
@@ -136,6 +137,13 @@ def test_a_template_that_cannot_start_leaves_a_fresh_interpreter_per_job(harness
     assert any("each job process is a fresh interpreter" in line for line in h.logged)
 
 
+def test_a_jobs_exit_functions_run_as_its_process_ends(harness, tmp_path):  # noqa: F811
+    h = _process(harness)
+    pid = h.ok("at_exit_writes", str(tmp_path / "ran"), "at exit")
+    assert (tmp_path / "ran").read_text() == "at exit"  # before its invocation ended
+    assert not alive(pid)
+
+
 def test_what_the_allowed_modules_import_is_preloaded_but_not_they_themselves(harness):  # noqa: F811
     source = """
 import os, sys
@@ -155,3 +163,25 @@ def g():
     preloaded = h.pool.template.preloaded
     assert {"logging", "subprocess", "lakeshore.functions"} <= set(preloaded)
     assert "tests.e2e.poolfuncs" not in preloaded  # the user's module: its state is theirs
+
+
+def test_a_library_whose_import_starts_a_thread_is_left_out(tmp_path):
+    """A process with threads cannot be forked safely: the template starts over without
+    such a module; one that does not import is left to the job."""
+    (tmp_path / "threadmod.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    )
+    (tmp_path / "userjobs.py").write_text("import json\nimport threadmod\nimport no_such_mod\n")
+    env = job_environment({**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path}"}, [], None)
+    logged: list[str] = []
+    template = Template(env, preload=("userjobs",), log=logged.append)
+    try:
+        template.start()
+        assert "json" in template.preloaded and "threadmod" not in template.preloaded
+        assert "userjobs" not in template.preloaded
+        assert "threadmod (its import starts a thread)" in logged[0], logged
+        assert "no_such_mod (ModuleNotFoundError" in logged[0], logged
+        assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # it can fork
+    finally:
+        template.stop()
