@@ -9,6 +9,8 @@ that imports) and what the allowed job modules import at their top level (librar
 never the allowed modules themselves nor anything inside them, whose module-level state
 is the user's). An import that fails is left to the job; one that starts a thread (a
 process with threads cannot be forked safely) makes the template start over without it.
+What a preloaded library sets up at import is copied into every job as it was (Python's
+`random` is reseeded at each fork; a library's own generator seeded at import is not).
 
 Each request on the control socket (SOCK_SEQPACKET) is one JSON message, {"env": {...}},
 carrying five descriptors: the runner's input and output pipes, the job's stdout and
