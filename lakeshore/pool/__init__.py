@@ -13,7 +13,11 @@ Isolation:
   invocation, and when it dies or is killed (timeout, stop). Replacements are started
   by the claim loop's thread before it claims (or when it hands out work).
 - "process": a fresh process per invocation, started when the invocation is handed
-  out, which ends when its process exits (as before pools).
+  out, which ends when its process exits. It is forked from the job template
+  (`template`, `forkserver`: an interpreter started once, which imported the runner
+  and what the allowed modules import) and runs the same runner; it is the daemon's
+  own child all the same (clone with CLONE_PARENT), so everything below holds for it.
+  Where no template can run, it is a fresh `python -m lakeshore.runner --once`.
 
 Either way a job process leads a process group of its own, dies with the thread that
 started it (PR_SET_PDEATHSIG: only the thread running Worker.run, which outlives them
@@ -29,4 +33,6 @@ processes and hands them invocations, and what any thread may do: kill, signal, 
 `monitor` (the monitor thread: outcomes, exits, timeouts), `job_process` (JobProcess,
 one runner process and the pipes to it; Running, an invocation the daemon runs),
 `processes` (starting a job process that dies with the daemon, killing its group,
-reading its memory). The job's side of the pipes is lakeshore.runner."""
+reading its memory), `template` (the daemon's side of the job template, and Forked, a
+process forked from it) and `forkserver` (the template process itself). The job's side
+of the pipes is lakeshore.runner."""

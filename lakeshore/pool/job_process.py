@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from lakeshore.joblog import ERR, OUT, Lines
 from lakeshore.pool.processes import kill_job_group, start_job_process
+from lakeshore.pool.template import Forked, Template
 
 RUNNER = "lakeshore.runner"
 READ_CHUNK = 1 << 16
@@ -46,7 +47,7 @@ class JobProcess:
 
     def __init__(
         self,
-        process: subprocess.Popen,
+        process: subprocess.Popen | Forked,
         to_runner: int,
         from_runner: int,
         once: bool,
@@ -71,21 +72,26 @@ class JobProcess:
         self.lines = {stream: Lines(stream) for stream in self.output}
 
     @classmethod
-    def start(cls, env: dict, *, once: bool) -> "JobProcess":
+    def start(cls, env: dict, *, once: bool, template: "Template | None" = None) -> "JobProcess":
+        """A new `lakeshore.runner` process: a fresh interpreter, or (once, with a
+        template) a child forked from the warm template, which runs the same runner."""
         runner_in, to_runner = os.pipe()
         from_runner, runner_out = os.pipe()
         out_read, out_write = os.pipe()  # the job's stdout and stderr: its log
         err_read, err_write = os.pipe()
         command = [sys.executable, "-m", RUNNER, "--in", str(runner_in), "--out", str(runner_out)]
         try:
-            process = start_job_process(
-                [*command, "--once"] if once else command,
-                env,
-                stdin=subprocess.DEVNULL,  # a job that reads stdin finds nothing
-                stdout=out_write,
-                stderr=err_write,
-                pass_fds=(runner_in, runner_out),
-            )
+            if template is not None and once:
+                process = template.fork(env, (runner_in, runner_out, out_write, err_write))
+            else:
+                process = start_job_process(
+                    [*command, "--once"] if once else command,
+                    env,
+                    stdin=subprocess.DEVNULL,  # a job that reads stdin finds nothing
+                    stdout=out_write,
+                    stderr=err_write,
+                    pass_fds=(runner_in, runner_out),
+                )
         except BaseException:
             for fd in (to_runner, from_runner, out_read, err_read):
                 os.close(fd)

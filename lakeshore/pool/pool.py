@@ -12,6 +12,7 @@ from collections.abc import Callable
 from lakeshore.joblog import to_daemon_log
 from lakeshore.pool.job_process import JobProcess, Running
 from lakeshore.pool.monitor import Monitor
+from lakeshore.pool.template import Template
 
 ISOLATIONS = ("pool", "process")
 
@@ -73,6 +74,10 @@ class Pool(Monitor):
         self.incoming: list[JobProcess] = []  # started, not yet in the selector
         self.closing = False
         self.started = 0  # processes started, for figures and tests
+        # Process isolation: the warm template each job process is forked from (None:
+        # not started yet, or none can run here and each job gets a fresh interpreter).
+        self.template: Template | None = None
+        self.template_failed = False
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_read, False)
         os.set_blocking(self.wake_write, False)
@@ -90,7 +95,8 @@ class Pool(Monitor):
     def prepare(self) -> None:
         """Pool isolation: a warm process in every slot that has none (spawner only)."""
         self._check_spawner()
-        if self.isolation != "pool":
+        if self.isolation == "process":
+            self._prepare_template()
             return
         while True:
             with self.lock:
@@ -101,6 +107,21 @@ class Pool(Monitor):
             except OSError as exc:
                 self.log(f"could not start a job process ({exc}); trying again later")
                 return
+
+    def _prepare_template(self) -> None:
+        """Process isolation: the template running (started again if it died). Where
+        none can run, each job gets a fresh interpreter, as it would without one."""
+        if self.template_failed or self.closing:
+            return
+        if self.template is None:
+            self.template = Template(
+                self.environment(None), preload=self.allowed_modules, log=self.log
+            )
+        try:
+            self.template.ensure()
+        except OSError as exc:
+            self.template_failed = True
+            self.log(f"{exc}: each job process is a fresh interpreter")
 
     def start(self, item: Running) -> None:
         """Runs `item` in an idle pool process, or a new process (spawner only). A warm
@@ -157,7 +178,11 @@ class Pool(Monitor):
             self._wake()  # the monitor's next timeout counts from now
 
     def _spawn(self, invocation: dict | None) -> JobProcess:
-        process = JobProcess.start(self.environment(invocation), once=self.isolation == "process")
+        once = self.isolation == "process"
+        if once:
+            self._prepare_template()
+        template = self.template if once and not self.template_failed else None
+        process = JobProcess.start(self.environment(invocation), once=once, template=template)
         with self.lock:
             self.started += 1
             self.processes.append(process)
@@ -215,6 +240,8 @@ class Pool(Monitor):
             self.monitor.join(10)
         for process in everything:
             process.reap()
+        if self.template is not None:
+            self.template.stop()
         self.selector.close()
         for fd in (self.wake_read, self.wake_write):
             with contextlib.suppress(OSError):

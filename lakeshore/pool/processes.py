@@ -71,8 +71,17 @@ def kill_job_group(process: subprocess.Popen) -> None:
     the processes the job started die with it. The number stays the group's while any
     member or the unreaped leader exists; once the group is empty the call finds
     nothing (ESRCH), short of a full wrap of the pid space in between."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    try:
         os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        # A job process forked from the template (lakeshore.pool.template) that has not
+        # yet made its own session: it has started nothing, so it alone is killed. Not
+        # once it is reaped (returncode set): its number may be another's then.
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(process.pid, signal.SIGKILL)
+    except PermissionError:
+        pass
 
 
 def resident_mb(pid: int) -> float | None:

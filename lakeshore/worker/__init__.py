@@ -43,6 +43,8 @@ reaper would hand the work to another daemon while the first copy still runs.
   when the *thread* that forked the child exits, so only the thread running
   `Worker.run` (the spawner) starts job processes, pool processes included, and it
   kills them all before it returns. A kill -9 of the daemon kills its job processes too.
+  With `--isolation process` the spawner starts the job template, which forks each job
+  process as the spawner's own child (clone with CLONE_PARENT), so the same holds.
 - Whenever the daemon stops a job (timeout, the server no longer counts it as ours,
   drop, hard stop), when it replaces a pool process, and when a job's process exits, it
   kills the process's whole group, so what the job started (grandchildren in the same

@@ -2,6 +2,7 @@
 daemon runs them when its LAKESHORE_ALLOWED_MODULES names tests.e2e.poolfuncs and its
 PYTHONPATH holds the repository root. Each returns the pid of the process it ran in."""
 
+import atexit
 import logging
 import os
 import subprocess
@@ -156,4 +157,56 @@ def ticker(lines: int, every: float) -> int:
     for i in range(lines):
         print(f"tick {i}")
         time.sleep(every)
+    return os.getpid()
+
+
+def leave_state(value: str) -> dict:
+    """Leaves state behind three ways: this module's global, an environment variable,
+    and an attribute of a module the job template preloads (subprocess, imported at the
+    top of this module)."""
+    global STATE
+    STATE = value
+    os.environ["LEFT_BY_A_JOB"] = value
+    subprocess.LEFT_BY_A_JOB = value
+    return seen_state()
+
+
+def seen_state() -> dict:
+    """What this process sees of the state leave_state leaves."""
+    return {
+        "pid": os.getpid(),
+        "global": STATE,
+        "env": os.environ.get("LEFT_BY_A_JOB"),
+        "module": getattr(subprocess, "LEFT_BY_A_JOB", None),
+    }
+
+
+def whoami() -> dict:
+    """This process's parent, session, group, open descriptors and arguments."""
+    return {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "sid": os.getsid(0),
+        "pgid": os.getpgid(0),
+        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+        "argv": sys.argv,
+        "env": dict(os.environ),
+        "main": getattr(sys.modules["__main__"], "__spec__", None) is not None,
+    }
+
+
+def read_environ(pid: int) -> list[str]:
+    """Another process's environment (its NAME=value entries), as a job could read it."""
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        return [entry.decode(errors="replace") for entry in handle.read().split(b"\0") if entry]
+
+
+def at_exit_writes(path: str, text: str) -> int:
+    """Registers an exit function that writes `text` to `path` as the process ends."""
+
+    def write() -> None:
+        with open(path, "w") as handle:
+            handle.write(text)
+
+    atexit.register(write)
     return os.getpid()
