@@ -4,17 +4,24 @@ bench/results/latest.md. Asserts nothing.
 
     python -m bench.compare            the full run (under 10 minutes on 2 cores)
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
+    python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
+        written to var/bench-run/partial.md; the keys: submit claim e2e cancel lists
+        fleet two-server tick claim-kinds
+    BENCH_FLEET_SIZES=200,1000 …        the "N idle daemons" rows at these sizes
 
 Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
-each row measures), report (medians, ratios, targets, Markdown), lines (the JSON-lines
-link to helper processes), procrastinate_driver and django_probes (those helpers)."""
+each row measures), scale_rows and fleet (the idle fleet, two servers; the fleet's
+generator is bench/fleet_swarm.py), report (medians, ratios, targets, Markdown), lines
+(the JSON-lines link to helper processes), procrastinate_driver and django_probes (those
+helpers)."""
 
+import dataclasses
 import os
 import platform
 import sys
 import time
 
-from bench.compare import report
+from bench.compare import report, scale_rows
 from bench.compare.infra import BIN, RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
 from bench.compare.lines import LineClient
 from bench.compare.rows import Budget, Rows, Section
@@ -67,9 +74,26 @@ def _measure(result: report.RowResult, rounds: int) -> None:
             )
 
 
+KEYS = ("submit", "claim", "e2e", "cancel", "lists", "fleet", "two-server", "tick", "claim-kinds")
+
+
+def chosen() -> set[str]:
+    """The sections asked for (arguments, else BENCH_ONLY); every one when none is."""
+    names = sys.argv[1:] or [n for n in os.environ.get("BENCH_ONLY", "").split(",") if n]
+    unknown = [name for name in names if name not in KEYS]
+    if unknown:
+        sys.exit(f"unknown section(s) {', '.join(unknown)}; the keys: {' '.join(KEYS)}")
+    return set(names or KEYS)
+
+
 def main() -> None:
     quick = os.environ.get("BENCH_QUICK") == "1"
     budget = Budget.quick() if quick else Budget()
+    if os.environ.get("BENCH_FLEET_SIZES"):
+        sizes = tuple(int(n) for n in os.environ["BENCH_FLEET_SIZES"].split(","))
+        budget = dataclasses.replace(budget, fleet_sizes=sizes)
+    only = chosen()
+    partial = only != set(KEYS)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
     pg = Postgres()
@@ -85,31 +109,38 @@ def main() -> None:
         progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
         lakeshore.setup()
         raw.setup()
-        progress("procrastinate: its venv (var/bench-venv), database and schema")
-        try:
-            procrastinate.setup()
-        except Exception as exc:  # noqa: BLE001 - the table goes on without it
-            skipped.append(f"procrastinate ({exc}): its columns are empty")
-            procrastinate.close()
+        if only & {"submit", "e2e"}:
+            progress("procrastinate: its venv (var/bench-venv), database and schema")
+            try:
+                procrastinate.setup()
+            except Exception as exc:  # noqa: BLE001 - the table goes on without it
+                skipped.append(f"procrastinate ({exc}): its columns are empty")
+                procrastinate.close()
+                procrastinate = None
+        else:  # none of the sections asked for has a procrastinate column
             procrastinate = None
         rows = Rows(lakeshore, raw, procrastinate, None, budget)
-        for section in rows.sections():
-            sections.append(run_section(section, budget.rounds))
+        for section in [*rows.sections(), *scale_rows.sections(lakeshore, budget)]:
+            if section.key in only:
+                sections.append(run_section(section, budget.rounds))
         lakeshore.stop_server()
-        rows.probes = probes = LineClient(
-            [str(BIN / "python"), "-m", "bench.compare.django_probes"],
-            cwd=ROOT,
-            env=lakeshore.env,
-            log=RUN_DIR / "log" / "django-probes.log",
-        )
-        sections.append(run_section(rows.in_process(), budget.rounds))
-        progress("— claim per queue kind (queue_bench.py, in-process)")
-        try:
-            extra["Claim per queue kind (queue_bench.py: in-process service calls, one run)"] = [
-                f"    {line}" for line in rows.claim_kinds()
-            ]
-        except Exception as exc:  # noqa: BLE001
-            skipped.append(f"claim per queue kind: {exc}")
+        if only & {"tick", "claim-kinds"}:
+            rows.probes = probes = LineClient(
+                [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+                cwd=ROOT,
+                env=lakeshore.env,
+                log=RUN_DIR / "log" / "django-probes.log",
+            )
+        if "tick" in only:
+            sections.append(run_section(rows.in_process(), budget.rounds))
+        if "claim-kinds" in only:
+            progress("— claim per queue kind (queue_bench.py, in-process)")
+            try:
+                extra[
+                    "Claim per queue kind (queue_bench.py: in-process service calls, one run)"
+                ] = [f"    {line}" for line in rows.claim_kinds()]
+            except Exception as exc:  # noqa: BLE001
+                skipped.append(f"claim per queue kind: {exc}")
     finally:
         for closable in (probes, procrastinate, raw, lakeshore):
             if closable is not None:
@@ -127,10 +158,13 @@ def main() -> None:
         f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
         f"wall time {wall_seconds():.0f} s",
     ]
+    if partial:
+        facts.append(f"only the sections {', '.join(sorted(only))} (a partial run)")
     text = report.render(sections, facts=facts, skipped=skipped, extra=extra)
-    (RESULTS / "latest.md").write_text(text)
+    out = RUN_DIR / "partial.md" if partial else RESULTS / "latest.md"
+    out.write_text(text)
     print("\n" + text)
-    written = (RESULTS / "latest.md").relative_to(ROOT)
+    written = out.relative_to(ROOT)
     progress(f"written to {written}; wall time {wall_seconds():.0f} s")
 
 

@@ -35,7 +35,10 @@ class Target:
     row: str  # the key (or key prefix) of the rows with Lakeshore's figure
     goal: float
     against: str | None = None  # procrastinate's figure: this row's, else the first `against`
-    stretch: float | None = None  # None with against=None: Lakeshore's figure below `goal`
+    stretch: float | None = None
+    # With against=None, a bound on Lakeshore's figure: at most `goal` (at least, when
+    # `higher`).
+    higher: bool = False
 
 
 TARGETS = (
@@ -48,7 +51,14 @@ TARGETS = (
     ),
     Target("batch submit ≥ 0.5× batch_defer", "batch", 0.5, "batch"),
     Target("one submit over HTTP ≥ 0.5× defer", "submit-one", 0.5, "submit-one"),
-    Target("500 idle daemons < 5 % of one core", "idle", 5.0),
+    Target("5,000 idle daemons: server CPU ≤ 25 % of one core", "fleet-cpu-5000", 25.0),
+    Target("idle daemons: heartbeat latency p99 ≤ 1 s", "fleet-liveness", 1000.0),
+    Target("idle daemons: none marked lost", "fleet-lost", 0.0),
+    Target("idle daemons: submit to claim p99 ≤ 100 ms", "fleet-submit", 100.0),
+    Target(
+        "idle daemons: every poll answered within its wait", "fleet-in_time", 100.0, higher=True
+    ),
+    Target("two-server wake-up p99 ≤ 100 ms", "two-server-p99", 100.0),
 )
 
 
@@ -114,7 +124,9 @@ def _judge(target: Target, result: RowResult, results: list[RowResult]) -> str:
     if target.against is None:  # an absolute bound
         if value is None:
             return "— | not measured"
-        verdict = "met" if value < target.goal else "not met"
+        met = value >= target.goal if target.higher else value <= target.goal
+        why = result.row.why() if not met and result.row.why else ""
+        verdict = "met" if met else f"not met{': ' + why if why else ''}"
         return f"{number(value)} {result.row.unit} | {verdict}"
     theirs = result.median(PROCRASTINATE)
     if theirs is None:

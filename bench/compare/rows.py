@@ -1,14 +1,13 @@
 """The rows of the table: what each one measures on each system, within what budget.
 
-A Section groups rows that share a preparation (the rows filled for the list pages,
-the 500 idle daemons). A Row maps each system that has the operation to a function
-that makes one measurement and returns it in the row's unit; the runner (__main__)
-calls each of them once per round, the systems in a rotated order each round."""
+A Section groups rows that share a preparation (the rows filled for the list pages;
+the N idle daemons of scale_rows.py, one fleet run for all their rows). A Row maps
+each system that has the operation to a function that makes one measurement and
+returns it in the row's unit; the runner (__main__) calls each of them once per round,
+the systems in a rotated order each round."""
 
-import asyncio
 import itertools
 import json
-import random
 import statistics
 import threading
 import time
@@ -21,7 +20,6 @@ from psycopg.types.json import Jsonb
 from bench.compare.infra import stop_process
 from bench.compare.lines import LineClient
 from bench.compare.systems import NOOP, PRINTER, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
-from lakeshore.client import retry_after
 
 LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
 SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE)
@@ -39,9 +37,12 @@ class Budget:
     claim_backlog: dict = field(default_factory=lambda: {LAKESHORE: 5_000, RAW: 40_000})
     e2e_jobs: int = 1_000  # end to end: this many jobs, or e2e_seconds, whichever first
     e2e_seconds: float = 6.0
-    idle_daemons: int = 500
-    idle_stagger: float = 2.0  # the long-polls start spread over this many seconds
-    idle_window: float = 20.0  # CPU sampled over one window a round: one whole wait
+    fleet_sizes: tuple[int, ...] = (500, 5_000)  # "N idle daemons" (BENCH_FLEET_SIZES)
+    fleet_window: float = 20.0  # one window a round, the rounds back to back
+    fleet_submits: int = 10  # jobs submitted one at a time a window (submit to claim)
+    fleet_ramp_per_second: float = 200.0  # daemons registering a second, at most
+    fleet_per_process: int = 2_500  # simulated daemons a generator process (its CPU)
+    two_server_submits: int = 50  # a round of the two-server wake-up
     cancel_rows: int = 100_000
     list_sizes: tuple[int, ...] = (100_000, 1_000_000)
     list_samples: int = 10  # requests per page kind per round (median), within 2 s
@@ -61,9 +62,10 @@ class Budget:
             claim_backlog={LAKESHORE: 3_000, RAW: 10_000},
             e2e_jobs=50,
             e2e_seconds=3.0,
-            idle_daemons=40,
-            idle_stagger=0.5,
-            idle_window=3.0,
+            fleet_sizes=(100,),
+            fleet_window=6.0,
+            fleet_submits=5,
+            two_server_submits=10,
             cancel_rows=5_000,
             list_sizes=(5_000, 20_000),
             list_samples=3,
@@ -71,6 +73,9 @@ class Budget:
             tick_daemons=100,
             claim_kind_seconds=0.2,
         )
+
+    def fleet_processes(self, daemons: int) -> int:
+        return max(1, -(-daemons // self.fleet_per_process))
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Row:
     # A row whose procrastinate figure is another row's (the same worker run, measured
     # once): that row's key.
     procrastinate_from: str | None = None
+    # Why a target on this row may be missed, from the run's own figures ("" if unknown).
+    why: Callable[[], str] | None = None
 
 
 @dataclass
@@ -93,6 +100,7 @@ class Section:
     prepare: Callable[[], object] | None = None
     finish: Callable[[], object] | None = None
     notes: list[str | Callable[[], str]] = field(default_factory=list)  # callables: at the end
+    key: str = ""  # what BENCH_ONLY names it by (see __main__)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -160,116 +168,6 @@ RETURNING id"""
 RAW_FINISH = "UPDATE jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)"
 
 
-# ---------------------------------------------------------------------------- idle daemons
-
-
-class IdleDaemons:
-    """`count` registered daemons, each holding claim long-polls (wait=20) on an empty
-    queue, over one httpx.AsyncClient in a background thread; the server's CPU time
-    (its gunicorn processes, from /proc) is sampled in windows meanwhile."""
-
-    def __init__(self, lakeshore: Lakeshore, budget: Budget):
-        self.lakeshore = lakeshore
-        self.count = budget.idle_daemons
-        self.stagger = budget.idle_stagger
-        self.window_seconds = budget.idle_window
-        self.ready = threading.Event()
-        self.stopping = threading.Event()
-        self.answered = self.errors = self.refused = 0
-        self.windows: list[tuple[float, int]] = []  # (server CPU seconds, polls answered)
-        self.failure: BaseException | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        while not self.ready.wait(0.5):
-            if not self.thread.is_alive():
-                raise RuntimeError(f"idle daemons did not start: {self.failure}")
-
-    def window(self) -> float:
-        """% of one core the server used over one window."""
-        before, started = self.lakeshore.server_cpu_seconds(), time.perf_counter()
-        answered = self.answered
-        time.sleep(self.window_seconds)
-        used = self.lakeshore.server_cpu_seconds() - before
-        self.windows.append((used, self.answered - answered))
-        return 100 * used / (time.perf_counter() - started)
-
-    def summary(self) -> str:
-        cpu = sum(used for used, _ in self.windows)
-        answered = sum(n for _, n in self.windows)
-        per_poll = f"{1000 * cpu / answered:.1f} ms" if answered else "—"
-        return (
-            f"polls answered per {self.window_seconds:.0f} s window: "
-            f"{', '.join(str(n) for _, n in self.windows) or '—'} "
-            f"(server CPU per answered poll ≈ {per_poll}); {self.refused} answered at once "
-            f"with Retry-After (past LAKESHORE_MAX_WAITS), each then waited as the daemon "
-            f"does; {self.errors} errors"
-        )
-
-    def stop(self) -> None:
-        """End the polls at once: their daemons end, and a wake-up makes every waiting
-        claim look again (409, daemon_terminated) instead of sleeping out its wait."""
-        self.stopping.set()
-        self.lakeshore.sql(
-            "UPDATE queues_daemon SET state = 'terminated' WHERE name LIKE %s", ["idle-%"]
-        )
-        self.lakeshore.sql("SELECT pg_notify('lakeshore_work', 'idle')")
-        if self.thread is not None:
-            self.thread.join(60)
-        self.lakeshore.reset()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported by start()
-            self.failure = exc
-
-    async def _main(self) -> None:
-        room = self.count + 20
-        limits = httpx.Limits(max_connections=room, max_keepalive_connections=room)
-        async with self.lakeshore.async_client(limits=limits) as client:
-            gate = asyncio.Semaphore(32)
-
-            async def register(i: int) -> tuple[str, str]:
-                async with gate:
-                    body = {"name": f"idle-{i}", "queues": ["idle"]}
-                    answer = await client.post("/api/v1/daemons/register/", json=body)
-                    registered = answer.raise_for_status().json()
-                    return registered["id"], registered["token"]
-
-            ids = await asyncio.gather(*(register(i) for i in range(self.count)))
-            polls = []
-            for daemon_id, credential in ids:
-                polls.append(asyncio.create_task(self._poll(client, daemon_id, credential)))
-                await asyncio.sleep(self.stagger / self.count)
-            self.ready.set()
-            while not self.stopping.is_set():
-                await asyncio.sleep(0.2)
-            await asyncio.wait(polls, timeout=45)
-
-    async def _poll(self, client: httpx.AsyncClient, daemon_id: str, credential: str) -> None:
-        url = f"/api/v1/daemons/{daemon_id}/claim/"
-        own = {"Authorization": f"Bearer {credential}"}  # each daemon speaks for itself
-        while not self.stopping.is_set():
-            try:
-                answer = await client.post(url, json={"limit": 1, "wait": 20}, headers=own)
-            except httpx.HTTPError:
-                self.errors += 1
-                await asyncio.sleep(1)
-                continue
-            if answer.status_code == 200:
-                self.answered += 1
-                pause = retry_after(answer)  # refused a wait slot (LAKESHORE_MAX_WAITS):
-                if pause:  # back off as `lakeshore daemon run` does, with its jitter
-                    self.refused += 1
-                    await asyncio.sleep(pause * (1 + random.random()))  # noqa: S311
-            elif not self.stopping.is_set():
-                self.errors += 1
-                await asyncio.sleep(1)
-
-
 # ---------------------------------------------------------------------------- the rows
 
 
@@ -306,7 +204,6 @@ class Rows:
             self._end_to_end(),
             self._bulk_cancel(),
             *(self._lists(size) for size in self.budget.list_sizes),
-            self._idle(),
         ]
 
     # ------------------------------------------------------------------ submit
@@ -343,6 +240,7 @@ class Rows:
             ],
             prepare=self.find_batch_size,
             finish=self.reset_all,
+            key="submit",
         )
         section.notes.append(lambda: f"batches of {self.batch_size:,} per request/call")
         section.notes.append(self.submit_floor)
@@ -524,7 +422,7 @@ class Rows:
             )
             for daemons in (1, 8)
         ]
-        section = Section("Claim + complete (no job run)", rows, finish=self.reset_all)
+        section = Section("Claim + complete (no job run)", rows, finish=self.reset_all, key="claim")
         section.notes.append(
             "Lakeshore: each daemon a thread with its own keep-alive connection; "
             "limit 1 reports one outcome, limit 10 reports its claim as one list"
@@ -652,7 +550,7 @@ class Rows:
                 )
             )
         b = self.budget
-        section = Section("End to end (real daemon · procrastinate's worker)", rows)
+        section = Section("End to end (real daemon · procrastinate's worker)", rows, key="e2e")
         section.notes.append(
             f"{b.e2e_jobs:,} no-op jobs queued at once in one statement, or "
             f"{b.e2e_seconds:.0f} s, whichever first; timed from the insert to the last "
@@ -719,7 +617,7 @@ class Rows:
             False,
             self._runs(lakeshore=self.lakeshore_cancel, raw=self.raw_cancel),
         )
-        return Section("Bulk cancel", [row], finish=self.reset_all)
+        return Section("Bulk cancel", [row], finish=self.reset_all, key="cancel")
 
     def lakeshore_cancel(self) -> float:
         n = self.budget.cancel_rows
@@ -774,6 +672,7 @@ class Rows:
             rows,
             prepare=lambda: self.fill_lists(size, depth),
             finish=self.reset_all if last else None,
+            key="lists",
         )
         section.notes.append(
             f"median of {self.budget.list_samples} requests a round (fewer if they take over "
@@ -815,31 +714,6 @@ class Rows:
                 lambda: conn.execute(query, params).fetchall(), self.budget.list_samples
             )
 
-    # ------------------------------------------------------------------ idle daemons
-
-    def _idle(self) -> Section:
-        b = self.budget
-        idle = IdleDaemons(self.ls, b)
-        row = Row(
-            "idle",
-            f"{b.idle_daemons} idle daemons long-polling (wait=20): server CPU",
-            "% of a core",
-            False,
-            self._runs(lakeshore=idle.window),
-        )
-        section = Section(
-            f"{b.idle_daemons} idle daemons", [row], prepare=idle.start, finish=idle.stop
-        )
-        section.notes.append(
-            f"the gunicorn processes' CPU time (/proc) over a {b.idle_window:.0f} s window a "
-            "round (a poll waits 20 s; the rounds back to back); gunicorn serves 2 × 128 "
-            "threads, of which LAKESHORE_MAX_WAITS (96 a process) may hold a long-poll: the "
-            "others are answered at once with Retry-After and come back after it, with "
-            "jitter, as `lakeshore daemon run` does"
-        )
-        section.notes.append(idle.summary)
-        return section
-
     # ------------------------------------------------------------------ in-process probes
 
     def in_process(self) -> Section:
@@ -859,6 +733,7 @@ class Rows:
                 "tick_setup", queues=b.tick_queues, daemons=b.tick_daemons
             ),
             finish=lambda: self.probes.call("tick_cleanup"),
+            key="tick",
         )
         section.notes.append(
             "steady state: each queue at its fixed size, so a tick decides and records, "

@@ -1,0 +1,269 @@
+"""The "N idle daemons" rows: a fleet of simulated daemons (bench/fleet_swarm.py, in one
+or a few processes of their own) sending what `lakeshore daemon run` sends when idle,
+against the bench's Lakeshore server, measured window by window:
+
+    server CPU          the server's processes' CPU time (/proc), % of one core
+    liveness p99        heartbeat latency, from its send to its answer
+    submit to claim     jobs submitted one at a time while the fleet idles: from the
+                        submit's answer to the claim answer that carries the job
+    daemons lost        daemons the server marked lost, by the window's end (the reaper
+                        runs every LAKESHORE_TICK_SECONDS meanwhile, as Celery beat does)
+    polls answered      polls answered within their wait (+ 2 s), % of the polls sent
+
+bench/compare/rows.py makes the rows; `make bench` and `python -m bench.compare fleet`
+run them."""
+
+import json
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+from bench.compare.infra import BIN, ROOT, RUN_DIR, progress, stop_process, tree_cpu_seconds
+from bench.compare.lines import LineClient
+from bench.compare.systems import Lakeshore
+from bench.fleet_swarm import percentile
+
+STARTUP = 3.0  # seconds a generator process takes to import and start its daemons
+SETTLE = 10.0  # seconds after the ramp before the first window: two idle claim waits
+METRICS = ("cpu", "liveness", "submit", "lost", "in_time")
+
+
+@dataclass
+class FleetResult:
+    daemons: int
+    processes: int
+    windows: list[dict] = field(default_factory=list)  # the merged figures, per window
+    registered: int = 0
+    unclaimed: int = 0  # submitted jobs no claim answer carried
+    lost_at_end: int = 0
+    heartbeat_interval: float = 0.0
+    claim_wait: float = 0.0
+    taken: dict[str, int] = field(default_factory=dict)  # metric → windows handed out
+
+    def next(self, metric: str) -> float:
+        """The metric's figure for the next round: window by window."""
+        index = self.taken.get(metric, 0)
+        self.taken[metric] = index + 1
+        value = self.windows[min(index, len(self.windows) - 1)][metric]
+        if value is None:
+            raise RuntimeError(f"no {metric} figure in window {index + 1}")
+        return value
+
+    def summary(self) -> str:
+        per = "; ".join(
+            f"window {i + 1}: {w['sent']:,} polls sent, {w['answered']:,} answered "
+            f"({w['late']:,} late, {w['unanswered']:,} unanswered at the end), "
+            f"{w['refused']:,} of them refused with Retry-After, {w['beats']:,} heartbeats "
+            f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
+            f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']}, "
+            f"generator CPU {w['generator_cpu']:.0f} % of a core, "
+            f"errors {_errors(w['errors'])}"
+            for i, w in enumerate(self.windows)
+        )
+        return (
+            f"{self.registered:,} registrations of {self.daemons:,} daemons "
+            f"({self.processes} generator process(es)); each claims with wait "
+            f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
+            f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
+            f"claimed; {self.lost_at_end} daemons lost at the end"
+        )
+
+    def explain(self, metric: str) -> str:
+        """Why a target on `metric` may be missed, from this run's own figures."""
+        w = self.windows
+        refused = sum(x["refused"] for x in w)
+        answered = sum(x["answered"] for x in w)
+        late = sum(x["late"] + x["unanswered"] for x in w)
+        errors = _errors(_sum_errors(w))
+        gen = max(x["generator_cpu"] for x in w)
+        return {
+            "cpu": f"{answered:,} polls answered in {len(w)} windows ({refused:,} refused "
+            "with Retry-After: each costs a request without a wait)",
+            "liveness": f"heartbeats queue behind polls for the server's threads and "
+            f"connections (errors: {errors}); generator at up to {gen:.0f} % of a core",
+            "submit": f"a job waits for a parked poll: {refused:,} polls were refused a "
+            f"wait and sleep out Retry-After with jitter; {self.unclaimed} never claimed",
+            "lost": "heartbeats did not reach the server within LAKESHORE_HEARTBEAT_TIMEOUT",
+            "in_time": f"{late:,} polls answered late or not at all; errors: {errors}",
+        }[metric]
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1000:,.0f} ms"
+
+
+def _sum_errors(windows: list[dict]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for window in windows:
+        for kind, n in window["errors"].items():
+            total[kind] = total.get(kind, 0) + n
+    return total
+
+
+def _errors(errors: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {kind}" for kind, n in sorted(errors.items())) or "none"
+
+
+class Reaper:
+    """fleet.daemons.reap() every LAKESHORE_TICK_SECONDS in a Django process of its own
+    (django_probes.py), as `make run`'s Celery beat and worker do; the bench's server
+    runs no beat."""
+
+    def __init__(self, lakeshore: Lakeshore):
+        self.probes = LineClient(
+            [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+            cwd=ROOT,
+            env=lakeshore.env,
+            log=RUN_DIR / "log" / "fleet-reaper.log",
+        )
+        self.every = float(self.probes.call("tick_seconds")["seconds"])
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(self.every):
+            self.probes.call("reap")
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        self.probes.close()
+
+
+def run_fleet(
+    lakeshore: Lakeshore,
+    *,
+    daemons: int,
+    processes: int,
+    windows: int,
+    window: float,
+    submits: int,
+    ramp_per_second: float,
+    queue: str = "idle",
+) -> FleetResult:
+    """Start the fleet, sample the server at each window's edges, merge what each
+    generator prints, and end the fleet's daemons (terminated, with a wake-up)."""
+    lakeshore.reset()
+    ramp = max(5.0, daemons / ramp_per_second)
+    start_at = time.monotonic() + STARTUP + ramp + SETTLE
+    result = FleetResult(daemons, processes)
+    share = -(-daemons // processes)
+    generators = []
+    reaper = Reaper(lakeshore)
+    try:
+        for first in range(0, daemons, share):
+            args = {
+                "base": lakeshore.base_url,
+                "token": lakeshore.tokens["daemon"],
+                "operator": lakeshore.tokens["operator"],
+                "daemons": min(share, daemons - first),
+                "first": first,
+                "queue": queue,
+                "ramp": ramp,
+                "start_at": start_at,
+                "windows": windows,
+                "window": window,
+                "submits": submits,
+            }
+            generator = subprocess.Popen(
+                [str(BIN / "python"), "-m", "bench.fleet_swarm"],
+                cwd=ROOT,
+                env=lakeshore.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=open(RUN_DIR / "log" / f"fleet-{first}.log", "wb"),  # noqa: SIM115
+                text=True,
+            )
+            generator.stdin.write(json.dumps(args))
+            generator.stdin.close()
+            generators.append(generator)
+        progress(f"  {daemons:,} daemons: ramp {ramp:.0f} s, then {windows} × {window:.0f} s")
+        samples = _sample(lakeshore, generators, start_at, windows, window)
+        outputs = []
+        for generator in generators:
+            out = generator.stdout.read()  # it stops by itself after its last window
+            if generator.wait(60):
+                raise RuntimeError(f"a fleet generator failed; see {RUN_DIR / 'log'}")
+            outputs.append(json.loads(out))
+    finally:
+        for generator in generators:
+            stop_process(generator)
+        reaper.close()
+    result.lost_at_end = _lost(lakeshore)
+    _merge(result, outputs, samples, start_at, window)
+    lakeshore.sql("UPDATE queues_daemon SET state = 'terminated' WHERE name LIKE 'fleet-%'")
+    lakeshore.sql("SELECT pg_notify('lakeshore_work', %s)", [queue])
+    time.sleep(1)
+    lakeshore.reset()
+    return result
+
+
+def _lost(lakeshore: Lakeshore) -> int:
+    query = "SELECT count(*) FROM queues_daemon WHERE state = 'lost' AND name LIKE 'fleet-%'"
+    return lakeshore.sql(query)[0][0]
+
+
+def _sample(lakeshore, generators, start_at: float, windows: int, window: float) -> list:
+    """(server CPU s, generators' CPU s, daemons lost, moment) at each window's edge."""
+    samples = []
+    for edge in range(windows + 1):
+        time.sleep(max(0.0, start_at + edge * window - time.monotonic()))
+        generator_cpu = sum(tree_cpu_seconds(g.pid) for g in generators)
+        samples.append(
+            (lakeshore.server_cpu_seconds(), generator_cpu, _lost(lakeshore), time.monotonic())
+        )
+    return samples
+
+
+def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) -> None:
+    submitted: dict[str, float] = {}
+    claimed: dict[str, float] = {}
+    for out in outputs:
+        submitted.update(out["submitted"])
+        claimed.update(out["claimed"])
+        result.registered += out["registered"]
+        result.heartbeat_interval = out["heartbeat_interval"]
+        result.claim_wait = out["claim_wait"]
+    waits: list[list[float]] = [[] for _ in range(len(samples) - 1)]
+    for job, moment in submitted.items():
+        if job not in claimed:
+            result.unclaimed += 1
+            continue
+        index = min(int((moment - start_at) // window), len(waits) - 1)
+        waits[index].append(claimed[job] - moment)
+    for i, (before, after) in enumerate(zip(samples, samples[1:], strict=False)):
+        parts = [out["windows"][i] for out in outputs]
+        seconds = after[3] - before[3]
+        beats = [b for part in parts for b in part["beats"]]
+        sent = sum(p["sent"] for p in parts)
+        in_time = sum(p["answered"] - p["late"] for p in parts)
+        p99 = percentile(beats, 99)
+        result.windows.append(
+            {
+                "sent": sent,
+                "answered": sum(p["answered"] for p in parts),
+                "late": sum(p["late"] for p in parts),
+                "unanswered": sum(p["unanswered"] for p in parts),
+                "refused": sum(p["refused"] for p in parts),
+                "errors": _sum_errors(parts),
+                "beats": len(beats),
+                "beat_p50": statistics.median(beats) if beats else None,
+                "silence": max(p["silence"] for p in parts),
+                "submits": len(waits[i]),
+                "submit_p50": statistics.median(waits[i]) if waits[i] else None,
+                "generator_cpu": 100 * (after[1] - before[1]) / seconds,
+                "cpu": 100 * (after[0] - before[0]) / seconds,
+                "liveness": None if p99 is None else p99 * 1000,
+                "submit": _p99_ms(waits[i]),
+                "lost": after[2],
+                "in_time": 100 * min(in_time, sent) / sent if sent else None,
+            }
+        )
+
+
+def _p99_ms(values: list[float]) -> float | None:
+    found = percentile(values, 99)
+    return None if found is None else found * 1000
