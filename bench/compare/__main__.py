@@ -154,7 +154,8 @@ def main() -> None:
         "driven over HTTP keep-alive from this process; raw SQL: one table with a partial "
         "index, psycopg autocommit; procrastinate "
         f"{procrastinate.version if procrastinate else '—'} (var/bench-venv): its psycopg "
-        "connector (pool of up to 10), a sync no-op task",
+        "connector (pool of up to 10), a sync no-op task; end to end also as an expert runs "
+        "it (a worker process a core, an async task, pools sized up front: the faster counts)",
         f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
         f"wall time {wall_seconds():.0f} s",
     ]
