@@ -27,11 +27,13 @@ From `start_at` (time.monotonic(), which is system-wide on Linux, so the parent 
 several generators share it) come `windows` windows of `window` seconds; each event
 counts in the window it happens in. `submits` jobs a window are submitted to `queue`,
 one at a time, evenly spaced, with the `operator` token, by the generator whose `first`
-daemon is 0. At the last window's end everything stops, and one JSON object is printed:
-per window, polls sent, answered, answered late (past their wait + LATE), refused with
-Retry-After, errors by kind, heartbeat latencies, the longest silence of any daemon;
-and the submits' and claims' moments by invocation id (bench/compare/fleet.py pairs
-them: submit-to-claim latency)."""
+daemon is 0. After the last window the daemons go on for one more wait (+ LATE), so
+that the polls sent in it get their answers; then everything stops, and one JSON object
+is printed. Per window: of the polls sent in it, how many were answered, held (let wait:
+no Retry-After) and answered within their wait + LATE, answered late, refused with
+Retry-After, or never answered; errors by kind, heartbeat latencies, the longest silence
+of any daemon. And each submit (sent, answered, its invocation) and each claim's moment
+by invocation id (bench/compare/fleet.py pairs them: submit-to-claim latency)."""
 
 import asyncio
 import inspect
@@ -88,12 +90,13 @@ def percentile(values: list[float], p: float) -> float | None:
 
 class Window:
     def __init__(self):
-        self.sent = self.answered = self.late = self.refused = 0
+        # Polls sent in this window, and what became of them (whenever it did).
+        self.sent = self.answered = self.held = self.late = self.refused = 0
+        self.unanswered = 0  # still waiting past their wait + LATE when the fleet stopped
         self.errors: dict[str, int] = {}
         self.beats: list[float] = []  # heartbeat latencies (s)
         self.silence = 0.0  # the longest time any daemon went without renewing (s)
         self.lost = 0  # answers daemon_lost (the server had given the daemon up)
-        self.unanswered = 0  # (last window) polls still waiting past their wait + LATE
 
     def as_dict(self) -> dict:
         return {**vars(self)}
@@ -108,7 +111,8 @@ class Fleet:
         self.end = self.start_at + args["windows"] * self.window
         self.windows = [Window() for _ in range(args["windows"])]
         self.warm = Window()  # before start_at (the ramp): kept apart
-        self.submitted: dict[str, float] = {}  # invocation id → its submit's answer
+        self.after = Window()  # after the last window: not counted
+        self.submits: list[dict] = []  # {"sent", "answered", "id"}: the submitter's
         self.claimed: dict[str, float] = {}  # invocation id → the claim answer carrying it
         self.registered = 0
         self.renewed: dict[int, float] = {}  # daemon → its last renewal (monotonic)
@@ -122,8 +126,9 @@ class Fleet:
     def at(self, moment: float) -> Window:
         if moment < self.start_at:
             return self.warm
-        index = int((moment - self.start_at) // self.window)
-        return self.windows[min(index, len(self.windows) - 1)]
+        if moment >= self.end:
+            return self.after
+        return self.windows[int((moment - self.start_at) // self.window)]
 
     def failed(self, kind: str) -> None:
         errors = self.at(time.monotonic()).errors
@@ -154,11 +159,12 @@ class Fleet:
         if first == 0 and self.args["submits"]:
             tasks.append(asyncio.create_task(self.submitter()))
         await asyncio.sleep(max(0.0, self.end - time.monotonic()))
-        now = time.monotonic()
         last = self.windows[-1]
         for moment in self.renewed.values():  # silences still running at the end
-            last.silence = max(last.silence, now - moment)
-        last.unanswered = sum(1 for t in self.polling.values() if now - t > CLAIM_WAIT + LATE)
+            last.silence = max(last.silence, self.end - moment)
+        await asyncio.sleep(CLAIM_WAIT + LATE)  # the last polls' answers
+        for sent in self.polling.values():
+            self.at(sent).unanswered += 1
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -166,7 +172,7 @@ class Fleet:
             "registered": self.registered,
             "warm": self.warm.as_dict(),
             "windows": [window.as_dict() for window in self.windows],
-            "submitted": self.submitted,
+            "submits": self.submits,
             "claimed": self.claimed,
             "heartbeat_interval": self.interval,
             "claim_wait": CLAIM_WAIT,
@@ -177,7 +183,7 @@ class Fleet:
     async def daemon(self, index: int) -> None:
         await asyncio.sleep(random.uniform(0, self.args["ramp"]))  # noqa: S311
         async with self.client(self.args["token"]) as client:
-            while time.monotonic() < self.end:
+            while True:
                 me = await self.register(client, index)
                 self.registered += 1
                 self.renew(index, time.monotonic())
@@ -243,7 +249,7 @@ class Fleet:
                 state["polling"] = False
                 self.polling.pop(index, None)
             now = time.monotonic()
-            window = self.at(now)
+            window = self.at(sent)  # what became of the polls sent in it
             if self._not_live(answer, state):
                 return
             if answer.status_code != 200:
@@ -253,9 +259,11 @@ class Fleet:
                 continue
             delay = BACKOFF_START
             window.answered += 1
+            pause = retry_after(answer)
             if now - sent > CLAIM_WAIT + LATE:
                 window.late += 1
-            pause = retry_after(answer)
+            elif not pause:
+                window.held += 1
             claimed = answer.json()
             if claimed:
                 await self.complete(client, state, claimed, now)
@@ -317,11 +325,14 @@ class Fleet:
         body = {"function": "lakeshore.functions.echo", "queue": self.args["queue"]}
         async with self.client(self.args["operator"], connections=1) as client:
             await asyncio.sleep(max(0.0, self.start_at - time.monotonic()) + every / 2)
-            while True:
+            while time.monotonic() < self.end:
                 started = time.monotonic()
+                submit = {"sent": started, "answered": None, "id": None}
+                self.submits.append(submit)
                 try:
                     answer = await client.post("/api/v1/jobs/", json={**body, "args": [1]})
-                    self.submitted[str(answer.raise_for_status().json()["id"])] = time.monotonic()
+                    submit["id"] = str(answer.raise_for_status().json()["id"])
+                    submit["answered"] = time.monotonic()
                 except httpx.HTTPError as exc:
                     self.failed(f"submit {type(exc).__name__}")
                 await asyncio.sleep(max(0.0, every - (time.monotonic() - started)))

@@ -8,7 +8,8 @@ against the bench's Lakeshore server, measured window by window:
                         submit's answer to the claim answer that carries the job
     daemons lost        daemons the server marked lost, by the window's end (the reaper
                         runs every LAKESHORE_TICK_SECONDS meanwhile, as Celery beat does)
-    polls answered      polls answered within their wait (+ 2 s), % of the polls sent
+    polls held          polls the server let wait (not refused with Retry-After) and
+                        answered within their wait (+ 2 s), % of the polls sent
 
 bench/compare/rows.py makes the rows; `make bench` and `python -m bench.compare fleet`
 run them."""
@@ -27,7 +28,7 @@ from bench.fleet_swarm import percentile
 
 STARTUP = 3.0  # seconds a generator process takes to import and start its daemons
 SETTLE = 10.0  # seconds after the ramp before the first window: two idle claim waits
-METRICS = ("cpu", "liveness", "submit", "lost", "in_time")
+METRICS = ("cpu", "liveness", "submit", "lost", "held")
 
 
 @dataclass
@@ -53,11 +54,13 @@ class FleetResult:
 
     def summary(self) -> str:
         per = "; ".join(
-            f"window {i + 1}: {w['sent']:,} polls sent, {w['answered']:,} answered "
-            f"({w['late']:,} late, {w['unanswered']:,} unanswered at the end), "
-            f"{w['refused']:,} of them refused with Retry-After, {w['beats']:,} heartbeats "
+            f"window {i + 1}: {w['sent']:,} polls sent, {w['answered']:,} of them answered "
+            f"({w['held_count']:,} held and answered in time, {w['refused']:,} refused with "
+            f"Retry-After, {w['late']:,} late), {w['unanswered']:,} never answered; "
+            f"{w['beats']:,} heartbeats "
             f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
-            f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']}, "
+            f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']} (the submit's "
+            f"own answer p50 {_ms(w['submit_answer_p50'])}), "
             f"generator CPU {w['generator_cpu']:.0f} % of a core, "
             f"errors {_errors(w['errors'])}"
             for i, w in enumerate(self.windows)
@@ -86,7 +89,8 @@ class FleetResult:
             "submit": f"a job waits for a parked poll: {refused:,} polls were refused a "
             f"wait and sleep out Retry-After with jitter; {self.unclaimed} never claimed",
             "lost": "heartbeats did not reach the server within LAKESHORE_HEARTBEAT_TIMEOUT",
-            "in_time": f"{late:,} polls answered late or not at all; errors: {errors}",
+            "held": f"{refused:,} polls refused a wait (Retry-After: the server's waits were "
+            f"full), {late:,} answered late or not at all; errors: {errors}",
         }[metric]
 
 
@@ -219,32 +223,39 @@ def _sample(lakeshore, generators, start_at: float, windows: int, window: float)
 
 
 def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) -> None:
-    submitted: dict[str, float] = {}
+    submits: list[dict] = []
     claimed: dict[str, float] = {}
     for out in outputs:
-        submitted.update(out["submitted"])
+        submits += out["submits"]
         claimed.update(out["claimed"])
         result.registered += out["registered"]
         result.heartbeat_interval = out["heartbeat_interval"]
         result.claim_wait = out["claim_wait"]
+    # By the window it was sent in: from its answer to its claim's answer; a submit never
+    # answered, or never claimed before the fleet stopped, counts as infinitely late.
     waits: list[list[float]] = [[] for _ in range(len(samples) - 1)]
-    for job, moment in submitted.items():
-        if job not in claimed:
+    answers: list[list[float]] = [[] for _ in range(len(samples) - 1)]
+    for submit in submits:
+        index = min(int((submit["sent"] - start_at) // window), len(waits) - 1)
+        if submit["answered"] is not None:
+            answers[index].append(submit["answered"] - submit["sent"])
+        if submit["id"] in claimed:
+            waits[index].append(claimed[submit["id"]] - submit["answered"])
+        else:
             result.unclaimed += 1
-            continue
-        index = min(int((moment - start_at) // window), len(waits) - 1)
-        waits[index].append(claimed[job] - moment)
+            waits[index].append(float("inf"))
     for i, (before, after) in enumerate(zip(samples, samples[1:], strict=False)):
         parts = [out["windows"][i] for out in outputs]
         seconds = after[3] - before[3]
         beats = [b for part in parts for b in part["beats"]]
         sent = sum(p["sent"] for p in parts)
-        in_time = sum(p["answered"] - p["late"] for p in parts)
+        held = sum(p["held"] for p in parts)
         p99 = percentile(beats, 99)
         result.windows.append(
             {
                 "sent": sent,
                 "answered": sum(p["answered"] for p in parts),
+                "held_count": held,
                 "late": sum(p["late"] for p in parts),
                 "unanswered": sum(p["unanswered"] for p in parts),
                 "refused": sum(p["refused"] for p in parts),
@@ -254,12 +265,13 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "silence": max(p["silence"] for p in parts),
                 "submits": len(waits[i]),
                 "submit_p50": statistics.median(waits[i]) if waits[i] else None,
+                "submit_answer_p50": statistics.median(answers[i]) if answers[i] else None,
                 "generator_cpu": 100 * (after[1] - before[1]) / seconds,
                 "cpu": 100 * (after[0] - before[0]) / seconds,
                 "liveness": None if p99 is None else p99 * 1000,
                 "submit": _p99_ms(waits[i]),
                 "lost": after[2],
-                "in_time": 100 * min(in_time, sent) / sent if sent else None,
+                "held": 100 * min(held, sent) / sent if sent else None,
             }
         )
 

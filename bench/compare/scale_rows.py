@@ -59,8 +59,8 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
         Row(f"fleet-submit-{daemons}", f"{what}: submit to claim p99", "ms", False, {}),
         Row(f"fleet-lost-{daemons}", f"{what}: daemons marked lost", "daemons", False, {}),
         Row(
-            f"fleet-in_time-{daemons}",
-            f"{what}: polls answered within their wait, of those sent",
+            f"fleet-held-{daemons}",
+            f"{what}: polls held and answered within their wait, of those sent",
             "%",
             True,
             {},
@@ -80,7 +80,8 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
         f"{budget.fleet_submits} jobs submitted a window, one at a time, evenly spaced, each "
         "completed by the daemon that claims it (an exchange); the reaper runs every "
         "LAKESHORE_TICK_SECONDS as Celery beat would; server CPU: the gunicorn processes' "
-        "CPU time (/proc); a poll is answered in time within its wait + 2 s; the generator's "
+        "CPU time (/proc); a poll is held when the server lets it wait (no Retry-After) and "
+        "answers it within its wait + 2 s; the generator's "
         "own CPU is given per window (over 90 % of a core, its figures are its own lag)"
     )
     section.notes.append(lambda: holder["result"].summary() if "result" in holder else "—")
