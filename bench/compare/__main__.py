@@ -24,7 +24,8 @@ import time
 from bench.compare import report, scale_rows
 from bench.compare.infra import BIN, RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
 from bench.compare.lines import LineClient
-from bench.compare.rows import Budget, Rows, Section
+from bench.compare.rowkit import Budget, Section
+from bench.compare.rows import Rows
 from bench.compare.systems import Lakeshore, Procrastinate, RawSQL
 
 

@@ -11,7 +11,7 @@ against the bench's Lakeshore server, measured window by window:
     polls held          polls the server let wait (not refused with Retry-After) and
                         answered within their wait (+ 2 s), % of the polls sent
 
-bench/compare/rows.py makes the rows; `make bench` and `python -m bench.compare fleet`
+bench/compare/scale_rows.py makes the rows; `make bench` and `python -m bench.compare fleet`
 run them."""
 
 import json

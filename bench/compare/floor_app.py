@@ -5,7 +5,8 @@ under the same gunicorn configuration as Lakeshore and sends it the same request
     POST /hello    answers {} (a hello world: the HTTP round trip alone)
     POST /insert   runs the submit's own INSERT (jobs/transitions/submit.py, read from its
                    source: the same text, prepared, committed durably) and answers the
-                   new row as JSON (its 20 columns)
+                   new row as JSON (its 20 columns); without the two columns saying
+                   whether the queue is served (jobs/serving.py builds them with Django)
 
 No Django: no token, no validation, no rules beyond the statement's, no model, no
 serializer, no middleware, and one connection per thread instead of a pool. What
@@ -28,7 +29,10 @@ def _statement() -> str:
         if isinstance(node, ast.Assign) and any(
             getattr(target, "id", None) == "_INSERT_ADMITTED_SQL" for target in node.targets
         ):
-            return ast.literal_eval(node.value)
+            value = node.value
+            if isinstance(value, ast.BinOp):  # "…RETURNING *, " + serving.columns(…)
+                return ast.literal_eval(value.left).rstrip().rstrip(",")
+            return ast.literal_eval(value)
     raise RuntimeError("jobs/transitions/submit.py has no _INSERT_ADMITTED_SQL")
 
 

@@ -4,7 +4,7 @@ that `make bench` prints and writes to bench/results/latest.md."""
 import statistics
 from dataclasses import dataclass, field
 
-from bench.compare.rows import LAKESHORE, PROCRASTINATE, RAW, SYSTEMS, Row
+from bench.compare.rowkit import LAKESHORE, PROCRASTINATE, RAW, SYSTEMS, Row
 
 
 @dataclass

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 
 from bench.compare.fleet import FleetResult, run_fleet
-from bench.compare.rows import Budget, Row, Section
+from bench.compare.rowkit import Budget, Row, Section
 from bench.compare.systems import NOOP, Lakeshore, stop_gunicorn
 from bench.fleet_swarm import CLAIM_WAIT, percentile
 from lakeshore.pool.job_process import Running
