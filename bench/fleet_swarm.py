@@ -38,6 +38,7 @@ by invocation id (bench/compare/fleet.py pairs them: submit-to-claim latency).""
 import asyncio
 import inspect
 import json
+import math
 import random
 import resource
 import ssl
@@ -47,7 +48,7 @@ from types import SimpleNamespace
 
 import httpx
 
-from lakeshore.client import retry_after
+from lakeshore.client import TIMEOUT_SECONDS, retry_after
 from lakeshore.commands.daemon_run import run as daemon_run_command
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import BACKOFF_MAX, BACKOFF_START, DAEMON_LOST, DAEMON_TERMINATED
@@ -59,7 +60,6 @@ from lakeshore.worker.reporting import Outcome
 # What `lakeshore daemon run` uses when nobody passes flags.
 HEARTBEAT_DEFAULT = next(p.default for p in daemon_run_command.params if p.name == "heartbeat")
 CLAIM_WAIT = inspect.signature(Worker).parameters["claim_wait"].default
-TIMEOUT = 60.0  # seconds a request may take before it counts as an error (timeout)
 LATE = 2.0  # a poll answered later than its wait plus this was not answered in time
 
 
@@ -85,7 +85,7 @@ def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))]
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
 class Window:
@@ -149,7 +149,7 @@ class Fleet:
             base_url=self.base,
             headers={"Authorization": f"Bearer {token}"},
             limits=httpx.Limits(max_connections=connections),
-            timeout=TIMEOUT,
+            timeout=TIMEOUT_SECONDS,  # the daemon's client's
             verify=self.no_tls,
         )
 
@@ -259,6 +259,8 @@ class Fleet:
                 continue
             delay = BACKOFF_START
             window.answered += 1
+            if not beats_while_polling():  # the poll renewed the daemon's liveness
+                self.renew(index, now)
             pause = retry_after(answer)
             if now - sent > CLAIM_WAIT + LATE:
                 window.late += 1
