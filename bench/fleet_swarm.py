@@ -94,7 +94,7 @@ class Window:
         self.sent = self.answered = self.held = self.late = self.refused = 0
         self.unanswered = 0  # still waiting past their wait + LATE when the fleet stopped
         self.errors: dict[str, int] = {}
-        self.beats: list[float] = []  # heartbeat latencies (s)
+        self.beats: list[float] = []  # latencies of the heartbeats sent (s; inf: failed)
         self.silence = 0.0  # the longest time any daemon went without renewing (s)
         self.lost = 0  # answers daemon_lost (the server had given the daemon up)
 
@@ -117,6 +117,7 @@ class Fleet:
         self.registered = 0
         self.renewed: dict[int, float] = {}  # daemon → its last renewal (monotonic)
         self.polling: dict[int, float] = {}  # daemon → when its poll in flight was sent
+        self.beating: dict[int, float] = {}  # daemon → when its heartbeat in flight was sent
         # One TLS context for every client (the server speaks plain HTTP): httpx would
         # load the CA bundle for each client, about 10 ms of a core and 1 MiB each.
         self.no_tls = ssl.create_default_context()
@@ -165,6 +166,8 @@ class Fleet:
         await asyncio.sleep(CLAIM_WAIT + LATE)  # the last polls' answers
         for sent in self.polling.values():
             self.at(sent).unanswered += 1
+        for sent in self.beating.values():  # never answered: never renewed
+            self.at(sent).beats.append(math.inf)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -306,19 +309,25 @@ class Fleet:
             if state["polling"] and not beats_while_polling():
                 continue
             sent = time.monotonic()
+            window = self.at(sent)  # a beat counts where it was sent; a failed one: never
+            self.beating[index] = sent
             try:
                 answer = await client.post(url, json={"held": []})
             except httpx.HTTPError as exc:
                 self.failed(f"heartbeat {type(exc).__name__}")
+                window.beats.append(math.inf)
                 continue
+            finally:
+                self.beating.pop(index, None)
             now = time.monotonic()
             if answer.status_code in (401, 409):
                 self._not_live(answer, state)
                 continue  # the claim loop finds out too, and registers again or stops
             if answer.status_code != 200:
                 self.failed(f"heartbeat {answer.status_code}")
+                window.beats.append(math.inf)
                 continue
-            self.at(now).beats.append(now - sent)
+            window.beats.append(now - sent)
             self.renew(index, now)
 
     async def submitter(self) -> None:

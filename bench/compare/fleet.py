@@ -15,6 +15,7 @@ bench/compare/scale_rows.py makes the rows; `make bench` and `python -m bench.co
 run them."""
 
 import json
+import os
 import statistics
 import subprocess
 import threading
@@ -35,9 +36,11 @@ METRICS = ("cpu", "liveness", "submit", "lost", "held")
 class FleetResult:
     daemons: int
     processes: int
+    window: float  # seconds
     windows: list[dict] = field(default_factory=list)  # the merged figures, per window
     registered: int = 0
     unclaimed: int = 0  # submitted jobs no claim answer carried
+    early: int = 0  # jobs claimed before their submit's answer arrived (counted as 0 s)
     lost_at_end: int = 0
     heartbeat_interval: float = 0.0
     claim_wait: float = 0.0
@@ -61,7 +64,8 @@ class FleetResult:
             f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
             f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']} (the submit's "
             f"own answer p50 {_ms(w['submit_answer_p50'])}), "
-            f"generator CPU {w['generator_cpu']:.0f} % of a core, "
+            f"generator CPU {w['generator_cpu']:.0f} % of a core, load average "
+            f"{w['load']:.1f}, "
             f"errors {_errors(w['errors'])}"
             for i, w in enumerate(self.windows)
         )
@@ -70,28 +74,43 @@ class FleetResult:
             f"({self.processes} generator process(es)); each claims with wait "
             f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
-            f"claimed; {self.lost_at_end} daemons lost at the end"
+            f"claimed, {self.early} claimed before their submit's answer arrived (counted as "
+            f"0 ms); {self.lost_at_end} daemons lost at the end"
         )
 
     def explain(self, metric: str) -> str:
-        """Why a target on `metric` may be missed, from this run's own figures."""
+        """What this run's own figures say about a target on `metric` it missed."""
         w = self.windows
         refused = sum(x["refused"] for x in w)
-        answered = sum(x["answered"] for x in w)
         late = sum(x["late"] + x["unanswered"] for x in w)
         errors = _errors(_sum_errors(w))
-        gen = max(x["generator_cpu"] for x in w)
+        generator = max(x["generator_cpu"] for x in w)
+        requests = sum(x["answered"] + x["beats"] + x["submits"] for x in w)
+        seconds = self.window * len(w)
+        cpu = statistics.median(x["cpu"] for x in w)
+        per_request = 10 * cpu * seconds / requests if requests else 0.0  # ms
+        load = (
+            f"the server at {cpu:.0f} % of a core, the generator at up to "
+            f"{generator:.0f} %; errors: {errors}"
+        )
         return {
-            "cpu": f"{answered:,} polls answered in {len(w)} windows ({refused:,} refused "
-            "with Retry-After: each costs a request without a wait)",
-            "liveness": f"heartbeats queue behind polls for the server's threads and "
-            f"connections (errors: {errors}); generator at up to {gen:.0f} % of a core",
-            "submit": f"a job waits for a parked poll: {refused:,} polls were refused a "
-            f"wait and sleep out Retry-After with jitter; {self.unclaimed} never claimed",
-            "lost": "heartbeats did not reach the server within LAKESHORE_HEARTBEAT_TIMEOUT",
+            "cpu": f"{requests / seconds:,.0f} requests a second (polls, heartbeats, "
+            f"submits), about {per_request:.1f} ms of server CPU each; {refused:,} of the "
+            "polls were refused a wait (Retry-After) and came back",
+            "liveness": f"heartbeats took p50 {_ms(statistics.median(_p50s(w, 'beat_p50')))} "
+            f"with {load}",
+            "submit": f"submit to claim p50 {_ms(statistics.median(_p50s(w, 'submit_p50')))}; "
+            f"{self.unclaimed} never claimed; {refused:,} polls refused a wait (a daemon "
+            f"sleeping out Retry-After hears of no job); {load}",
+            "lost": f"the longest silence of a daemon was "
+            f"{max(x['silence'] for x in w):.1f} s; {load}",
             "held": f"{refused:,} polls refused a wait (Retry-After: the server's waits were "
             f"full), {late:,} answered late or not at all; errors: {errors}",
         }[metric]
+
+
+def _p50s(windows: list[dict], key: str) -> list[float]:
+    return [w[key] for w in windows if w[key] is not None] or [float("nan")]
 
 
 def _ms(seconds: float | None) -> str:
@@ -153,7 +172,7 @@ def run_fleet(
     lakeshore.reset()
     ramp = max(5.0, daemons / ramp_per_second)
     start_at = time.monotonic() + STARTUP + ramp + SETTLE
-    result = FleetResult(daemons, processes)
+    result = FleetResult(daemons, processes, window)
     share = -(-daemons // processes)
     generators = []
     reaper = Reaper(lakeshore)
@@ -211,13 +230,20 @@ def _lost(lakeshore: Lakeshore) -> int:
 
 
 def _sample(lakeshore, generators, start_at: float, windows: int, window: float) -> list:
-    """(server CPU s, generators' CPU s, daemons lost, moment) at each window's edge."""
+    """(server CPU s, generators' CPU s, daemons lost, moment, the machine's load average)
+    at each window's edge."""
     samples = []
     for edge in range(windows + 1):
         time.sleep(max(0.0, start_at + edge * window - time.monotonic()))
         generator_cpu = sum(tree_cpu_seconds(g.pid) for g in generators)
         samples.append(
-            (lakeshore.server_cpu_seconds(), generator_cpu, _lost(lakeshore), time.monotonic())
+            (
+                lakeshore.server_cpu_seconds(),
+                generator_cpu,
+                _lost(lakeshore),
+                time.monotonic(),
+                os.getloadavg()[0],
+            )
         )
     return samples
 
@@ -240,7 +266,10 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
         if submit["answered"] is not None:
             answers[index].append(submit["answered"] - submit["sent"])
         if submit["id"] in claimed:
-            waits[index].append(claimed[submit["id"]] - submit["answered"])
+            took = claimed[submit["id"]] - submit["answered"]
+            if took < 0:  # its claim's answer came before the submit's own answer
+                result.early += 1
+            waits[index].append(max(0.0, took))
         else:
             result.unclaimed += 1
             waits[index].append(float("inf"))
@@ -267,6 +296,7 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "submit_p50": statistics.median(waits[i]) if waits[i] else None,
                 "submit_answer_p50": statistics.median(answers[i]) if answers[i] else None,
                 "generator_cpu": 100 * (after[1] - before[1]) / seconds,
+                "load": after[4],
                 "cpu": 100 * (after[0] - before[0]) / seconds,
                 "liveness": None if p99 is None else p99 * 1000,
                 "submit": _p99_ms(waits[i]),

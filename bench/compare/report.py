@@ -68,6 +68,8 @@ TARGETS = (
 def number(value: float | None) -> str:
     if value is None:
         return "—"
+    if float(value).is_integer() and abs(value) < 100:  # a count: 0 daemons, not 0.00
+        return f"{value:.0f}"
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
