@@ -47,7 +47,10 @@ class FleetResult:
     taken: dict[str, int] = field(default_factory=dict)  # metric → windows handed out
 
     def next(self, metric: str) -> float:
-        """The metric's figure for the next round: window by window."""
+        """The metric's figure for the next round: window by window; daemons lost: the
+        whole run's, every round (a count that only grows has no median of windows)."""
+        if metric == "lost":
+            return self.lost_at_end
         index = self.taken.get(metric, 0)
         self.taken[metric] = index + 1
         value = self.windows[min(index, len(self.windows) - 1)][metric]
@@ -64,6 +67,7 @@ class FleetResult:
             f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
             f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']} (the submit's "
             f"own answer p50 {_ms(w['submit_answer_p50'])}), "
+            f"{w['lost']} daemons lost by its end, "
             f"generator CPU {w['generator_cpu']:.0f} % of a core, load average "
             f"{w['load']:.1f}, "
             f"errors {_errors(w['errors'])}"
@@ -75,7 +79,8 @@ class FleetResult:
             f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
             f"claimed, {self.early} claimed before their submit's answer arrived (counted as "
-            f"0 ms); {self.lost_at_end} daemons lost at the end"
+            f"0 ms); {self.lost_at_end} daemons lost when the generators stopped (one wait "
+            "after the last window)"
         )
 
     def explain(self, metric: str) -> str:
@@ -299,7 +304,8 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "load": after[4],
                 "cpu": 100 * (after[0] - before[0]) / seconds,
                 "liveness": None if p99 is None else p99 * 1000,
-                "submit": _p99_ms(waits[i]),
+                # No submit sent in the window: the one before it was still unanswered.
+                "submit": _p99_ms(waits[i]) if waits[i] else float("inf"),
                 "lost": after[2],
                 "held": 100 * min(held, sent) / sent if sent else None,
             }

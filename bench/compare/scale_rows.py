@@ -74,15 +74,17 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
     section = Section(f"{daemons:,} idle daemons", rows, prepare=prepare, key="fleet")
     section.notes.append(
         f"one fleet run: the daemons register over max(5 s, N ÷ "
-        f"{budget.fleet_ramp_per_second:g}/s), settle 10 s, then one {budget.fleet_window:.0f} s "
-        "window a round (the rounds back to back); each claims and heartbeats as the daemon's "
-        "own code says (bench/fleet_swarm.py imports its defaults and rules); "
+        f"{budget.fleet_ramp_per_second:g}/s), settle 10 s, then one {budget.fleet_window:.0f} "
+        "s window a round (the rounds back to back); each claims and heartbeats as the "
+        "daemon's own code says (bench/fleet_swarm.py imports its defaults and rules); "
         f"{budget.fleet_submits} jobs submitted a window, one at a time, evenly spaced, each "
         "completed by the daemon that claims it (an exchange); the reaper runs every "
-        "LAKESHORE_TICK_SECONDS as Celery beat would; server CPU: the gunicorn processes' "
-        "CPU time (/proc); a poll is held when the server lets it wait (no Retry-After) and "
-        "answers it within its wait + 2 s; the generator's "
-        "own CPU is given per window (over 90 % of a core, its figures are its own lag)"
+        "LAKESHORE_TICK_SECONDS as Celery beat would, and the daemons lost are the whole "
+        "run's (counted when the generators stop: the same figure every round); server "
+        "CPU: the gunicorn processes' CPU time (/proc); a poll is held when the server lets "
+        "it wait (no Retry-After) and answers it within its wait + 2 s; a heartbeat that "
+        "failed or never came back counts as infinitely slow; the generators' own CPU is "
+        "given per window (near 100 % of a core a process, their lag would be in the figures)"
     )
     section.notes.append(lambda: holder["result"].summary() if "result" in holder else "—")
     if daemons == 500:
@@ -109,6 +111,7 @@ class TwoServers:
         self.rounds: list[tuple[float, float, list[float]]] = []  # p50, p99, all (s)
         self.taken = {"p50": 0, "p99": 0}
         self.failure: BaseException | None = None
+        self.early = 0  # claimed before the submit's answer arrived (counted as 0 ms)
 
     def measure(self) -> None:
         server, url = self.ls.serve()
@@ -143,7 +146,10 @@ class TwoServers:
             if time.monotonic() > deadline or self.failure is not None:
                 raise RuntimeError(f"job {job} was not claimed within 10 s")
             time.sleep(0.001)
-        return self.claimed.pop(job) - answered
+        took = self.claimed.pop(job) - answered
+        if took < 0:  # its claim's answer came before the submit's own answer
+            self.early += 1
+        return max(0.0, took)
 
     def _daemon(self, url: str) -> None:
         """Registers on the second server and long-polls there as an idle daemon does,
@@ -201,7 +207,8 @@ class TwoServers:
             f"{len(every)} submits on server A, each claimed by the daemon polling server B: "
             f"p50 {1000 * statistics.median(every):.1f} ms, p99 "
             f"{1000 * percentile(every, 99):.1f} ms, fastest {1000 * min(every):.1f} ms, "
-            f"slowest {1000 * max(every):.1f} ms over all rounds"
+            f"slowest {1000 * max(every):.1f} ms over all rounds; {self.early} claimed before "
+            "their submit's answer arrived (counted as 0 ms)"
         )
 
 
