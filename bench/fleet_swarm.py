@@ -115,6 +115,7 @@ class Fleet:
         self.submits: list[dict] = []  # {"sent", "answered", "id"}: the submitter's
         self.claimed: dict[str, float] = {}  # invocation id → the claim answer carrying it
         self.registered = 0
+        self.ids: list = []  # every daemon id a register answer gave (again after lost)
         self.renewed: dict[int, float] = {}  # daemon → its last renewal (monotonic)
         self.polling: dict[int, float] = {}  # daemon → when its poll in flight was sent
         self.beating: dict[int, float] = {}  # daemon → when its heartbeat in flight was sent
@@ -173,6 +174,7 @@ class Fleet:
         await asyncio.gather(*tasks, return_exceptions=True)
         return {
             "registered": self.registered,
+            "ids": self.ids,
             "warm": self.warm.as_dict(),
             "windows": [window.as_dict() for window in self.windows],
             "submits": self.submits,
@@ -189,6 +191,7 @@ class Fleet:
             while True:
                 me = await self.register(client, index)
                 self.registered += 1
+                self.ids.append(me["id"])
                 self.renew(index, time.monotonic())
                 self.interval = renew_interval(me.get("heartbeat_timeout"))
                 state = {"id": me["id"], "polling": False, "again": False}
@@ -214,7 +217,7 @@ class Fleet:
                     if me.get("token"):  # its own credential from now on
                         client.headers["Authorization"] = f"Bearer {me['token']}"
                     return me
-                self.failed(f"register {answer.status_code}")
+                self.failed(f"register {answer.status_code} {_code(answer)}".rstrip())
             except httpx.HTTPError as exc:
                 self.failed(f"register {type(exc).__name__}")
             await asyncio.sleep(delay)
@@ -256,7 +259,7 @@ class Fleet:
             if self._not_live(answer, state):
                 return
             if answer.status_code != 200:
-                self.failed(f"claim {answer.status_code}")
+                self.failed(f"claim {answer.status_code} {_code(answer)}".rstrip())
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
@@ -297,7 +300,7 @@ class Fleet:
             if self._not_live(answer, state):
                 return
             if answer.status_code != 200:
-                self.failed(f"exchange {answer.status_code}")
+                self.failed(f"exchange {answer.status_code} {_code(answer)}".rstrip())
                 return
             moment = time.monotonic()
             claimed = answer.json().get("claimed") or []
@@ -324,7 +327,7 @@ class Fleet:
                 self._not_live(answer, state)
                 continue  # the claim loop finds out too, and registers again or stops
             if answer.status_code != 200:
-                self.failed(f"heartbeat {answer.status_code}")
+                self.failed(f"heartbeat {answer.status_code} {_code(answer)}".rstrip())
                 window.beats.append(math.inf)
                 continue
             window.beats.append(now - sent)

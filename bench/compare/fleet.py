@@ -41,6 +41,9 @@ class FleetResult:
     registered: int = 0
     unclaimed: int = 0  # submitted jobs no claim answer carried
     early: int = 0  # jobs claimed before their submit's answer arrived (counted as 0 s)
+    # Rows no daemon knew of: a register whose answer timed out (the daemon registered
+    # again, as `lakeshore daemon run` does), silent from the start.
+    orphans_lost: int = 0
     lost_at_end: int = 0
     heartbeat_interval: float = 0.0
     claim_wait: float = 0.0
@@ -67,7 +70,7 @@ class FleetResult:
             f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
             f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']} (the submit's "
             f"own answer p50 {_ms(w['submit_answer_p50'])}), "
-            f"{w['lost']} daemons lost by its end, "
+            f"{w['lost']} daemon rows lost by its end, "
             f"generator CPU {w['generator_cpu']:.0f} % of a core, load average "
             f"{w['load']:.1f}, "
             f"errors {_errors(w['errors'])}"
@@ -80,7 +83,8 @@ class FleetResult:
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
             f"claimed, {self.early} claimed before their submit's answer arrived (counted as "
             f"0 ms); {self.lost_at_end} daemons lost when the generators stopped (one wait "
-            "after the last window)"
+            f"after the last window), and {self.orphans_lost} rows of registrations whose "
+            "answer never arrived (the daemon registered again)"
         )
 
     def explain(self, metric: str) -> str:
@@ -220,7 +224,9 @@ def run_fleet(
         for generator in generators:
             stop_process(generator)
         reaper.close()
-    result.lost_at_end = _lost(lakeshore)
+    known = [int(i) for out in outputs for i in out["ids"]]
+    result.lost_at_end = _lost(lakeshore, known)
+    result.orphans_lost = _lost(lakeshore) - result.lost_at_end
     _merge(result, outputs, samples, start_at, window)
     lakeshore.sql("UPDATE queues_daemon SET state = 'terminated' WHERE name LIKE 'fleet-%'")
     lakeshore.sql("SELECT pg_notify('lakeshore_work', %s)", [queue])
@@ -229,9 +235,12 @@ def run_fleet(
     return result
 
 
-def _lost(lakeshore: Lakeshore) -> int:
-    query = "SELECT count(*) FROM queues_daemon WHERE state = 'lost' AND name LIKE 'fleet-%'"
-    return lakeshore.sql(query)[0][0]
+def _lost(lakeshore: Lakeshore, ids: list[int] | None = None) -> int:
+    """Fleet daemons the server marks lost: of `ids` only, if given."""
+    query = "SELECT count(*) FROM queues_daemon WHERE state = 'lost' AND name LIKE %s"
+    if ids is None:
+        return lakeshore.sql(query, ["fleet-%"])[0][0]
+    return lakeshore.sql(query + " AND id = ANY(%s)", ["fleet-%", ids])[0][0]
 
 
 def _sample(lakeshore, generators, start_at: float, windows: int, window: float) -> list:
