@@ -40,7 +40,7 @@ class FleetResult:
     windows: list[dict] = field(default_factory=list)  # the merged figures, per window
     registered: int = 0
     unclaimed: int = 0  # submitted jobs no claim answer carried
-    early: int = 0  # jobs claimed before their submit's answer arrived (counted as 0 s)
+    early: int = 0  # jobs claimed before their submit's answer arrived (timed from its send)
     # Rows no daemon knew of: a register whose answer timed out (the daemon registered
     # again, as `lakeshore daemon run` does), silent from the start.
     orphans_lost: int = 0
@@ -81,10 +81,10 @@ class FleetResult:
             f"({self.processes} generator process(es)); each claims with wait "
             f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
-            f"claimed, {self.early} claimed before their submit's answer arrived (counted as "
-            f"0 ms); {self.lost_at_end} daemons lost when the generators stopped (one wait "
-            f"after the last window), and {self.orphans_lost} rows of registrations whose "
-            "answer never arrived (the daemon registered again)"
+            f"claimed, {self.early} claimed before their submit's answer arrived (timed from "
+            f"the submit's send instead); {self.lost_at_end} daemons lost when the generators "
+            f"stopped (one wait after the last window), and {self.orphans_lost} rows of "
+            "registrations whose answer never arrived (the daemon registered again)"
         )
 
     def explain(self, metric: str) -> str:
@@ -281,9 +281,10 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
             answers[index].append(submit["answered"] - submit["sent"])
         if submit["id"] in claimed:
             took = claimed[submit["id"]] - submit["answered"]
-            if took < 0:  # its claim's answer came before the submit's own answer
+            if took < 0:  # its claim's answer came first: from the submit's send, then
                 result.early += 1
-            waits[index].append(max(0.0, took))
+                took = claimed[submit["id"]] - submit["sent"]
+            waits[index].append(took)
         else:
             result.unclaimed += 1
             waits[index].append(float("inf"))
