@@ -1,8 +1,9 @@
-"""The app server, measured: gunicorn with threads (WSGI) against uvicorn (ASGI), each
-serving this project on this machine. Prints figures, asserts nothing. Run with
+"""The app server, measured: gunicorn with threads (WSGI, before issue 21), gunicorn with
+uvicorn workers (ASGI, what `make run` serves) and granian (ASGI), each serving this
+project on this machine. Prints figures, asserts nothing. Run with
 `make bench-server` (its own embedded PostgreSQL under var/pg-bench).
 
-    latency   one client, keep-alive: GET a page of jobs, and a claim (limit 1)
+    latency   one client, keep-alive: GET a page of jobs, a claim (limit 1), a submit
     parallel  32 clients listing jobs for a few seconds
     burst     240 at once, half of them 15-second claim long-polls, with /healthz
               polled throughout; then 50 ordinary requests right after
@@ -39,25 +40,43 @@ from jobs import services  # noqa: E402
 from queues import services as queue_services  # noqa: E402
 
 SERVERS = {
-    "gunicorn gthread (2 × 128 threads)": lambda port: [
+    "gunicorn gthread, WSGI (2 × 128 threads: before issue 21)": lambda port: [
         str(BIN / "gunicorn"),
         "-c",
         "python:lakeshore_admin.gunicorn_conf",
+        "--worker-class",
+        "gthread",
+        "--threads",
+        "128",
         "--bind",
         f"127.0.0.1:{port}",
         "--access-logfile",
         "/dev/null",
+        "lakeshore_admin.wsgi:application",
     ],
-    "uvicorn (2 workers, ASGI)": lambda port: [
-        str(BIN / "uvicorn"),
-        "lakeshore_admin.asgi:application",
-        "--port",
-        str(port),
+    "gunicorn + uvicorn workers, ASGI (make run: parked long-polls)": (
+        lambda port: [
+            str(BIN / "gunicorn"),
+            "-c",
+            "python:lakeshore_admin.gunicorn_conf",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--access-logfile",
+            "/dev/null",
+        ]
+    ),
+    "granian, ASGI (2 workers, the same app)": lambda port: [
+        str(BIN / "granian"),
+        "--interface",
+        "asgi",
         "--workers",
         "2",
+        "--port",
+        str(port),
         "--log-level",
         "warning",
         "--no-access-log",
+        "lakeshore_admin.asgi:application",
     ],
 }
 
@@ -127,11 +146,22 @@ def latency(base: str, tokens: dict) -> dict:
             client.post(url, json={"limit": 1}).raise_for_status()
             claims.append(time.perf_counter() - t0)
         client.post(f"/api/v1/daemons/{me.json()['id']}/deregister/")
+    with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+        submits = []
+        start = time.perf_counter()
+        for _ in range(300):
+            t0 = time.perf_counter()
+            body = {"function": "lakeshore.functions.echo", "queue": "bench"}
+            client.post("/api/v1/jobs/", json=body).raise_for_status()
+            submits.append(time.perf_counter() - t0)
+        submitted = time.perf_counter() - start
     return {
         "list p50 ms": pct(took, 0.5),
         "list p99 ms": pct(took, 0.99),
         "list req/s (1 client)": 300 / elapsed,
         "empty claim p50 ms": pct(claims, 0.5),
+        "submit p50 ms": pct(submits, 0.5),
+        "submits/s (1 client)": 300 / submitted,
     }
 
 

@@ -156,6 +156,17 @@ def idle_owed(daemon: Daemon) -> bool:
     return daemon.state == DaemonState.BUSY or heartbeat_due(daemon)
 
 
+CLAIM_WAIT_MAX = 20  # seconds a claim may wait for work (the claim's and exchange's `wait`)
+
+
+def longest_wait() -> float:
+    """Seconds a claim may wait here: CLAIM_WAIT_MAX, and never more than a third of
+    the heartbeat timeout. An idle daemon parked in a long-poll sends no heartbeat (each
+    claim that finds its heartbeat due renews it), so its next claim must come well
+    within the reaper's timeout, however long it asked to wait."""
+    return min(float(CLAIM_WAIT_MAX), settings.LAKESHORE_HEARTBEAT_TIMEOUT / 3)
+
+
 def _write_every() -> float:
     return min(
         float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS),

@@ -46,6 +46,17 @@ class Driver:
     def sync(self, *, provider: Provider, queue: Queue, now, observed=None) -> None:
         """Bring the records up to date with the provider before a tick looks at them."""
 
+    def observe_queues(self, *, provider: Provider, queues: list[Queue]) -> dict:
+        """observe for many of this provider's queues (a tick over all of them): queue
+        id → what observe says. A driver that can ask once for all of them does so."""
+        return {queue.pk: self.observe(provider=provider, queue=queue) for queue in queues}
+
+    def sync_queues(self, *, provider: Provider, queues: list[Queue], now, observed) -> None:
+        """sync for many of this provider's queues (`observed`: observe_queues'
+        answer). A driver that can bring them all up to date at once does so."""
+        for queue in queues:
+            self.sync(provider=provider, queue=queue, now=now, observed=observed.get(queue.pk))
+
     def describe(self, *, provider: Provider) -> dict:
         """What `providers show` adds about the provider's live state."""
         return {}

@@ -68,13 +68,25 @@ class SimulatedDriver(Driver):
         )
 
     def sync(self, *, provider, queue, now, observed=None):
-        mine = Daemon.objects.live().filter(provider=provider).subscribed_to(queue.name)
+        self.sync_queues(provider=provider, queues=[queue], now=now, observed={})
+
+    def sync_queues(self, *, provider, queues, now, observed):
+        """Two statements for all the queues, however many."""
+        names = [queue.name for queue in queues]
+        mine = Daemon.objects.live().filter(provider=provider).subscribed_to_any(names)
         startup = float((provider.config or {}).get("startup_seconds", 0) or 0)
         mine.filter(
             state=DaemonState.PROVISIONING, created_at__lte=now - timedelta(seconds=startup)
         ).update(state=DaemonState.IDLE, updated_at=now)
-        # Simulated daemons heartbeat through their provider, as seldom as real ones.
-        every = timedelta(seconds=float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS))
+        # Simulated daemons heartbeat through their provider, as seldom as real ones
+        # renew (a third of the heartbeat timeout), so that 100,000 of them do not
+        # rewrite 100,000 rows every tick.
+        every = timedelta(
+            seconds=max(
+                float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS),
+                settings.LAKESHORE_HEARTBEAT_TIMEOUT / 3,
+            )
+        )
         mine.filter(last_heartbeat_at__lt=now - every).update(last_heartbeat_at=now)
 
 
@@ -164,6 +176,10 @@ class LocalDriver(Driver):
         for process in live:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.0, deadline - time.monotonic()))
+
+    def sync_queues(self, *, provider, queues, now, observed):
+        """Its processes are this worker's, whatever their queue: looked at once."""
+        self.sync(provider=provider, queue=None, now=now)
 
     def sync(self, *, provider, queue, now, observed=None):
         exited = [pk for pk, process in self.processes.items() if process.poll() is not None]

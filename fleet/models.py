@@ -58,12 +58,33 @@ LIVE_DAEMON_STATES = [
 CLAIMING_DAEMON_STATES = [DaemonState.PROVISIONING, DaemonState.IDLE, DaemonState.BUSY]
 
 
+OVERLAP_NAMES_MAX = 64  # subscribed_to_any: up to this many names, the GIN index
+_NAMES = ArrayField(models.CharField(max_length=NAME_MAX_LENGTH))
+
+
 class DaemonQuerySet(models.QuerySet):
     def live(self):
         return self.filter(state__in=LIVE_DAEMON_STATES)
 
     def subscribed_to(self, queue_name: str):
         return self.filter(queues__contains=[queue_name])
+
+    def subscribed_to_any(self, queue_names: list[str]):
+        """Subscribed to any of these queues. For a few names, the array overlap (&&),
+        which the GIN index answers; for many, each daemon's names looked up in a
+        hashed set: the overlap compares each of a row's names with every name asked,
+        and a tick over 10,000 queues would spend seconds on that."""
+        if len(queue_names) <= OVERLAP_NAMES_MAX:
+            return self.filter(queues__overlap=list(queue_names))
+        return self.filter(
+            models.Func(  # EXISTS (SELECT 1 FROM unnest(queues) AS n WHERE n = ANY(names))
+                models.F("queues"),
+                models.Value(list(queue_names), output_field=_NAMES),
+                template="EXISTS (SELECT 1 FROM unnest(%(expressions)s))",
+                arg_joiner=") AS n WHERE n = ANY(",
+                output_field=models.BooleanField(),
+            )
+        )
 
     def serving(self, queue_name: str):
         """Daemons that take this queue's work: subscribed to it, or for the default
@@ -203,3 +224,15 @@ class DaemonCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.verb} {self.signal} invocation {self.invocation_id} on {self.daemon_id}"
+
+
+class Beat(models.Model):
+    """When a periodic job last ran, whichever server's Celery beat fired it: two or
+    more servers share one database, and the controller's tick runs once an interval
+    (fleet/controller.beat_due)."""
+
+    name = models.CharField(primary_key=True, max_length=32)
+    at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -7,6 +7,7 @@ reports how they ended. Its doors: POST /api/v1/daemons/ID/claim|exchange|comple
 import random
 import threading
 import time
+from collections.abc import Generator
 
 from django.db import connection, transaction
 
@@ -123,31 +124,53 @@ def invocation_claim(
     NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection; a wait
     refused a slot (jobs/waits.py) answers at once, its `retry_after` set.
     `wires` says what the daemon can run: JSON invocations by default (this project's
-    daemon), the SDK's blobs for an SDK worker."""
+    daemon), the SDK's blobs for an SDK worker. This sleeps in its thread; an ASGI
+    server's long-poll drives claim_steps without a thread (waits.drive_async)."""
+    return waits.drive(claim_steps(daemon=daemon, limit=limit, wait=wait, rng=rng, wires=wires))
+
+
+def claim_steps(
+    *,
+    daemon: Daemon,
+    limit: int = 1,
+    wait: float = 0.0,
+    rng: random.Random | None = None,
+    wires: list[str] | None = None,
+    tell_draining: bool = False,
+) -> Generator[waits.Wait, bool | None, list[Invocation]]:
+    """invocation_claim's steps: it yields a waits.Wait where it would sleep, and is
+    sent back whether it was woken (True), its time ran out (False) or the wait was
+    refused (None); it returns what it claimed. `tell_draining`: a draining daemon's
+    claim answers at once (its answer says so: the daemon stops claiming) rather than
+    wait out its time."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
+    wait = min(wait, daemons.longest_wait())  # a parked daemon must renew in time
     deadline = time.monotonic() + wait
     fresh = True  # the caller just loaded the daemon
     while True:
         if not fresh:
             daemons.refresh_live(daemon)
         daemons.check_live(daemon)
-        listening = daemon.queues or [""]  # paused ones too: a resume wakes them
+        # its queues (paused ones too: a resume wakes them), and itself (a drain)
+        listening = [*(daemon.queues or [""]), f"daemon:{daemon.pk}"]
         seen = wakeup.listener.snapshot(listening) if wait else ()
-        # a long-poll first asks whether anything is queued at all (one indexed read in
-        # place of a transaction) unless it was just woken because something was
-        claimed = _claim_once(daemon, limit, rng, wires, probe=wait > 0 and fresh)
+        # a long-poll first asks whether anything is queued at all: one indexed read in
+        # place of a transaction (a woken one too: others may have been woken with it)
+        claimed = _claim_once(daemon, limit, rng, wires, probe=wait > 0)
         fresh = False
+        if len(claimed) >= limit:  # there may be more: the next waiters' turn
+            wakeup.listener.relay(listening)
         left = deadline - time.monotonic()
-        if claimed or left <= 0:
+        if claimed or left <= 0 or (tell_draining and daemon.state == DaemonState.DRAINING):
             return claimed
         if not connection.in_atomic_block:
             connection.close()  # hold no connection while waiting
-        with waits.slots.admit() as admitted:  # no thread sleeps past LAKESHORE_MAX_WAITS
-            if not admitted:
-                return waits.refused(claimed, wait)
-            if not wakeup.listener.wait(listening, seen, left):
-                return []
+        woken = yield waits.Wait(listening, seen, left)
+        if woken is None:  # no room for another wait (LAKESHORE_MAX_WAITS)
+            return waits.refused(claimed, wait)
+        if not woken:
+            return []
 
 
 def _claim_once(
@@ -295,7 +318,22 @@ def invocation_complete_batch(
 
 def invocation_exchange(
     *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
-):
+) -> dict:
+    """exchange_steps, sleeping in this thread where it waits."""
+    return waits.drive(
+        exchange_steps(daemon=daemon, outcomes=outcomes, limit=limit, wait=wait, wires=wires)
+    )
+
+
+def exchange_steps(
+    *,
+    daemon: Daemon,
+    outcomes: list[dict],
+    limit: int,
+    wait: float = 0.0,
+    wires=None,
+    tell_draining: bool = False,
+) -> Generator[waits.Wait, bool | None, dict]:
     """Report outcomes and claim more in one call: invocation_complete_batch, then
     invocation_claim, each with its own rules and transaction. Answers
     {"recorded": [the batch's answers], "claimed": [Invocation, ...]}.
@@ -316,7 +354,15 @@ def invocation_exchange(
         if not recorded:
             raise
         return {"recorded": recorded, "claimed": []}
-    claimed = invocation_claim(daemon=daemon, limit=limit, wait=wait, wires=wires) if limit else []
+    claimed = (
+        (
+            yield from claim_steps(
+                daemon=daemon, limit=limit, wait=wait, wires=wires, tell_draining=tell_draining
+            )
+        )
+        if limit
+        else []
+    )
     return {"recorded": recorded, "claimed": claimed}
 
 

@@ -4,6 +4,7 @@ claim and its ack a completion (fleet/protocol.py). The producer's side (submit,
 the result stream) and the wire's shared readers are jobs/sdk.py."""
 
 from fleet import daemons, protocol, registration
+from jobs import waits
 from jobs.models import SDK_WIRES, Invocation, InvocationState
 from jobs.sdk import (
     POLL_MAX_SECONDS,
@@ -22,11 +23,16 @@ SDK_ACK_STATES = (InvocationState.SUCCEEDED, InvocationState.FAILED)
 
 def poll(body: dict, *, user, token=None) -> dict:
     """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`."""
+    return waits.drive(poll_steps(body, user=user, token=token))
+
+
+def poll_steps(body: dict, *, user, token=None):
+    """poll as steps (jobs/waits.py): where it waits, it yields."""
     worker_id = read_text(body, "worker_id")
     queue = read_text(body, "queue", max_length=63)
     wait = read_number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)
     daemon = registration.sdk_worker_seen(owner=user, worker_id=worker_id, queue=queue, token=token)
-    claimed = protocol.invocation_claim(
+    claimed = yield from protocol.claim_steps(
         daemon=daemon, limit=1, wait=min(wait, POLL_MAX_SECONDS), wires=SDK_WIRES
     )
     return {"commands": [_run_command(inv) for inv in claimed]}

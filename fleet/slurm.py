@@ -233,6 +233,9 @@ def _parse_jobs(out: str) -> dict[str, dict]:
     return jobs
 
 
+SQUEUE_CHUNK = 1000  # job ids per squeue call: a command line of a few kilobytes
+
+
 @dataclass(frozen=True)
 class Observed:
     """What squeue said about the daemons a tick asked about (others are not judged)."""
@@ -284,19 +287,34 @@ class SlurmDriver(Driver):
             Daemon.objects.filter(pk=daemon.pk).update(external_id=job_id)
 
     def observe(self, *, provider, queue):
+        return self.observe_queues(provider=provider, queues=[queue])[queue.pk]
+
+    def observe_queues(self, *, provider, queues):
+        """The daemons of all these queues in one query, their jobs in one `squeue`
+        (SQUEUE_CHUNK ids a call)."""
+        by_name = {queue.name: queue.pk for queue in queues}
         rows = (
             Daemon.objects.filter(provider=provider)
-            .subscribed_to(queue.name)
+            .subscribed_to_any(list(by_name))
             .exclude(external_id="")
             .filter(state__in=[*LIVE_DAEMON_STATES, DaemonState.LOST])
             .exclude(state=DaemonState.LOST, token__revoked_at__isnull=False)
-            .values_list("pk", "external_id")
+            .values_list("pk", "external_id", "queues")
         )
-        asked = dict(rows)
-        if not asked:
-            return Observed(asked={}, jobs={})
-        job_ids = sorted(set(asked.values()), key=int)
-        return Observed(asked=asked, jobs=SlurmCommands(provider).squeue(job_ids))
+        asked: dict[int, dict[int, str]] = {pk: {} for pk in by_name.values()}
+        for pk, job_id, names in rows:
+            for name in names:
+                if name in by_name:
+                    asked[by_name[name]][pk] = job_id
+        job_ids = sorted({job for mine in asked.values() for job in mine.values()}, key=int)
+        jobs: dict[str, dict] = {}
+        slurm = SlurmCommands(provider)
+        for start in range(0, len(job_ids), SQUEUE_CHUNK):
+            jobs.update(slurm.squeue(job_ids[start : start + SQUEUE_CHUNK]))
+        return {
+            queue_id: Observed(asked=mine, jobs=jobs if mine else {})
+            for queue_id, mine in asked.items()
+        }
 
     def sync(self, *, provider, queue, now, observed=None):
         if not observed or not observed.asked:

@@ -16,6 +16,9 @@ LOCAL_DAEMONS_STOP_SECONDS = 9
 
 @shared_task(name="fleet.tick", ignore_result=True)
 def tick() -> dict:
+    """The beat's tick: once an interval, whichever server's beat fires first."""
+    if not controller.beat_due("tick"):
+        return {"beat": "another beat ticked within the interval"}
     return controller.tick()
 
 

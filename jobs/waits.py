@@ -18,14 +18,24 @@ state, and a stream that would have to wait answers 503 `busy` with `Retry-After
 Heartbeats, completions and everything else never sleep, so they never need a slot.
 
 The count is per process (gunicorn's workers are processes): a server admits
-workers × LAKESHORE_MAX_WAITS waits in all."""
+workers × LAKESHORE_MAX_WAITS waits in all.
+
+Under the ASGI server (lakeshore_admin/asgi.py) a daemon's claim and exchange hold no
+thread while they wait: their services are written as steps (a generator that yields a
+Wait where it would sleep), which `drive` runs in a thread, sleeping there, and
+`drive_async` runs on the event loop, each step in a thread and each wait a coroutine.
+Those waits are bounded by LAKESHORE_MAX_PARKED a process instead: they cost memory,
+not threads."""
 
 import contextlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from dataclasses import dataclass
 
 from django.conf import settings
+
+from jobs import wakeup
 
 RETRY_AFTER_MAX = 30  # seconds: no refused wait is told to stay away longer
 
@@ -63,6 +73,90 @@ class Slots:
 
 
 slots = Slots()
+
+
+class Parked:
+    """The count of waits parked on an event loop (no thread each), bounded by
+    LAKESHORE_MAX_PARKED. Touched from the loop's thread only."""
+
+    def __init__(self):
+        self.held = 0
+        self.refused = 0
+
+    def take(self) -> bool:
+        if self.held >= settings.LAKESHORE_MAX_PARKED:
+            self.refused += 1
+            return False
+        self.held += 1
+        return True
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+parked = Parked()
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Where a long-poll's steps would sleep: until one of `queues` moves past `seen`
+    (jobs/wakeup.py), or `seconds` pass."""
+
+    queues: list[str]
+    seen: tuple[int, ...]
+    seconds: float
+
+
+Steps = Generator[Wait, bool | None, object]
+
+
+def drive(steps: Steps):
+    """Run long-poll steps in this thread, sleeping where they wait (a slot first: a
+    wait refused one is sent None). Returns what the steps return."""
+    try:
+        wait = next(steps)
+        while True:
+            with slots.admit() as admitted:
+                woken = (
+                    wakeup.listener.wait(wait.queues, wait.seen, wait.seconds) if admitted else None
+                )
+            wait = steps.send(woken)
+    except StopIteration as done:
+        return done.value
+
+
+_DONE = object()
+
+
+def _step(steps: Steps, value):
+    """One step, in a worker thread: (_DONE, result) when the steps end (a StopIteration
+    may not cross into a Future)."""
+    try:
+        return steps.send(value)
+    except StopIteration as done:
+        return _DONE, done.value
+
+
+def first_step(steps: Steps):
+    """The steps' first step (in a worker thread), for drive_async's `first`."""
+    return _step(steps, None)
+
+
+async def drive_async(steps: Steps, run: Callable[..., Awaitable], *, first=None):
+    """Run long-poll steps on the event loop: each step through `run` (a worker thread:
+    they touch the database), each wait a coroutine holding no thread. `first`: what
+    first_step answered, when the caller ran it. Returns what the steps return."""
+    got = first if first is not None else await run(_step, steps, None)
+    while not (isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE):
+        if parked.take():
+            try:
+                woken = await wakeup.listener.wait_async(got.queues, got.seen, got.seconds)
+            finally:
+                parked.release()
+        else:
+            woken = None
+        got = await run(_step, steps, woken)
+    return got[1]
 
 
 class Claimed(list):

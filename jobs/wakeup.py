@@ -10,8 +10,16 @@ no query at all. A retry that waits out a back-off arrives as `name@epoch`: the
 listener bumps the name when that time comes.
 
 If the listening connection fails, waiters fall back to re-checking every
-FALLBACK_POLL seconds until it is back."""
+FALLBACK_POLL seconds until it is back.
 
+A waiter is a thread (`wait`) or a coroutine on an event loop (`wait_async`, the ASGI
+server's long-polls): the listening thread wakes a coroutine through its loop, so a
+coroutine waits holding no thread. Thousands of coroutines may wait on one queue, so a
+notification wakes only the RELAY that waited longest, not all of them (each would run
+a claim, and all but one would find nothing); a claim that takes work wakes the next
+RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turns."""
+
+import asyncio
 import heapq
 import logging
 import threading
@@ -23,6 +31,7 @@ from django.db import connection
 CHANNEL = "lakeshore_work"
 FALLBACK_POLL = 1.0
 RECONNECT_DELAY = 1.0
+RELAY = 4  # coroutines one notification, or one claim that took work, wakes per queue
 STARTUP_WAIT = 5.0
 
 log = logging.getLogger(__name__)
@@ -39,6 +48,10 @@ class Listener:
         self._stop = threading.Event()
         self._tried = threading.Event()  # the first connection attempt is over
         self._released = 0  # bumped by release_waiters: every wait then ends empty
+        self._closing = False  # close_waits: the server is stopping
+        # coroutines waiting: by queue name, and all of them (for release and failure)
+        self._parked: dict[str, dict] = {}  # insertion-ordered: the longest waiting first
+        self._parked_all: set = set()
 
     # ------------------------------------------------------------------ waiters
 
@@ -54,7 +67,7 @@ class Listener:
         with self._cond:
             released = self._released
             while True:
-                if self._released != released:
+                if self._released != released or self._closing:
                     return False
                 if tuple(self._versions.get(q, 0) for q in queues) != seen:
                     return True
@@ -66,6 +79,49 @@ class Listener:
                     return self._released == released
                 self._cond.wait(left)
 
+    async def wait_async(self, queues: list[str], seen: tuple[int, ...], timeout: float) -> bool:
+        """`wait` for a coroutine: the same answers, no thread held. (The snapshot
+        taken before it started the listening thread.)"""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        waiter = (loop, future)
+        with self._cond:
+            if self._closing:
+                return False
+            if tuple(self._versions.get(q, 0) for q in queues) != seen:
+                return True
+            healthy = self._healthy
+            for name in queues:
+                self._parked.setdefault(name, {})[waiter] = None
+            self._parked_all.add(waiter)
+        try:
+            return await asyncio.wait_for(
+                future, timeout if healthy else min(timeout, FALLBACK_POLL)
+            )
+        except TimeoutError:
+            return not healthy  # the listener is down: time to look again
+        finally:
+            with self._cond:
+                self._parked_all.discard(waiter)
+                for name in queues:
+                    waiting = self._parked.get(name)
+                    if waiting is not None:
+                        waiting.pop(waiter, None)
+                        if not waiting:
+                            del self._parked[name]
+
+    def _wake_parked(self, waiters, value: bool) -> None:
+        """Settle coroutines' futures from this (any) thread. Under self._cond."""
+        for loop, future in list(waiters):
+            loop.call_soon_threadsafe(_settle, future, value)
+
+    def close_waits(self) -> None:
+        """The server is stopping: every wait in progress ends now, and every later one
+        at once, as if its time were up."""
+        with self._cond:
+            self._closing = True
+        self.release_waiters()
+
     def release_waiters(self) -> None:
         """End every wait in progress as if its time were up (its claim answers empty,
         touching nothing more); later waits are not affected. For a server shutting
@@ -73,6 +129,7 @@ class Listener:
         with self._cond:
             self._released += 1
             self._cond.notify_all()
+            self._wake_parked(self._parked_all, False)
 
     # ------------------------------------------------------------------ the thread
 
@@ -101,7 +158,29 @@ class Listener:
         self._thread = None
 
     def _bump(self, name: str) -> None:
+        """Under self._cond."""
         self._versions[name] = self._versions.get(name, 0) + 1
+        self._wake_next(name)
+
+    def _wake_next(self, name: str) -> None:
+        """Wake the RELAY coroutines that waited longest on `name`. Under self._cond."""
+        waiting = self._parked.get(name)
+        if waiting:
+            woken = []
+            for waiter in waiting:
+                woken.append(waiter)
+                if len(woken) == RELAY:
+                    break
+            for waiter in woken:
+                del waiting[waiter]  # woken once: the next relay wakes others
+            self._wake_parked(woken, True)
+
+    def relay(self, queues: list[str]) -> None:
+        """A claim took work from `queues`: there may be more, so wake the next waiters
+        (coroutines only: waiting threads wake on every notification)."""
+        with self._cond:
+            for name in queues:
+                self._wake_next(name)
 
     def _receive(self, payload: str) -> None:
         name, _, at = payload.partition("@")
@@ -133,6 +212,7 @@ class Listener:
             self._tried.set()
             if not healthy:
                 self._cond.notify_all()  # waiters switch to polling now
+                self._wake_parked(self._parked_all, True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -153,6 +233,11 @@ class Listener:
                 log.warning("work listener: %s; reconnecting", exc)
             self._set_health(False)
             self._stop.wait(RECONNECT_DELAY)
+
+
+def _settle(future: asyncio.Future, value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _connection_params() -> dict:

@@ -1,9 +1,148 @@
-"""ASGI entry point. Not what `make run` serves (gunicorn with threads, over WSGI: see
-README "Deploying" for the measurement that chose it); kept for ASGI servers."""
+"""The web server's application: ASGI, what `make run` and production serve (gunicorn's
+uvicorn workers: gunicorn_conf.py), so that an idle daemon's long-poll holds no thread.
 
-import os
+An idle daemon's claim waits up to 20 s for work. Under a threaded WSGI server each of
+those waits held a thread, so a server answered at most as many idle daemons at once
+as it had threads. Here:
 
-from django.core.asgi import get_asgi_application
+- POST /api/v1/daemons/ID/claim/ and …/exchange/, when the lean path takes them
+  (lakeshore_admin/fastpath.py: its checks of the request line and headers): the token
+  and role are checked in a worker thread, the body is read only then, and the answer
+  runs as steps (jobs/waits.py): each step in a worker thread (they touch the
+  database), each wait a coroutine on this event loop, holding no thread. The answers,
+  headers and errors are the lean path's own.
+- POST /v1/daemon/poll, the SDK worker's poll, the same way (lakeshore_admin/asgi_sdk.py).
+- everything else (console, API, submit, heartbeats, the SDK's producer): the WSGI application
+  (the lean path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per
+  process (a2wsgi), as gunicorn's threads served it before.
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
-application = get_asgi_application()
+A server stopping (SIGTERM, SIGINT, SIGQUIT) ends every parked wait at once: its claim
+answers empty, and the daemon claims again (from another server, or this one when it is
+back)."""
+
+import asyncio
+import functools
+import io
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+from a2wsgi import WSGIMiddleware
+from a2wsgi.wsgi import build_environ
+from django.conf import settings
+from django.core import signals
+from django.db import close_old_connections
+
+from lakeshore_admin.wsgi import application as lean_path  # sets Django up: before the apps
+
+# isort: split
+from accounts import audit
+from fleet.api import protocol
+from jobs import waits, wakeup
+from lakeshore_admin import asgi_sdk as sdk_door
+from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
+from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
+from lakeshore_admin.msgpack_api import MEDIA_TYPE
+
+STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+class Application:
+    """`lean`: the WSGI application (the lean path, lakeshore_admin/fastpath.py, in front
+    of Django)."""
+
+    def __init__(self, lean, threads: int):
+        self.lean = lean
+        self.steps = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-step")
+        self.wsgi = WSGIMiddleware(lean, workers=threads)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self.lifespan(receive, send)
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path = scope["path"]
+            if path.endswith(("/claim/", "/exchange/")):
+                environ = build_environ(scope, io.BytesIO())
+                taken = self.lean.take(environ)
+                if taken is not None and taken[0] in STEPPED:
+                    return await self.long_poll(environ, taken, scope, receive, send)
+            elif path == sdk_door.POLL_PATH:
+                environ = build_environ(scope, io.BytesIO())
+                if self.lean.headers_allow(environ, MEDIA_TYPE) is not None:
+                    return await sdk_door.poll(self, environ, scope, receive, send)
+        return await self.wsgi(scope, coroutine(receive), send)
+
+    async def run(self, request, fn, *args):
+        """fn(*args) in a worker thread, acting for `request` (the audit trail), its
+        database connection given back when it returns."""
+
+        def call():
+            try:
+                if request is None:
+                    return fn(*args)
+                with audit.serving(request):
+                    return fn(*args)
+            finally:
+                close_old_connections()
+
+        return await asyncio.get_running_loop().run_in_executor(self.steps, call)
+
+    async def long_poll(self, environ, taken, scope, receive, send):
+        lean = self.lean
+        admitted = await self.run(None, lean.admit, environ, taken)
+        if admitted is None:  # refused: Django answers, and says why (the body unread)
+            return await self.wsgi(scope, coroutine(receive), send)
+        request, view, answer_steps = admitted
+        route, args, secure = taken
+        try:
+            body = await read_all(receive)
+        except Disconnected:
+            await self.run(None, signals.request_finished.send, Application)
+            return
+        environ["wsgi.input"] = io.BytesIO(body)
+        data = await self.run(None, read_body, environ)
+        if data is TO_DJANGO:  # DRF's parser answers it
+            return await self.wsgi(scope, replay(body, receive), send)
+        try:
+            steps = STEPPED[route](request, *args, data)
+            payload, status, *headers = await waits.drive_async(
+                steps, functools.partial(self.run, request)
+            )
+            outcome = (payload, status, tuple(headers[0].items()) if headers else ())
+        except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
+            outcome = await self.run(request, lean.error, exc, request)
+        finally:
+            await self.run(None, signals.request_finished.send, Application)
+        status, headers, content = lean.rendered(outcome, secure, allow(view))
+        await respond(send, status, headers, content)
+
+    async def lifespan(self, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                _release_waits_on_stop()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                wakeup.listener.close_waits()
+                self.steps.shutdown(wait=False)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def _release_waits_on_stop() -> None:
+    """On a stop signal, end every parked wait before the server waits for its open
+    requests (each would otherwise hold the stop up to its 20 s), then do what the
+    server's own handler does. The event loop runs in the main thread at startup."""
+    for number in STOP_SIGNALS:
+        previous = signal.getsignal(number)
+        if not callable(previous):
+            continue
+
+        def handler(signum, frame, previous=previous):
+            wakeup.listener.close_waits()
+            previous(signum, frame)
+
+        signal.signal(number, handler)
+
+
+application = Application(lean_path, threads=settings.LAKESHORE_WEB_THREADS)

@@ -80,12 +80,12 @@ log = logging.getLogger("django.request")
 # fails until it is listed here.
 ACCOUNTED = {
     "django.middleware.security.SecurityMiddleware": (
-        "HSTS, nosniff, Referrer-Policy, COOP: _static_headers and _hsts; "
+        "HSTS, nosniff, Referrer-Policy, COOP: static_headers and _hsts; "
         "plain HTTP under SECURE_SSL_REDIRECT goes to Django"
     ),
     "whitenoise.middleware.WhiteNoiseMiddleware": "serves STATIC_URL only, never /api/",
     "django.middleware.csp.ContentSecurityPolicyMiddleware": (
-        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: _static_headers"
+        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: static_headers"
     ),
     "lakeshore_admin.middleware.RequestHeaderLimitMiddleware": (
         "header_problem(): headers over a limit go to Django"
@@ -101,9 +101,9 @@ ACCOUNTED = {
     "django.contrib.auth.middleware.AuthenticationMiddleware": "the token's user",
     "django.contrib.messages.middleware.MessageMiddleware": "the API adds no message",
     "lakeshore_admin.middleware.HtmxLoginRedirectMiddleware": (
-        "Vary: HX-Request, HX-Target (_static_headers); an API answer never redirects"
+        "Vary: HX-Request, HX-Target (static_headers); an API answer never redirects"
     ),
-    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: _static_headers",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: static_headers",
     "django_htmx.middleware.HtmxMiddleware": "request.htmx: the API does not read it",
     "accounts.audit.AuditMiddleware": "audit.serving(request) around the answer",
     "axes.middleware.AxesMiddleware": "console logins only; a bad token goes to Django",
@@ -160,36 +160,61 @@ class LeanPath:
         self._checked = self._accounted = None
 
     def __call__(self, environ, start_response):
-        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
+        taken = self.take(environ)
+        if taken is None:
             return self.app(environ, start_response)
+        admitted = self.admit(environ, taken)
+        if admitted is None:
+            return self.app(environ, start_response)  # the body unread: DRF refuses first
+        request, view, answer = admitted
+        data = read_body(environ)  # only now: the caller is known and may act
+        if data is TO_DJANGO:
+            return self.app(environ, start_response)
+        route, args, secure = taken
+        outcome = self.outcome(request, lambda: answer(request, *args, data))
+        return self.respond(start_response, outcome, secure, allow(view))
+
+    def take(self, environ):
+        """(route, its arguments, secure) when the lean path may answer the request,
+        else None. The request line and headers only: no database, no body."""
+        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
+            return None
         path = environ.get("PATH_INFO", "")
         if path == _SUBMIT:
             route, args = "submit", ()
         elif (found := _DAEMON.match(path)) is not None:
             route, args = found.group(2), (found.group(1),)
         else:
-            return self.app(environ, start_response)
+            return None
         taken = self._take(environ)
         if taken is None:
-            return self.app(environ, start_response)
-        raw, secure = taken
+            return None
+        return route, args, taken[1]
+
+    def admit(self, environ, taken):
+        """(request, its DRF view, the answer function) when the bearer token
+        authenticates and has the view's role, else None (Django answers, and says
+        why). The body is still unread. Sends request_started."""
+        if self._routes is None:
+            self._routes = _routes()
+        view, answer = self._routes[taken[0]]
+        request = self.admit_to(environ, view)
+        return None if request is None else (request, view, answer)
+
+    def admit_to(self, environ, view):
+        """The request, when its bearer token authenticates and has `view`'s role, else
+        None. Sends request_started."""
+        raw = environ["HTTP_AUTHORIZATION"].split()[1]
         signals.request_started.send(sender=self.__class__, environ=environ)
         try:
             user, token = authenticate_token(raw)
         except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
-            return self.app(environ, start_response)  # the body unread: DRF refuses first
-        if self._routes is None:
-            self._routes = _routes()
-        view, answer = self._routes[route]
+            return None
         request = LeanRequest(environ, user, token)
         for permission in view.permission_classes:  # the view's own
             if not permission().has_permission(request, None):
-                return self.app(environ, start_response)  # DRF says 403, and why
-        data = _body(environ)  # only now: the caller is known and may act
-        if data is _DJANGO:
-            return self.app(environ, start_response)
-        allow = _allow(view)
-        return self._serve(environ, start_response, request, answer, args, data, secure, allow)
+                return None  # DRF says 403, and why
+        return request
 
     def _enabled(self) -> bool:
         middleware = settings.MIDDLEWARE
@@ -205,11 +230,18 @@ class LeanPath:
 
     # ------------------------------------------------------------------ who may take it
 
-    def _take(self, environ):
+    def headers_allow(self, environ, media_type: str):
+        """_take for another door: (bearer token, secure), or None."""
+        if not self._enabled():
+            return None
+        return self._take(environ, media_type)
+
+    def _take(self, environ, media_type: str = "application/json"):
         """(bearer token, secure) when the lean path may answer, else None. It reads
-        the headers only: the body is read after the token (_body)."""
+        the headers only: the body is read after the token (read_body). `media_type`:
+        the body's (the SDK's door takes msgpack: lakeshore_admin/asgi.py)."""
         media, _, params = environ.get("CONTENT_TYPE", "").partition(";")
-        if media.strip().lower() != "application/json" or params.strip().lower() not in (
+        if media.strip().lower() != media_type or params.strip().lower() not in (
             "",
             "charset=utf-8",
         ):
@@ -236,32 +268,43 @@ class LeanPath:
 
     # ------------------------------------------------------------------ the answer
 
-    def _serve(self, environ, start_response, request, answer, args, data, secure, allow):
+    def outcome(self, request, call, *, finished: bool = True):
+        """(payload, status, extra headers) of `call()`, its errors answered as the API's
+        views answer them. Ends the request (request_finished) unless `finished` is
+        False (the ASGI door ends it itself)."""
         try:
             with audit.serving(request):
                 try:  # a claim's or an exchange's answer adds its headers (Retry-After)
-                    payload, status, *headers = answer(request, *args, data)
+                    payload, status, *headers = call()
                 except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
-                    payload, status, extra = self._error(exc, request)
-                else:
-                    extra = tuple(headers[0].items()) if headers else ()
-            if status != 500:  # Django's own 500 page comes without DRF's Allow
-                extra = (("Allow", allow), *extra)
-            body = self._renderer.render(payload)
+                    return self.error(exc, request)
+                return payload, status, tuple(headers[0].items()) if headers else ()
         finally:
-            signals.request_finished.send(sender=self.__class__)
+            if finished:
+                signals.request_finished.send(sender=self.__class__)
+
+    def respond(self, start_response, outcome, secure, allow):
+        status, headers, body = self.rendered(outcome, secure, allow)
+        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
+        return [body]
+
+    def rendered(self, outcome, secure, allow):
+        """(status, headers, body) of an outcome, with the headers the middleware adds."""
+        payload, status, extra = outcome
+        if status != 500:  # Django's own 500 page comes without DRF's Allow
+            extra = (("Allow", allow), *extra)
+        body = self._renderer.render(payload)
         headers = [
             ("Content-Type", "application/json"),
             ("Content-Length", str(len(body))),
-            *self._static_headers(),
+            *self.static_headers(),
             *extra,
         ]
         if secure and settings.SECURE_HSTS_SECONDS:
             headers.append(("Strict-Transport-Security", _hsts()))
-        start_response(f"{status} {HTTPStatus(status).phrase}", headers)
-        return [body]
+        return status, headers, body
 
-    def _error(self, exc, request):
+    def error(self, exc, request):
         if isinstance(exc, DjangoValidationError):
             exc = exceptions.ValidationError(
                 exc.message_dict if hasattr(exc, "error_dict") else exc.messages
@@ -279,7 +322,7 @@ class LeanPath:
         extra = tuple((k, v) for k, v in response.items() if k.lower() != "content-type")
         return response.data, response.status_code, extra
 
-    def _static_headers(self):
+    def static_headers(self):
         """What the middleware adds to an API answer. Made once: they depend only on
         settings."""
         if self._headers is None:
@@ -305,8 +348,8 @@ class LeanPath:
         return self._headers
 
 
-def _body(environ):
-    """The JSON body (its length already checked by _take), or _DJANGO when DRF's
+def read_body(environ):
+    """The JSON body (its length already checked by _take), or TO_DJANGO when DRF's
     parser must answer it: text that is not UTF-8 or not JSON, or nested too deep. A
     body read is put back for Django."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -318,17 +361,17 @@ def _body(environ):
         if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
             settings.LAKESHORE_JSON_MAX_DEPTH
         ):
-            return _DJANGO
+            return TO_DJANGO
         return drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
     except (UnicodeDecodeError, ValueError):
-        return _DJANGO
+        return TO_DJANGO
 
 
-_DJANGO = object()  # _body's "hand it to Django"
+TO_DJANGO = object()  # read_body's "hand it to Django"
 
 
 @functools.cache
-def _allow(view) -> str:
+def allow(view) -> str:
     """DRF's Allow header for the view (Django's setup adds HEAD to a view with GET)."""
     instance = view()
     instance.setup(None)

@@ -1,14 +1,17 @@
-"""gunicorn's configuration for `make run` and production: threads in a few worker
-processes (the `gthread` worker). A long-poll claim occupies a thread while it waits
-but no database connection (it sleeps on LISTEN/NOTIFY), so threads are cheap and
-plentiful; database connections come from a bounded pool per process (settings.py).
+"""gunicorn's configuration for `make run` and production: a few worker processes, each
+an event loop (uvicorn's worker, with uvloop and httptools) serving the ASGI application
+(lakeshore_admin/asgi.py). An idle daemon's long-poll waits on the loop, holding no
+thread; everything else runs in a bounded pool of threads per process, with database
+connections from a bounded pool per process (settings.py).
 
 Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
-default 2), LAKESHORE_WEB_THREADS (threads per process, default 128)."""
+default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the parked
+long-polls, default 128; started as needed)."""
 
 import os
-import signal
 import sys
+
+from uvicorn_worker import UvicornWorker
 
 from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
 
@@ -16,17 +19,25 @@ try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
     bind = f"{env_str('LAKESHORE_BIND', '127.0.0.1')}:{_port}"
     workers = env_number("LAKESHORE_WEB_WORKERS", 2, minimum=1)
-    threads = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
+    env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)  # read by the app (asgi.py)
     loglevel = env_str("LAKESHORE_WEB_LOG_LEVEL")
     loglevel = log_level("LAKESHORE_WEB_LOG_LEVEL", loglevel, "WARNING").lower()
 except BadSetting as exc:  # gunicorn would print a traceback under its own words
     sys.exit(str(exc))
-worker_class = "gthread"
-worker_connections = 1000
+
+
+class Worker(UvicornWorker):
+    """uvicorn's worker for gunicorn, with the fast loop and parser, and the app's
+    lifespan (asgi.py: a stop ends the parked long-polls at once)."""
+
+    CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
+
+
+worker_class = "lakeshore_admin.gunicorn_conf.Worker"
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
 graceful_timeout = 25  # long-polls wait at most 20 s
 keepalive = 5
-wsgi_app = "lakeshore_admin.wsgi:application"
+wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request: address, request line, status, bytes, milliseconds.
 accesslog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
@@ -54,16 +65,3 @@ def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
-
-
-def post_worker_init(worker):
-    """A quit signal (SIGINT, SIGQUIT) only flags the worker to stop, as SIGTERM does.
-    The gthread worker's own quit handler shuts its thread pool down inside the signal
-    handler: a second quit signal arriving there (Ctrl-C reaches master and workers of a
-    gunicorn run in a terminal; the master then sends SIGQUIT) deadlocks on the pool's
-    lock (CPython issue 121649), and the worker keeps the port for good. Flagged, the
-    worker leaves its loop and shuts the pool down outside any handler; the master kills
-    it after graceful_timeout at the latest, as it would have anyway (a worker's threads
-    hold its exit until their requests end)."""
-    signal.signal(signal.SIGINT, worker.handle_exit)
-    signal.signal(signal.SIGQUIT, worker.handle_exit)

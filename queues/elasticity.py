@@ -9,10 +9,10 @@ from datetime import timedelta
 from fractions import Fraction
 
 from django.conf import settings
-from django.db.models import Max
+from django.db import connection
 from django.utils import timezone
 
-from queues.models import ElasticityKind, Queue, QueueEvent, QueueState
+from queues.models import ElasticityKind, EventAction, Queue, QueueState
 
 # kind -> (parameters it uses, parameters it requires, defaults)
 PARAMETERS: dict[str, tuple[set[str], set[str], dict]] = {
@@ -127,12 +127,60 @@ class Plan:
         return f"none ({self.note})" if self.note else "none"
 
 
+# The events a tick writes with what its formula wanted (an event found outside a tick, a
+# daemon lost say, carries no `wanted`).
+_TICK_ACTIONS = [
+    str(action)
+    for action in (
+        EventAction.TICK_NOOP,
+        EventAction.SCALE_UP,
+        EventAction.SCALE_DOWN,
+        EventAction.HOLD,
+        EventAction.LAUNCH_FAILED,
+    )
+]
+
+# The highest `wanted` of the window, per queue: the events inside it, and the wanted
+# still in force when it began (the latest tick event at or before its start; a tick
+# whose decision did not change writes no event, so that value held until the next one).
+_PEAKS_SQL = """
+SELECT q.id, GREATEST(
+         (SELECT max(e.wanted) FROM queues_queueevent e
+           WHERE e.queue_id = q.id AND e.at > %(since)s),
+         (SELECT e.wanted FROM queues_queueevent e
+           WHERE %(in_force)s AND e.queue_id = q.id AND e.at <= %(since)s
+             AND e.action = ANY(%(actions)s)
+           ORDER BY e.at DESC, e.id DESC LIMIT 1))
+  FROM unnest(%(ids)s::bigint[]) AS q(id)
+"""
+
+
+def window_peaks(queue_ids: list[int], *, now) -> dict[int, int | None]:
+    """The highest count each queue wanted in the last LAKESHORE_SCALE_DOWN_WINDOW
+    seconds (None: no event says), for all of them in one statement. A window of 0
+    holds nothing: the value in force at its start is the one this tick replaces."""
+    if not queue_ids:
+        return {}
+    window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
+    params = {
+        "ids": list(queue_ids),
+        "since": now - window,
+        "in_force": window.total_seconds() > 0,
+        "actions": _TICK_ACTIONS,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_PEAKS_SQL, params)
+        return dict(cursor.fetchall())
+
+
 def _signals_text(s: Signals) -> str:
     return f"D={s.daemons} B={s.busy} P={s.pending} U={s.utilization:.2f}"
 
 
-def plan(queue: Queue, signals: Signals, *, now=None) -> Plan:
-    """What the next tick would do, without doing it (also `stats` and `patch --dry-run`)."""
+def plan(queue: Queue, signals: Signals, *, now=None, peaks: dict | None = None) -> Plan:
+    """What the next tick would do, without doing it (also `stats` and `patch --dry-run`).
+    `peaks`: window_peaks read for many queues at once (the controller's tick); without
+    it, this queue's is read when the decision needs it."""
     now = now or timezone.now()
     d = signals.daemons
     if queue.state == QueueState.ARCHIVED:
@@ -156,9 +204,9 @@ def plan(queue: Queue, signals: Signals, *, now=None) -> Plan:
     desired = wanted
     if wanted < d and queue.state != QueueState.DRAINING:
         window = timedelta(seconds=settings.LAKESHORE_SCALE_DOWN_WINDOW)
-        peak = QueueEvent.objects.filter(queue=queue, at__gt=now - window).aggregate(
-            peak=Max("wanted")
-        )["peak"]
+        if peaks is None:
+            peaks = window_peaks([queue.pk], now=now) if queue.pk else {}
+        peak = peaks.get(queue.pk)
         if peak is not None and peak > wanted:
             desired = min(peak, d)
             why += f"; holding {desired} for the scale-down window ({window.seconds} s)"

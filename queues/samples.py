@@ -192,13 +192,11 @@ def live_daemons(names: list[str]) -> dict[str, dict[str, int]]:
     if not names:
         return counts
     wanted = set(names)
-    serving = Q(queues__overlap=names)
+    serving = Daemon.objects.live().subscribed_to_any([name for name in wanted if name])
     if "" in wanted:  # the default queue's daemons subscribe to none
-        serving |= Q(queues=[])
+        serving = serving | Daemon.objects.live().filter(queues=[])
     rows = (
-        Daemon.objects.live()
-        .filter(serving)
-        .order_by()
+        serving.order_by()
         .annotate(
             served=Func(F("queues"), function="unnest", template=_SERVED, output_field=CharField())
         )

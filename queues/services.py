@@ -55,7 +55,7 @@ def queue_get(name: str, *, for_update: bool = False) -> Queue:
         raise NotFound(f"Queue '{name}' does not exist.") from None
 
 
-def queue_event_now(
+def queue_event(
     queue: Queue,
     *,
     action: str,
@@ -65,14 +65,13 @@ def queue_event_now(
     signals=None,
     desired: int | None = None,
     wanted: int = 0,
-):
-    """The one writer of a queue's events (QueueEvent): a tick's decision (with the
-    signals it saw and what its formula wanted), or something found outside one (a
-    failed launch after commit, a daemon its provider lost: the queue's signals now).
-    Counted in /metrics once the transaction commits."""
+) -> QueueEvent:
+    """A queue's event (QueueEvent), not yet saved: a tick's decision (with the signals
+    it saw and what its formula wanted), or something found outside one (a failed
+    launch after commit, a daemon its provider lost: the queue's signals now)."""
     if signals is None:
         signals = queue_signals(queue)["signals"]
-    event = QueueEvent.objects.create(
+    return QueueEvent(
         queue=queue,
         at=now or timezone.now(),
         action=action,
@@ -85,7 +84,20 @@ def queue_event_now(
         wanted=wanted,
         delta=delta,
     )
-    metrics.controller_acted(event)
+
+
+def queue_events_save(events: list[QueueEvent]) -> None:
+    """The one writer of queues' events, in one INSERT however many; each is counted in
+    /metrics once the transaction commits."""
+    QueueEvent.objects.bulk_create(events)
+    for event in events:
+        metrics.controller_acted(event)
+
+
+def queue_event_now(queue: Queue, **fields) -> QueueEvent:
+    """queue_event, saved now."""
+    event = queue_event(queue, **fields)
+    queue_events_save([event])
     return event
 
 
@@ -363,8 +375,11 @@ def _capped_count(queryset, cap: int = PENDING_CAP) -> int:
 
 
 def queue_signals(queue: Queue) -> dict:
-    """What the controller looks at for this queue, now."""
-    counts = {state: 0 for state in LIVE_DAEMON_STATES}
+    """What the controller looks at for this queue, now; or, for a queue the tick read
+    with many others at once (fleet/controller_tick.py), what that read found."""
+    read = getattr(queue, "signals_read", None)
+    if read is not None:
+        return read
     rows = (
         Daemon.objects.live()
         .serving(queue.name)
@@ -372,11 +387,16 @@ def queue_signals(queue: Queue) -> dict:
         .values_list("state")
         .annotate(n=Count("id"))
     )
-    for state, n in rows:
-        counts[state] = n
     of_queue = Invocation.objects.filter(queue=queue.name)
     pending = _capped_count(of_queue.filter(state=InvocationState.QUEUED))
     running = _capped_count(of_queue.filter(state=InvocationState.RUNNING))
+    return signals_from(dict(rows), pending=pending, running=running)
+
+
+def signals_from(live: dict[str, int], *, pending: int, running: int) -> dict:
+    """queue_signals' answer from its counts: live daemons by state, queued (capped),
+    running (capped). queues/signals.py counts them for many queues at once."""
+    counts = {state: live.get(state, 0) for state in LIVE_DAEMON_STATES}
     working = counts[DaemonState.PROVISIONING] + counts[DaemonState.IDLE] + counts[DaemonState.BUSY]
     return {
         "signals": elasticity.Signals(

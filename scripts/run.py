@@ -8,12 +8,12 @@ supervisor starts the embedded PostgreSQL, gunicorn and the Celery worker, each 
 in a session of its own too, and stops them in order: the Celery worker and the local
 provider's daemons first (they deregister while the web server still answers), then
 gunicorn, then PostgreSQL. The terminal's signals reach neither gunicorn nor Celery: a
-gthread worker that gets a second quit signal inside its first one deadlocks (CPython
-issue 121649) and Celery's second one cancels a task the solo pool cannot cancel. Each
-gets one SIGTERM from the supervisor, and SIGKILL if it outlives its time. If the first
-process is killed (kill -9), the kernel sends the supervisor SIGTERM
-(PR_SET_PDEATHSIG): the same stop. The supervisor is a subreaper: whatever its children
-leave behind becomes its child, and nothing of it outlives the stop."""
+second quit signal makes gunicorn's workers drop their open requests, and Celery's
+cancels a task the solo pool cannot cancel. Each gets one SIGTERM from the supervisor,
+and SIGKILL if it outlives its time. If the first process is killed (kill -9), the
+kernel sends the supervisor SIGTERM (PR_SET_PDEATHSIG): the same stop. The supervisor
+is a subreaper: whatever its children leave behind becomes its child, and nothing of it
+outlives the stop."""
 
 import contextlib
 import hashlib
@@ -325,7 +325,7 @@ class Supervisor:
         if self.web is None:
             return
         if self.web.poll() is None:
-            self.web.send_signal(signal.SIGTERM)  # graceful: gthread workers just flag it
+            self.web.send_signal(signal.SIGTERM)  # graceful: parked long-polls answer at once
         try:
             self.web.wait(WEB_KILL)
         except subprocess.TimeoutExpired:

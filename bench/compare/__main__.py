@@ -5,8 +5,11 @@ bench/results/latest.md. Asserts nothing.
     python -m bench.compare            the full run (under 10 minutes on 2 cores)
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
     python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
-        written to var/bench-run/partial.md; the keys: submit claim e2e cancel lists
-        fleet two-server tick claim-kinds
+        printed and written to var/bench-run/partial.md (latest.md is left as the last full
+        run wrote it); the keys: submit claim e2e cancel lists fleet two-server tick
+        claim-kinds, and controller (another name for tick: the controller's rows at 100,
+        1,000 and 10,000 queues). Sections that need no HTTP server (tick, claim-kinds)
+        alone start none.
     BENCH_FLEET_SIZES=200,1000 …        the "N idle daemons" rows at these sizes
 
 Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
@@ -76,15 +79,28 @@ def _measure(result: report.RowResult, rounds: int) -> None:
 
 
 KEYS = ("submit", "claim", "e2e", "cancel", "lists", "fleet", "two-server", "tick", "claim-kinds")
+ALIASES = {"controller": "tick"}  # BENCH_ONLY=controller, as the controller's rows were run
+IN_PROCESS = {"tick", "claim-kinds"}  # measured inside Django, with no HTTP server
 
 
 def chosen() -> set[str]:
     """The sections asked for (arguments, else BENCH_ONLY); every one when none is."""
     names = sys.argv[1:] or [n for n in os.environ.get("BENCH_ONLY", "").split(",") if n]
+    names = [ALIASES.get(name, name) for name in names]
     unknown = [name for name in names if name not in KEYS]
     if unknown:
-        sys.exit(f"unknown section(s) {', '.join(unknown)}; the keys: {' '.join(KEYS)}")
+        known = " ".join([*KEYS, *ALIASES])
+        sys.exit(f"unknown section(s) {', '.join(unknown)}; the keys: {known}")
     return set(names or KEYS)
+
+
+def _probes(lakeshore: Lakeshore) -> LineClient:
+    return LineClient(
+        [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+        cwd=ROOT,
+        env=lakeshore.env,
+        log=RUN_DIR / "log" / "django-probes.log",
+    )
 
 
 def main() -> None:
@@ -107,9 +123,13 @@ def main() -> None:
     extra: dict[str, list[str]] = {}
     pg_version = pg.version()
     try:
-        progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
-        lakeshore.setup()
-        raw.setup()
+        if only <= IN_PROCESS:  # no HTTP server, no raw SQL table, no procrastinate
+            progress(f"PostgreSQL {pg_version}: migrating the bench database")
+            lakeshore.setup_database()
+        else:
+            progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
+            lakeshore.setup()
+            raw.setup()
         if only & {"submit", "e2e"}:
             progress("procrastinate: its venv (var/bench-venv), database and schema")
             try:
@@ -126,14 +146,10 @@ def main() -> None:
                 sections.append(run_section(section, budget.rounds))
         lakeshore.stop_server()
         if only & {"tick", "claim-kinds"}:
-            rows.probes = probes = LineClient(
-                [str(BIN / "python"), "-m", "bench.compare.django_probes"],
-                cwd=ROOT,
-                env=lakeshore.env,
-                log=RUN_DIR / "log" / "django-probes.log",
-            )
+            rows.probes = probes = _probes(lakeshore)
         if "tick" in only:
-            sections.append(run_section(rows.in_process(), budget.rounds))
+            for section in rows.controller():
+                sections.append(run_section(section, budget.rounds))
         if "claim-kinds" in only:
             progress("— claim per queue kind (queue_bench.py, in-process)")
             try:
@@ -151,8 +167,10 @@ def main() -> None:
         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
         f"PostgreSQL {pg_version} (embedded, var/pg-bench), one database per system",
-        "Lakeshore: gunicorn with lakeshore_admin.gunicorn_conf (2 processes × 128 threads), "
-        "driven over HTTP keep-alive from this process; raw SQL: one table with a partial "
+        "Lakeshore: what `make run` serves, gunicorn with lakeshore_admin.gunicorn_conf "
+        "(2 uvicorn worker processes serving the ASGI app: long-polls parked on the event "
+        "loop, everything else on up to 128 threads a process), driven over HTTP keep-alive "
+        "from this process; raw SQL: one table with a partial "
         "index, psycopg autocommit; procrastinate "
         f"{procrastinate.version if procrastinate else '—'} (var/bench-venv): its psycopg "
         "connector (pool of up to 10), a sync no-op task; end to end also as an expert runs "

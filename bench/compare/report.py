@@ -62,6 +62,8 @@ TARGETS = (
         higher=True,
     ),
     Target("two-server wake-up p99 ≤ 100 ms", "two-server-p99", 100.0),
+    Target("controller tick over 1,000 queues × 10,000 daemons ≤ 1 s", "tick-1000", 1.0),
+    Target("controller tick over 10,000 queues × 100,000 daemons ≤ 10 s", "tick-10000", 10.0),
 )
 
 

@@ -42,8 +42,8 @@ class Budget:
     cancel_rows: int = 100_000
     list_sizes: tuple[int, ...] = (100_000, 1_000_000)
     list_samples: int = 10  # requests per page kind per round (median), within 2 s
-    tick_queues: int = 1_000
-    tick_daemons: int = 10_000
+    tick_queues: tuple[int, ...] = (100, 1_000, 10_000)  # a controller row for each
+    tick_daemons_per_queue: int = 10
     claim_kind_seconds: float = 1.0  # queue_bench's per-kind claim figures
 
     @classmethod
@@ -65,8 +65,8 @@ class Budget:
             cancel_rows=5_000,
             list_sizes=(5_000, 20_000),
             list_samples=3,
-            tick_queues=20,
-            tick_daemons=100,
+            tick_queues=(10, 20),
+            tick_daemons_per_queue=5,
             claim_kind_seconds=0.2,
         )
 

@@ -114,7 +114,7 @@ class Rows(WorkerRows, TableRows):
         Lakeshore's own submit and procrastinate's defer, each round taking them in turn,
         so that the ratios compare figures of the same moments."""
         b = self.budget
-        server, url = self.ls.serve("bench.compare.floor_app:app")
+        server, url = self.ls.serve("bench.compare.floor_app:application")
         runs: dict[str, Callable[[], float]] = {
             "hello": lambda: self._post_rate(url, "/hello", b.floor_seconds),
             "floor": lambda: self._post_rate(url, "/insert", b.floor_seconds),
@@ -252,28 +252,34 @@ class Rows(WorkerRows, TableRows):
 
     # ------------------------------------------------------------------ in-process probes
 
-    def in_process(self) -> Section:
-        """Measured inside Django (django_probes.py), once the HTTP server is stopped."""
-        b = self.budget
+    def controller(self) -> list[Section]:
+        """The controller's tick at each size, measured inside Django (django_probes.py),
+        once the HTTP server is stopped: one section a size (each its own fleet)."""
+        return [self._tick(queues) for queues in self.budget.tick_queues]
+
+    def _tick(self, queues: int) -> Section:
+        daemons = queues * self.budget.tick_daemons_per_queue
         row = Row(
-            "tick",
-            f"controller tick over {b.tick_queues:,} queues × {b.tick_daemons:,} daemons",
+            f"tick-{queues}",
+            f"controller tick over {queues:,} queues × {daemons:,} daemons",
             "s",
             False,
             {LAKESHORE: lambda: self.probes.call("tick")["seconds"]},
+            variant=f"{queues:,} queues",
         )
         section = Section(
-            "Controller (in-process, fleet.controller.tick(), simulated provider)",
+            f"Controller (in-process, fleet.controller.tick(), simulated provider), "
+            f"{queues:,} queues",
             [row],
-            prepare=lambda: self.probes.call(
-                "tick_setup", queues=b.tick_queues, daemons=b.tick_daemons
-            ),
+            prepare=lambda: self.probes.call("tick_setup", queues=queues, daemons=daemons),
             finish=lambda: self.probes.call("tick_cleanup"),
             key="tick",
         )
         section.notes.append(
-            "steady state: each queue at its fixed size, so a tick decides and records, "
-            "launches and terminates nothing"
+            "steady state: each queue at its fixed size, so a tick decides and launches "
+            "and terminates nothing; the first round writes each queue's first event, "
+            "later ones find nothing changed and write none (a sample per queue once a "
+            "minute, when a round starts a new minute)"
         )
         return section
 

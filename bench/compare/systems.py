@@ -70,12 +70,7 @@ class Lakeshore:
     # ------------------------------------------------------------------ lifecycle
 
     def setup(self) -> None:
-        self.pg.create(self.database, fresh=False)
-        for folder in (self.logs, RUN_DIR / "static", RUN_DIR / "config"):
-            folder.mkdir(parents=True, exist_ok=True)
-        self.manage("migrate", "--verbosity", "0")
-        self.db = self.pg.connect(self.database)
-        self.reset()
+        self.setup_database()
         for role in ("operator", "daemon"):
             self.tokens[role] = self.manage(
                 "create_token", "--user", f"bench-{role}", "--role", role, "--name", "bench"
@@ -87,6 +82,15 @@ class Lakeshore:
                 answer = client.post("/api/v1/queues/", json={"name": name})
                 if answer.status_code not in (201, 409):
                     answer.raise_for_status()
+
+    def setup_database(self) -> None:
+        """The database, migrated and emptied (all the in-process rows need)."""
+        self.pg.create(self.database, fresh=False)
+        for folder in (self.logs, RUN_DIR / "static", RUN_DIR / "config"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.manage("migrate", "--verbosity", "0")
+        self.db = self.pg.connect(self.database)
+        self.reset()
 
     def manage(self, *args: str) -> str:
         done = subprocess.run(
@@ -105,7 +109,7 @@ class Lakeshore:
         self.server, self.base_url = self.serve()
 
     def serve(self, app: str | None = None) -> tuple[subprocess.Popen, str]:
-        """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (a WSGI
+        """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (an ASGI
         app's dotted path: the floor reference, bench/compare/floor_app.py); it and its
         base URL once it answers."""
         port = free_port()

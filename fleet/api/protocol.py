@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 from accounts.permissions import DaemonProtocol, Operate
 from fleet import commands, daemons, protocol
 from fleet.api import serializers as s
+from fleet.models import DaemonState
 from fleet.registration import check_speaker
 from fleet.services import daemon_get
 from jobs import logs, waits
@@ -27,10 +28,16 @@ def heartbeat_answer(request, daemon_id, data):
 
 
 def claim_answer(request, daemon_id, data):
+    return waits.drive(claim_answer_steps(request, daemon_id, data))
+
+
+def claim_answer_steps(request, daemon_id, data):
+    """claim_answer as steps (jobs/waits.py): where it waits, it yields."""
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
-    claimed = protocol.invocation_claim(daemon=daemon, **fields)
-    return s.ClaimedSerializer(claimed, many=True).data, status.HTTP_200_OK, waits.headers(claimed)
+    claimed = yield from protocol.claim_steps(daemon=daemon, tell_draining=True, **fields)
+    payload = s.ClaimedSerializer(claimed, many=True).data
+    return payload, status.HTTP_200_OK, _headers(claimed, daemon)
 
 
 def complete_answer(request, daemon_id, data):
@@ -56,12 +63,30 @@ def complete_answer(request, daemon_id, data):
 
 
 def exchange_answer(request, daemon_id, data):
+    return waits.drive(exchange_answer_steps(request, daemon_id, data))
+
+
+def exchange_answer_steps(request, daemon_id, data):
+    """exchange_answer as steps (jobs/waits.py): where it waits, it yields."""
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
-    answer = protocol.invocation_exchange(daemon=daemon, **fields)
+    answer = yield from protocol.exchange_steps(daemon=daemon, tell_draining=True, **fields)
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
     payload = {"recorded": answer["recorded"], "claimed": claimed}
-    return payload, status.HTTP_200_OK, waits.headers(answer["claimed"])
+    return payload, status.HTTP_200_OK, _headers(answer["claimed"], daemon)
+
+
+def _headers(claimed, daemon) -> dict[str, str]:
+    """A claim's headers: Retry-After when its wait was refused, and `draining` when the
+    daemon is asked to drain (a daemon that polls needs no heartbeat to learn it:
+    lakeshore daemon run reads it)."""
+    headers = waits.headers(claimed)
+    if daemon.state == DaemonState.DRAINING:
+        headers[STATE_HEADER] = DaemonState.DRAINING.value
+    return headers
+
+
+STATE_HEADER = "Lakeshore-Daemon-State"
 
 
 def own_daemon(request, daemon_id):

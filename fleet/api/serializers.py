@@ -5,7 +5,7 @@ import base64
 from django.conf import settings
 from rest_framework import serializers
 
-from fleet.daemons import current_invocation_id
+from fleet.daemons import CLAIM_WAIT_MAX, current_invocation_id
 from fleet.models import Daemon, Provider
 from fleet.services import provider_status
 from jobs import logs
@@ -234,7 +234,7 @@ class WiresField(serializers.ListField):
 
 class ClaimInput(StrictInput):
     limit = serializers.IntegerField(min_value=1, max_value=100, default=1)
-    wait = serializers.FloatField(min_value=0, max_value=20, default=0)
+    wait = serializers.FloatField(min_value=0, max_value=CLAIM_WAIT_MAX, default=0)
     wires = WiresField()
 
 
@@ -403,7 +403,7 @@ class ExchangeInput(StrictInput):
     )
     wait = serializers.FloatField(
         min_value=0,
-        max_value=20,
+        max_value=CLAIM_WAIT_MAX,
         default=0,
         help_text="Seconds an empty claim waits for work (after the outcomes are recorded).",
     )

@@ -11,6 +11,7 @@ from lakeshore.client import path, retry_after
 from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import TOKEN_REVOKED, Stopped
+from lakeshore.worker.heartbeat import STATE_HEADER
 from lakeshore.worker.reporting import Outcome, read_answers
 
 AHEAD_BELOW = 0.1  # claim ahead of free slots while jobs run shorter than this (s)
@@ -123,6 +124,9 @@ class ClaimLoop:
         """A claim's or an exchange's answer; its Retry-After (the server had no room
         for our long-poll) is kept for the claim loop."""
         self.claim_after = retry_after(response) or 0.0
+        self.claim_answered = time.monotonic()  # the server saw us: heartbeat.py
+        if response.headers.get(STATE_HEADER) == "draining":
+            self.drain_asked()
         return self.client.decode(response)
 
     def _claim_later(self) -> None:

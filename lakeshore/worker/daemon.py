@@ -89,6 +89,7 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         self.requests = 0  # complete requests the reporter sent (retries not counted)
         self.exchange = True  # the server has …/exchange/ (False after a 404: apart)
         self.claim_after = 0.0  # a claim's Retry-After: the claim loop waits this first
+        self.claim_answered = float("-inf")  # when a claim was last answered (monotonic)
         self.send_held = True  # heartbeats carry the ids we hold (see _held)
         self.register_lock = threading.Lock()
         # Read once at start: the modules jobs may run (sent to the runner with each

@@ -11,9 +11,16 @@ from lakeshore.errors import ApiError, CliError
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import TOKEN_REVOKED, Stopped
 
+STATE_HEADER = "Lakeshore-Daemon-State"  # on a claim's answer: "draining" when asked to
 HELD_MAX = 10_000  # ids a heartbeat carries at most (the server's limit)
 EXEC_GRACE = 10.0  # seconds an invocation sent TERM or INT by an operator has to exit
 EXEC_SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
+
+
+def claims_renew(*, idle: bool, answered: float, now: float, interval: float) -> bool:
+    """The rule (Heartbeats.claims_renew; bench/fleet_swarm.py imports it): an idle
+    daemon whose claim was answered within the heartbeat interval skips its heartbeat."""
+    return idle and now - answered < interval
 
 
 class Heartbeats:
@@ -44,8 +51,25 @@ class Heartbeats:
         self.log(f"the server refused held ids in heartbeats ({why}); sending none")
         return self.call("POST", url, give_up=self.hard_stop)
 
+    def claims_renew(self) -> bool:
+        """Whether the claim loop keeps this daemon alive without a heartbeat: it runs
+        nothing, has nothing to report, and a claim was answered within the interval.
+        An idle daemon's long-poll renews its liveness on the server (each claim that
+        finds its heartbeat due rewrites it), and its answer says when to drain; a
+        heartbeat would add nothing but a request."""
+        with self.lock:
+            idle = not self.running and not self.reporter.pending_ids()
+        return claims_renew(
+            idle=idle,
+            answered=self.claim_answered,
+            now=time.monotonic(),
+            interval=self.heartbeat_interval,
+        )
+
     def _heartbeat_loop(self) -> None:
         while not self.hard_stop.wait(self.heartbeat_interval):
+            if self.claims_renew():
+                continue
             failed_id = self.daemon_id
             try:
                 answer = self._heartbeat()
@@ -124,7 +148,12 @@ class Heartbeats:
             item.abandoned = True
             if self.pool.kill(item):
                 self.log(f"invocation {item.id}: the server ended it; stopping its process")
-        if answer.get("state") == "draining" and not self.draining.is_set():
+        if answer.get("state") == "draining":
+            self.drain_asked()
+
+    def drain_asked(self) -> None:
+        """The server asked this daemon to drain (a heartbeat's answer, or a claim's)."""
+        if not self.draining.is_set():
             self.log("the server asked this daemon to drain: finishing, then leaving")
             self.draining.set()
             with self.lock:

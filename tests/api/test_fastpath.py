@@ -181,14 +181,14 @@ def test_a_failure_answers_the_same_500_and_503(world, monkeypatch):
     def broken(**kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(protocol, "invocation_claim", broken)
+    monkeypatch.setattr(protocol, "claim_steps", broken)
     lean, full = both(world, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)
     assert lean == full and lean[0] == 500
 
     def unavailable(**kwargs):
         raise OperationalError("server closed the connection")
 
-    monkeypatch.setattr(protocol, "invocation_claim", unavailable)
+    monkeypatch.setattr(protocol, "claim_steps", unavailable)
     lean, full = both(world, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)
     assert lean == full and lean[0] == 503
 

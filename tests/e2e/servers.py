@@ -24,15 +24,15 @@ def free_port() -> int:
 def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz", app: str | None = None):
     """Starts gunicorn with `env` (which must hold PORT), waits until `ready` answers
     200 (fails the test with its log after 30 s), yields (base URL, process), and stops
-    it at the end. `app` ("module:name") serves another WSGI application than the
-    configuration's."""
+    it at the end. `app` ("module:name") serves a WSGI application instead of the
+    configuration's ASGI one, on gunicorn's threaded worker."""
     log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "gunicorn"),
             "-c",
             "python:lakeshore_admin.gunicorn_conf",
-            *([app] if app else []),
+            *(["--worker-class", "gthread", "--threads", "32", app] if app else []),
         ],
         cwd=ROOT,
         env=env,

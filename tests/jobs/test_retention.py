@@ -3,6 +3,7 @@ go, in batches, on the real database."""
 
 import json
 import runpy
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -541,6 +542,8 @@ def _load_settings(monkeypatch, tmp_path, value):
         monkeypatch.delenv("LAKESHORE_RETENTION_DAYS", raising=False)
     else:
         monkeypatch.setenv("LAKESHORE_RETENTION_DAYS", value)
+    # settings.py takes the domain's settings from settings_limits.py: read that anew too
+    monkeypatch.delitem(sys.modules, "lakeshore_admin.settings_limits")
     return runpy.run_path(str(SETTINGS_FILE))
 
 

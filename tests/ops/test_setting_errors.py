@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Where the server reads its settings from the environment.
 SOURCES = [
     ROOT / "lakeshore_admin" / "settings.py",
+    ROOT / "lakeshore_admin" / "settings_limits.py",
     ROOT / "lakeshore_admin" / "gunicorn_conf.py",
     ROOT / "scripts" / "run.py",
 ]

@@ -17,7 +17,7 @@ import msgpack
 from rest_framework.utils import json as drf_json
 
 from lakeshore_admin import wsgi  # first: it sets Django up, which fastpath needs
-from lakeshore_admin.fastpath import LeanPath, _body
+from lakeshore_admin.fastpath import LeanPath, read_body
 
 KEPT = "tests.parse_first.body"  # where the parsed body stays until the answer
 
@@ -26,7 +26,7 @@ class ParseFirst(LeanPath):
     def _take(self, environ):
         taken = super()._take(environ)
         if taken is not None:
-            environ[KEPT] = _body(environ)  # read, parsed, put back for Django
+            environ[KEPT] = read_body(environ)  # read, parsed, put back for Django
         return taken
 
 

@@ -1,0 +1,53 @@
+"""What the ASGI doors (lakeshore_admin/asgi.py, asgi_sdk.py) need of ASGI itself: reading
+a request's body, giving it again to the WSGI application, answering."""
+
+
+class Disconnected(Exception):
+    """The client went away before its body arrived."""
+
+
+async def respond(send, status: int, headers, content: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": content})
+
+
+async def read_all(receive) -> bytes:
+    """The whole body (the lean path checked its Content-Length against Django's
+    limit, and the server holds the client to it)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise Disconnected
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def coroutine(receive):
+    """`receive` as a coroutine function, which a2wsgi needs (granian's is not one)."""
+
+    async def coroutine():
+        return await receive()
+
+    return coroutine
+
+
+def replay(body: bytes, receive):
+    """A receive that gives the body read once more, then the client's messages."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

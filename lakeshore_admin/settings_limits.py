@@ -1,0 +1,96 @@
+"""The domain's own settings: the controller, retries, retention, bounds and waits
+(settings.py takes every name here; README's Settings table says what each means)."""
+
+from lakeshore_admin.env import env_list, env_number, env_str
+
+LAKESHORE_TICK_SECONDS = env_number("LAKESHORE_TICK_SECONDS", 10, minimum=1)
+# How often the console's tables and signals refresh themselves.
+LAKESHORE_CONSOLE_REFRESH_SECONDS = env_number("LAKESHORE_CONSOLE_REFRESH_SECONDS", 5, minimum=1)
+LAKESHORE_HEARTBEAT_TIMEOUT = env_number("LAKESHORE_HEARTBEAT_TIMEOUT", 60, minimum=2)
+LAKESHORE_MAX_LAUNCH_PER_TICK = env_number("LAKESHORE_MAX_LAUNCH_PER_TICK", 10, minimum=1)
+LAKESHORE_SCALE_DOWN_WINDOW = env_number("LAKESHORE_SCALE_DOWN_WINDOW", 300, minimum=0)
+LAKESHORE_BLOCK_TIMEOUT = env_number("LAKESHORE_BLOCK_TIMEOUT", 30, minimum=0, kind=float)
+# A failed attempt with attempts left waits min(MAX, BASE × 2^(attempt−1)) seconds, times
+# a random factor in [0.5, 1) (jitter), before it can be claimed again.
+LAKESHORE_RETRY_BACKOFF = env_number("LAKESHORE_RETRY_BACKOFF", 1, minimum=0, kind=float)
+LAKESHORE_RETRY_BACKOFF_MAX = env_number("LAKESHORE_RETRY_BACKOFF_MAX", 300, minimum=0, kind=float)
+# A daemon's row is rewritten for a heartbeat at most this often (state changes: always).
+LAKESHORE_HEARTBEAT_WRITE_SECONDS = env_number(
+    "LAKESHORE_HEARTBEAT_WRITE_SECONDS", 5, minimum=0, kind=float
+)
+LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
+LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK", 2, minimum=1)
+LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
+# Seconds each Slurm client command (sbatch, squeue, scancel, sinfo) may take.
+LAKESHORE_SLURM_TIMEOUT = env_number("LAKESHORE_SLURM_TIMEOUT", 30, minimum=1)
+LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
+LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
+# The charts' samples (one per queue a minute; the charts show at most a day) and the
+# audit trail of operator actions have retentions of their own.
+LAKESHORE_SAMPLE_RETENTION_DAYS = env_number("LAKESHORE_SAMPLE_RETENTION_DAYS", 7, minimum=1)
+LAKESHORE_AUDIT_RETENTION_DAYS = env_number("LAKESHORE_AUDIT_RETENTION_DAYS", 365, minimum=1)
+# Issue 17: retention keeps pace, claims bounded by bytes
+# The retention sweep (jobs/retention.py) runs every LAKESHORE_RETENTION_EVERY_SECONDS
+# and deletes until nothing is due or its budget is spent (`manage.py prune`: no budget).
+LAKESHORE_RETENTION_EVERY_SECONDS = env_number(
+    "LAKESHORE_RETENTION_EVERY_SECONDS", 300, minimum=10, kind=float
+)
+LAKESHORE_RETENTION_BUDGET_SECONDS = env_number(
+    "LAKESHORE_RETENTION_BUDGET_SECONDS", 60, minimum=0.1, kind=float
+)
+# A claim's answer holds invocations while the arguments before each come to less than
+# this many bytes (args + kwargs + args_blob); always at least one.
+LAKESHORE_CLAIM_MAX_BYTES = env_number("LAKESHORE_CLAIM_MAX_BYTES", 16 * 1024 * 1024, minimum=1)
+# Modules (besides lakeshore.functions) whose functions the daemons that this server's
+# providers start may run. Only the server's owner sets it: no API input can widen it.
+LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
+# The Python SDK's wire (dreamlake-lakeshore: /v1/namespaces/<ns>/producer/*, /v1/daemon/*).
+# This server is one namespace; any other answers 404.
+LAKESHORE_SDK_NAMESPACE = env_str("LAKESHORE_SDK_NAMESPACE", "default").strip() or "default"
+# The largest argument blob, result blob or result frame (bytes); above it: 413.
+LAKESHORE_SDK_MAX_BLOB_BYTES = env_number(
+    "LAKESHORE_SDK_MAX_BLOB_BYTES", 10 * 1024 * 1024, minimum=1024
+)
+# An SDK worker sends no heartbeat while it runs a job. Its job is kept for this long
+# after its last poll or result chunk (or the job's run_config.timeout_s when set)
+# before it is presumed dead and the job rerun.
+LAKESHORE_SDK_LEASE_SECONDS = env_number("LAKESHORE_SDK_LEASE_SECONDS", 3600, minimum=1)
+# Attempts an SDK invocation gets (its worker also says when a failure is final).
+LAKESHORE_SDK_MAX_ATTEMPTS = env_number("LAKESHORE_SDK_MAX_ATTEMPTS", 3, minimum=1)
+# A result stream with no new frame for this long ends (the SDK gives up after 30 s).
+LAKESHORE_SDK_STREAM_IDLE_SECONDS = env_number(
+    "LAKESHORE_SDK_STREAM_IDLE_SECONDS", 60, minimum=1, kind=float
+)
+# Issue 17: the SDK's result streams are bounded. Frames and bytes one stream may hold
+# (past either, a chunk is refused: 413 stream_full), and the bytes one read of a stream
+# loads from the database at a time (at least one frame).
+LAKESHORE_SDK_STREAM_MAX_FRAMES = env_number("LAKESHORE_SDK_STREAM_MAX_FRAMES", 100_000, minimum=1)
+LAKESHORE_SDK_STREAM_MAX_BYTES = env_number(
+    "LAKESHORE_SDK_STREAM_MAX_BYTES", 256 * 1024 * 1024, minimum=1024
+)
+LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
+    "LAKESHORE_SDK_STREAM_READ_BYTES", 16 * 1024 * 1024, minimum=1024
+)
+# Issue 19: per-job logs (jobs/logs.py). An attempt's log keeps at most this many bytes:
+# past it, the first half and the last half are kept, with one marker line saying how
+# much was cut between them.
+LAKESHORE_LOG_MAX_BYTES = env_number("LAKESHORE_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=4096)
+# Issue 17: long-poll admission (jobs/waits.py)
+# At most this many requests of one server process sleep in a thread at once: the SDK's
+# await and result stream, a log follow, and a claim, exchange or SDK poll that takes the
+# full stack (the ASGI doors park the others: LAKESHORE_MAX_PARKED below). Past it a
+# claim answers at once (empty, with Retry-After), the SDK's poll no command, its await
+# the current state, and a stream that would wait 503 busy. The default leaves a quarter
+# of the threads per process (LAKESHORE_WEB_THREADS, 128; at least 4) to heartbeats,
+# completions and the console, which never wait: 128 threads admit 96 waits. 0 admits none.
+LAKESHORE_WEB_THREADS = env_number("LAKESHORE_WEB_THREADS", 128, minimum=1)
+LAKESHORE_MAX_WAITS = env_number(
+    "LAKESHORE_MAX_WAITS",
+    max(1, LAKESHORE_WEB_THREADS - max(4, LAKESHORE_WEB_THREADS // 4)),
+    minimum=0,
+)
+# Under the ASGI server a daemon's claim and exchange, and an SDK worker's poll, wait on
+# the event loop, holding no
+# thread (jobs/waits.py): at most this many of them per server process, each a few KiB.
+# Past it a claim answers at once, empty, with Retry-After, as above.
+LAKESHORE_MAX_PARKED = env_number("LAKESHORE_MAX_PARKED", 10000, minimum=0)

@@ -1,0 +1,187 @@
+"""The ASGI server's doors (lakeshore_admin/asgi.py, asgi_sdk.py) answer as the WSGI
+application does: a daemon's claim and exchange as the lean path (status, headers,
+body), the SDK worker's poll as the full stack, request by request, through the real
+ASGI application in process. What a door may not answer (a bad token, a wrong role, a
+body DRF must parse) it hands to Django, which answers as always."""
+
+import asyncio
+import io
+import json
+
+import msgpack
+import pytest
+from django.core.handlers.wsgi import WSGIHandler
+
+from accounts.authentication import token_cache
+from jobs import services
+from lakeshore_admin.asgi import Application
+from lakeshore_admin.fastpath import LeanPath
+from tests import builders
+from tests.api.test_fastpath import call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ECHO = "lakeshore.functions.echo"
+MSGPACK = "application/x-msgpack"
+
+
+class Counting:
+    def __init__(self):
+        self.app = WSGIHandler()
+        self.calls = 0
+
+    def __call__(self, environ, start_response):
+        self.calls += 1
+        return self.app(environ, start_response)
+
+
+def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(raw)).encode()),
+            (b"authorization", f"Bearer {token}".encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("localhost", 80),
+    }
+    messages = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    headers = {_title(k): v for k, v in headers.items() if k != "content-length"}
+    return start["status"], headers, body
+
+
+def wsgi_raw(app, path, raw: bytes, *, token, content_type):
+    """A request through a WSGI application: (status, headers, body bytes)."""
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SERVER_NAME": "localhost",
+        "SERVER_PORT": "80",
+        "HTTP_HOST": "localhost",
+        "REMOTE_ADDR": "127.0.0.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(raw),
+        "CONTENT_LENGTH": str(len(raw)),
+        "CONTENT_TYPE": content_type,
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+    }
+    answer = {}
+
+    def start_response(status, headers, exc_info=None):
+        answer["status"] = int(status.split()[0])
+        answer["headers"] = {_title(k): v for k, v in headers if k.lower() != "content-length"}
+
+    result = app(environ, start_response)
+    body = b"".join(result)
+    if hasattr(result, "close"):
+        result.close()
+    return answer["status"], answer["headers"], body
+
+
+def _title(name: str) -> str:
+    return "-".join(part.capitalize() for part in name.split("-"))
+
+
+def _normal(headers: dict) -> dict:
+    return {_title(k): v for k, v in headers.items()}
+
+
+@pytest.fixture
+def world():
+    token_cache.clear()
+    django = Counting()
+    lean = LeanPath(django)
+    app = Application(lean, threads=4)
+    builders.queue(name="w")
+    daemon_token = builders.token("daemon")
+    status, _, body = call(
+        django, "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]}, token=daemon_token
+    )
+    assert status == 201
+    django.calls = 0
+    yield django, lean, app, body["id"], body["token"], daemon_token
+    token_cache.clear()
+
+
+def _json_both(world, path, body):
+    django, lean, app, _, token, _ = world
+    raw = json.dumps(body).encode()
+    door = asgi_call(app, path, raw, token=token)
+    assert django.calls == 0, "the door handed it to Django"
+    status, headers, answer = call(lean, path, body, token=token)
+    return (door[0], door[1], json.loads(door[2])), (status, _normal(headers), answer)
+
+
+def test_a_claim_through_the_door_answers_as_the_lean_path(world):
+    me = world[3]
+    door, lean = _json_both(world, f"/api/v1/daemons/{me}/claim/", {"limit": 1})
+    assert door == lean and door[0] == 200 and door[2] == []
+    job = services.invocation_submit(function=ECHO, queue="w")[0]
+    door, _ = _json_both(world, f"/api/v1/daemons/{me}/claim/", {"limit": 1, "wait": 5})
+    assert door[0] == 200 and [int(row["id"]) for row in door[2]] == [job.pk]
+
+
+def test_an_exchange_and_an_error_answer_as_the_lean_path(world):
+    me = world[3]
+    door, lean = _json_both(world, f"/api/v1/daemons/{me}/exchange/", {"limit": 0})
+    assert door == lean == (200, door[1], {"recorded": [], "claimed": []})
+    door, lean = _json_both(world, f"/api/v1/daemons/{me}/claim/", {"limit": "many"})
+    assert door == lean and door[0] == 400
+
+
+def test_a_refused_token_goes_to_django_with_its_body(world):
+    django, lean, app, me, _, _ = world
+    path, raw = f"/api/v1/daemons/{me}/claim/", json.dumps({"limit": 1}).encode()
+    door = asgi_call(app, path, raw, token="nope")
+    assert door[0] == 401 and django.calls == 1
+    full = wsgi_raw(lean, path, raw, token="nope", content_type="application/json")
+    assert door == full
+
+
+def test_the_sdk_poll_through_the_door_answers_as_the_full_stack(world):
+    django, _, app, _, _, token = world
+    job = services.invocation_submit(function=ECHO, queue="w", wire="value", args_blob=b"x")[0]
+    raw = msgpack.packb({"worker_id": "host-01", "timeout_s": 0, "queue": "w"})
+    door = asgi_call(app, "/v1/daemon/poll", raw, token=token, content_type=MSGPACK)
+    assert django.calls == 0, "the door handed it to Django"
+    assert door[0] == 200
+    commands = msgpack.unpackb(door[2])["commands"]
+    assert [c["body"]["invocation_id"] for c in commands] == [str(job.pk)]
+    job2 = services.invocation_submit(function=ECHO, queue="w", wire="value", args_blob=b"x")[0]
+    full = wsgi_raw(django, "/v1/daemon/poll", raw, token=token, content_type=MSGPACK)
+    assert (door[0], door[1]) == full[:2]
+    assert msgpack.unpackb(full[2])["commands"][0]["body"]["invocation_id"] == str(job2.pk)
+
+
+def test_a_bad_sdk_poll_goes_to_the_full_stack_with_its_body(world):
+    django, _, app, _, _, token = world
+    raw = msgpack.packb({"timeout_s": 0, "queue": "w"})  # no worker_id
+    status, headers, body = asgi_call(
+        app, "/v1/daemon/poll", raw, token=token, content_type=MSGPACK
+    )
+    assert django.calls == 1
+    assert status == 400 and "worker_id" in body.decode()

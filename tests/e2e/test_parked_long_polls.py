@@ -1,0 +1,141 @@
+"""1,000 idle daemons long-poll one server at once (issue 21): under `make run`'s server
+(gunicorn's uvicorn workers, lakeshore_admin/asgi.py) each waiting claim is parked on
+the event loop, holding no thread. All 1,000 wait their whole wait at once, none is
+refused with Retry-After, a job submitted meanwhile is claimed at once, and the server's
+threads stay a small fixed number (counted from /proc).
+
+The negative control runs the same swarm against the threaded WSGI server this project
+served before (gunicorn's gthread worker): there every waiting claim holds a thread, so
+past LAKESHORE_MAX_WAITS a process refuses the rest with Retry-After."""
+
+import asyncio
+import os
+import resource
+import time
+
+import httpx
+import psutil
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from fleet.models import Daemon, DaemonState
+from tests import builders
+from tests.e2e.servers import free_port, gunicorn
+from tests.e2e.test_burst import _database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+DAEMONS = 1000
+WAIT = 6.0  # seconds each claim waits
+THREADS = 32  # LAKESHORE_WEB_THREADS: the bounded pools of each process
+WORKERS = 2
+ECHO = "lakeshore.functions.echo"
+
+
+def _environment(tmp_path) -> dict:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+        "DATABASE_URL": _database_url(),
+        "LAKESHORE_DB_POOL_MAX": "12",
+        "LAKESHORE_VAR_DIR": str(tmp_path),
+        "LAKESHORE_STATIC_FROM_FINDERS": "1",
+        "LAKESHORE_WEB_WORKERS": str(WORKERS),
+        "LAKESHORE_WEB_THREADS": str(THREADS),
+        "PORT": str(free_port()),
+    }
+
+
+def _daemons() -> list[int]:
+    builders.queue(name="idle")
+    now = timezone.now()
+    rows = Daemon.objects.bulk_create(
+        Daemon(
+            name=f"parked-{i}",
+            queues=["idle"],
+            state=DaemonState.IDLE,
+            last_heartbeat_at=now,
+        )
+        for i in range(DAEMONS)
+    )
+    return [row.pk for row in rows]
+
+
+def _threads(server: psutil.Process) -> int:
+    """Threads of the server's worker processes, from /proc."""
+    return sum(child.num_threads() for child in server.children(recursive=True))
+
+
+async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) -> dict:
+    headers = {"Authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=DAEMONS + 10, max_keepalive_connections=DAEMONS + 10)
+    seen = {"threads": 0, "claimed": None}
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=WAIT + 30) as client:
+
+        async def claim(pk: int) -> tuple[httpx.Response, float]:
+            started = time.monotonic()
+            response = await client.post(
+                f"/api/v1/daemons/{pk}/claim/", json={"wait": WAIT}, headers=headers
+            )
+            return response, time.monotonic() - started
+
+        tasks = [asyncio.create_task(claim(pk)) for pk in ids]
+        await asyncio.sleep(WAIT / 2)  # every claim is parked by now
+        seen["threads"] = _threads(server)
+        submitted = time.monotonic()
+        job = await client.post(
+            "/api/v1/jobs/", json={"function": ECHO, "queue": "idle"}, headers=headers
+        )
+        assert job.status_code == 201, job.text
+        answers = []
+        for done in asyncio.as_completed(tasks):
+            response, took = await done
+            answers.append((response, took))
+            if response.status_code == 200 and response.json() and seen["claimed"] is None:
+                seen["claimed"] = time.monotonic() - submitted
+    seen["answers"] = answers
+    return seen
+
+
+def _run(base: str, server: psutil.Process) -> dict:
+    ids = _daemons()
+    token = builders.token("operator")
+    connection.close()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    try:
+        return asyncio.run(_swarm(base, token, ids, server))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_thousand_idle_daemons_wait_at_once_holding_no_thread(tmp_path):
+    with gunicorn(tmp_path, _environment(tmp_path)) as (base, proc):
+        seen = _run(base, psutil.Process(proc.pid))
+    answers = seen["answers"]
+    assert len(answers) == DAEMONS
+    assert all(response.status_code == 200 for response, _ in answers)
+    refused = [r for r, _ in answers if "Retry-After" in r.headers]
+    assert refused == []
+    claimed = [r.json() for r, _ in answers if r.json()]
+    assert len(claimed) == 1 and claimed[0][0]["function"] == ECHO
+    # the job reached a parked claim at once (a generous bound: 2 cores, 1,000 clients)
+    assert seen["claimed"] is not None and seen["claimed"] < 2.0
+    # every other claim waited its whole wait, all at once: in turns through the 2 × 32
+    # threads they would take 1,000 / 64 × 6 s, over 90 s (the bound leaves room for the
+    # first steps of 1,000 claims on 2 cores, which also run the clients)
+    empty = [took for r, took in answers if not r.json()]
+    assert min(empty) >= WAIT - 0.5 and max(empty) < 4 * WAIT
+    # the threads: each process's two bounded pools, its listener and the server's own
+    assert seen["threads"] <= WORKERS * (2 * THREADS + 10), seen["threads"]
+
+
+def test_control_a_threaded_server_refuses_the_waits_past_its_threads(tmp_path):
+    with gunicorn(tmp_path, _environment(tmp_path), app="lakeshore_admin.wsgi:application") as (
+        base,
+        proc,
+    ):
+        seen = _run(base, psutil.Process(proc.pid))
+    refused = [r for r, _ in seen["answers"] if "Retry-After" in r.headers]
+    assert len(refused) > DAEMONS / 2
