@@ -16,7 +16,9 @@ daemon's own constants and rules (imported, not copied):
   long again at random, as ClaimLoop._claim_later does;
 - heartbeats (with the ids it holds: none) every --heartbeat seconds (the command's
   default), shortened to what Lifecycle._renew_within picks from the register answer's
-  `heartbeat_timeout`;
+  `heartbeat_timeout`, except when the daemon's own rule
+  (lakeshore.worker.heartbeat.claims_renew) says to skip it: the daemon holds nothing
+  and a claim or exchange was answered within the interval (its polls renew it);
 - a job it claims (one of the `submits` the submitter sends) it reports at once in an
   exchange (wait 0, as ClaimLoop._exchange), then goes back to waiting;
 - on 409 daemon_lost it registers again (Lifecycle._not_live); on daemon_terminated or
@@ -31,9 +33,12 @@ daemon is 0. After the last window the daemons go on for one more wait (+ LATE),
 that the polls sent in it get their answers; then everything stops, and one JSON object
 is printed. Per window: of the polls sent in it, how many were answered, held (let wait:
 no Retry-After) and answered within their wait + LATE, answered late, refused with
-Retry-After, or never answered; errors by kind, heartbeat latencies, the longest silence
-of any daemon. And each submit (sent, answered, its invocation) and each claim's moment
-by invocation id (bench/compare/fleet.py pairs them: submit-to-claim latency)."""
+Retry-After, or never answered; errors by kind, the latencies of the heartbeats sent
+and how many were skipped, the gaps between a daemon's renewals (its register, each
+answered poll or exchange, each answered heartbeat: what keeps it alive on the server)
+and the longest silence of any daemon. And each submit (sent, answered, its invocation)
+and each claim's moment by invocation id (bench/compare/fleet.py pairs them:
+submit-to-claim latency)."""
 
 import asyncio
 import inspect
@@ -54,6 +59,7 @@ from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import BACKOFF_MAX, BACKOFF_START, DAEMON_LOST, DAEMON_TERMINATED
 from lakeshore.worker.claiming import WIRES
 from lakeshore.worker.daemon import Worker
+from lakeshore.worker.heartbeat import claims_renew
 from lakeshore.worker.lifecycle import Lifecycle
 from lakeshore.worker.reporting import Outcome
 
@@ -72,14 +78,6 @@ def renew_interval(heartbeat_timeout) -> float:
     return daemon.heartbeat_interval
 
 
-def beats_while_polling() -> bool:
-    """Whether an idle daemon sends heartbeats while its long-poll is in flight. Today
-    lakeshore.worker.heartbeat beats every interval whatever the claim loop does; when
-    the daemon learns to skip them (its poll renewing its liveness), take the rule from
-    there instead of this answer."""
-    return True
-
-
 def percentile(values: list[float], p: float) -> float | None:
     """The p-th percentile (nearest rank) of `values`, None when empty."""
     if not values:
@@ -95,6 +93,9 @@ class Window:
         self.unanswered = 0  # still waiting past their wait + LATE when the fleet stopped
         self.errors: dict[str, int] = {}
         self.beats: list[float] = []  # latencies of the heartbeats sent (s; inf: failed)
+        self.skipped = 0  # heartbeats skipped (claims_renew: an answered poll renewed it)
+        # The gaps between a daemon's renewals that end in this window (s, to the ms).
+        self.gaps: list[float] = []
         self.silence = 0.0  # the longest time any daemon went without renewing (s)
         self.lost = 0  # answers daemon_lost (the server had given the daemon up)
 
@@ -141,6 +142,8 @@ class Fleet:
         if last is not None:
             window = self.at(moment)
             window.silence = max(window.silence, moment - last)
+            if window is not self.after and window is not self.warm:
+                window.gaps.append(round(moment - last, 3))
         self.renewed[daemon] = moment
 
     def client(self, token: str, connections: int = 2) -> httpx.AsyncClient:
@@ -194,7 +197,9 @@ class Fleet:
                 self.ids.append(me["id"])
                 self.renew(index, time.monotonic())
                 self.interval = renew_interval(me.get("heartbeat_timeout"))
-                state = {"id": me["id"], "polling": False, "again": False}
+                # answered: when a claim or exchange was last answered (the daemon's
+                # claim_answered); busy: it holds a job it has not reported yet.
+                state = {"id": me["id"], "answered": -math.inf, "busy": False, "again": False}
                 beat = asyncio.create_task(self.heartbeats(client, index, state))
                 try:
                     await self.claims(client, index, state)
@@ -242,7 +247,6 @@ class Fleet:
         while True:
             sent = time.monotonic()
             self.at(sent).sent += 1
-            state["polling"] = True
             self.polling[index] = sent
             try:
                 answer = await client.post(url, json=body)
@@ -252,7 +256,6 @@ class Fleet:
                 delay = min(delay * 2, BACKOFF_MAX)
                 continue
             finally:
-                state["polling"] = False
                 self.polling.pop(index, None)
             now = time.monotonic()
             window = self.at(sent)  # what became of the polls sent in it
@@ -265,8 +268,8 @@ class Fleet:
                 continue
             delay = BACKOFF_START
             window.answered += 1
-            if not beats_while_polling():  # the poll renewed the daemon's liveness
-                self.renew(index, now)
+            state["answered"] = now  # as ClaimLoop._claim_answer: the server saw us
+            self.renew(index, now)  # the claim renewed the daemon's liveness
             pause = retry_after(answer)
             if now - sent > CLAIM_WAIT + LATE:
                 window.late += 1
@@ -274,15 +277,23 @@ class Fleet:
                 window.held += 1
             claimed = answer.json()
             if claimed:
-                await self.complete(client, state, claimed, now)
+                await self.complete(client, index, state, claimed, now)
                 if state["again"]:
                     return
             if pause:
                 window.refused += 1
                 await asyncio.sleep(pause * (1 + random.random()))  # noqa: S311 - as the daemon
 
-    async def complete(self, client, state: dict, claimed: list[dict], moment: float) -> None:
-        """Run nothing, report at once in an exchange (which may claim more: those too)."""
+    async def complete(self, client, index, state, claimed: list[dict], moment: float) -> None:
+        """Run nothing, report at once in an exchange (which may claim more: those too).
+        Until its answer the daemon holds a job: not idle, it heartbeats when due."""
+        state["busy"] = True
+        try:
+            await self._exchange(client, index, state, claimed, moment)
+        finally:
+            state["busy"] = False
+
+    async def _exchange(self, client, index, state, claimed: list[dict], moment: float) -> None:
         url = f"/api/v1/daemons/{state['id']}/exchange/"
         while claimed:
             for invocation in claimed:
@@ -302,14 +313,17 @@ class Fleet:
             if answer.status_code != 200:
                 self.failed(f"exchange {answer.status_code} {_code(answer)}".rstrip())
                 return
-            moment = time.monotonic()
+            moment = state["answered"] = time.monotonic()
+            self.renew(index, moment)
             claimed = answer.json().get("claimed") or []
 
     async def heartbeats(self, client: httpx.AsyncClient, index: int, state: dict) -> None:
         url = f"/api/v1/daemons/{state['id']}/heartbeat/"
         while True:
             await asyncio.sleep(self.interval)
-            if state["polling"] and not beats_while_polling():
+            idle, now = not state["busy"], time.monotonic()
+            if claims_renew(idle=idle, answered=state["answered"], now=now, interval=self.interval):
+                self.at(now).skipped += 1
                 continue
             sent = time.monotonic()
             window = self.at(sent)  # a beat counts where it was sent; a failed one: never

@@ -71,6 +71,9 @@ def _measure(result: report.RowResult, rounds: int) -> None:
                 result.errors[system] = f"{type(exc).__name__}: {exc}"
                 progress(f"  {row.key} · {system}: FAILED {result.errors[system]}")
                 continue
+            if value is None:  # nothing to measure this round (no heartbeat sent): no figure
+                progress(f"  {row.key} · round {i + 1}/{rounds} · {system}: no figure")
+                continue
             result.values.setdefault(system, []).append(value)
             progress(
                 f"  {row.key} · round {i + 1}/{rounds} · {system}: "

@@ -3,7 +3,11 @@ or a few processes of their own) sending what `lakeshore daemon run` sends when 
 against the bench's Lakeshore server, measured window by window:
 
     server CPU          the server's processes' CPU time (/proc), % of one core
-    liveness p99        heartbeat latency, from its send to its answer
+    heartbeat p99       the latency of the heartbeats sent, from send to answer (an idle
+                        daemon whose poll was answered within the interval skips its
+                        heartbeat: lakeshore.worker.heartbeat.claims_renew)
+    liveness p99        the gap between a daemon's renewals (each answered poll, exchange
+                        or heartbeat renews it), p99 over every daemon's gaps
     submit to claim     jobs submitted one at a time while the fleet idles: from the
                         submit's answer to the claim answer that carries the job
     daemons lost        daemons the server marked lost, by the window's end (the reaper
@@ -29,7 +33,7 @@ from bench.fleet_swarm import percentile
 
 STARTUP = 3.0  # seconds a generator process takes to import and start its daemons
 SETTLE = 10.0  # seconds after the ramp before the first window: two idle claim waits
-METRICS = ("cpu", "liveness", "submit", "lost", "held")
+METRICS = ("cpu", "heartbeat", "liveness", "submit", "lost", "held")
 
 
 @dataclass
@@ -49,15 +53,16 @@ class FleetResult:
     claim_wait: float = 0.0
     taken: dict[str, int] = field(default_factory=dict)  # metric → windows handed out
 
-    def next(self, metric: str) -> float:
+    def next(self, metric: str) -> float | None:
         """The metric's figure for the next round: window by window; daemons lost: the
-        whole run's, every round (a count that only grows has no median of windows)."""
+        whole run's, every round (a count that only grows has no median of windows).
+        Heartbeat latency: None (no figure) in a window in which no heartbeat was sent."""
         if metric == "lost":
             return self.lost_at_end
         index = self.taken.get(metric, 0)
         self.taken[metric] = index + 1
         value = self.windows[min(index, len(self.windows) - 1)][metric]
-        if value is None:
+        if value is None and metric != "heartbeat":
             raise RuntimeError(f"no {metric} figure in window {index + 1}")
         return value
 
@@ -66,8 +71,9 @@ class FleetResult:
             f"window {i + 1}: {w['sent']:,} polls sent, {w['answered']:,} of them answered "
             f"({w['held_count']:,} held and answered in time, {w['refused']:,} refused with "
             f"Retry-After, {w['late']:,} late), {w['unanswered']:,} never answered; "
-            f"{w['beats']:,} heartbeats "
-            f"(p50 {_ms(w['beat_p50'])}), longest silence {w['silence']:.1f} s, "
+            f"{w['beats']:,} heartbeats sent (p50 {_ms(w['beat_p50'])}), {w['skipped']:,} "
+            f"skipped (a poll answered within the interval), {w['gaps']:,} gaps between "
+            f"renewals (p50 {w['gap_p50']:.1f} s), longest silence {w['silence']:.1f} s, "
             f"submit to claim p50 {_ms(w['submit_p50'])} over {w['submits']} (the submit's "
             f"own answer p50 {_ms(w['submit_answer_p50'])}), "
             f"{w['lost']} daemon rows lost by its end, "
@@ -106,8 +112,12 @@ class FleetResult:
             "cpu": f"{requests / seconds:,.0f} requests a second (polls, heartbeats, "
             f"submits), about {per_request:.1f} ms of server CPU each; {refused:,} of the "
             "polls were refused a wait (Retry-After) and came back",
-            "liveness": f"heartbeats took p50 {_ms(statistics.median(_p50s(w, 'beat_p50')))} "
-            f"with {load}",
+            "heartbeat": f"heartbeats took p50 "
+            f"{_ms(statistics.median(_p50s(w, 'beat_p50')))} with {load}",
+            "liveness": f"gaps between renewals p50 "
+            f"{statistics.median(_p50s(w, 'gap_p50')):.1f} s, the longest "
+            f"{max(x['silence'] for x in w):.1f} s; {refused:,} polls refused a wait "
+            f"(Retry-After), {late:,} answered late or not at all; {load}",
             "submit": f"submit to claim p50 {_ms(statistics.median(_p50s(w, 'submit_p50')))}; "
             f"{self.unclaimed} never claimed; {refused:,} polls refused a wait (a daemon "
             f"sleeping out Retry-After hears of no job); {load}",
@@ -292,6 +302,7 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
         parts = [out["windows"][i] for out in outputs]
         seconds = after[3] - before[3]
         beats = [b for part in parts for b in part["beats"]]
+        gaps = [g for part in parts for g in part["gaps"]]
         sent = sum(p["sent"] for p in parts)
         held = sum(p["held"] for p in parts)
         p99 = percentile(beats, 99)
@@ -306,6 +317,9 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "errors": _sum_errors(parts),
                 "beats": len(beats),
                 "beat_p50": statistics.median(beats) if beats else None,
+                "skipped": sum(p["skipped"] for p in parts),
+                "gaps": len(gaps),
+                "gap_p50": statistics.median(gaps) if gaps else float("nan"),
                 "silence": max(p["silence"] for p in parts),
                 "submits": len(waits[i]),
                 "submit_p50": statistics.median(waits[i]) if waits[i] else None,
@@ -313,7 +327,8 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "generator_cpu": 100 * (after[1] - before[1]) / seconds,
                 "load": after[4],
                 "cpu": 100 * (after[0] - before[0]) / seconds,
-                "liveness": None if p99 is None else p99 * 1000,
+                "heartbeat": None if p99 is None else p99 * 1000,
+                "liveness": percentile(gaps, 99),
                 # No submit sent in the window: the one before it was still unanswered.
                 "submit": _p99_ms(waits[i]) if waits[i] else float("inf"),
                 "lost": after[2],

@@ -80,7 +80,7 @@ class Row:
     label: str
     unit: str
     higher_is_better: bool
-    runs: dict[str, Callable[[], float]]
+    runs: dict[str, Callable[[], float | None]]  # None: no figure this round
     variant: str = ""  # what tells it from its sibling rows (targets name it)
     # A row whose procrastinate figure is another row's (the same worker run, measured
     # once): that row's key.

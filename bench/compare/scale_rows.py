@@ -46,7 +46,7 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
             ramp_per_second=budget.fleet_ramp_per_second,
         )
 
-    def figure(metric: str) -> Callable[[], float]:
+    def figure(metric: str) -> Callable[[], float | None]:
         return lambda: holder["result"].next(metric)
 
     def why(metric: str) -> Callable[[], str]:
@@ -55,7 +55,20 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
     what = f"{daemons:,} idle daemons (as `lakeshore daemon run` sends)"
     rows = [
         Row(f"fleet-cpu-{daemons}", f"{what}: server CPU", "% of a core", False, {}),
-        Row(f"fleet-liveness-{daemons}", f"{what}: heartbeat latency p99", "ms", False, {}),
+        Row(
+            f"fleet-heartbeat-{daemons}",
+            f"{what}: heartbeat latency p99, of the heartbeats sent",
+            "ms",
+            False,
+            {},
+        ),
+        Row(
+            f"fleet-liveness-{daemons}",
+            f"{what}: liveness, the gap between a daemon's renewals p99",
+            "s",
+            False,
+            {},
+        ),
         Row(f"fleet-submit-{daemons}", f"{what}: submit to claim p99", "ms", False, {}),
         Row(f"fleet-lost-{daemons}", f"{what}: daemons marked lost", "daemons", False, {}),
         Row(
@@ -83,7 +96,12 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
         "run's (counted when the generators stop: the same figure every round); server "
         "CPU: the gunicorn processes' CPU time (/proc); a poll is held when the server lets "
         "it wait (no Retry-After) and answers it within its wait + 2 s; a heartbeat that "
-        "failed or never came back counts as infinitely slow; the generators' own CPU is "
+        "failed or never came back counts as infinitely slow; an idle daemon skips its "
+        "heartbeat when a poll was answered within the interval (the daemon's rule, "
+        "lakeshore.worker.heartbeat.claims_renew), so the heartbeat row times only those "
+        "sent (none sent in a window: no figure), and liveness counts each answered poll, "
+        "exchange or heartbeat as a renewal: the p99 of the gaps between one daemon's "
+        "renewals, over all daemons' gaps ending in the window; the generators' own CPU is "
         "given per window (near 100 % of a core a process, their lag would be in the figures)"
     )
     section.notes.append(lambda: holder["result"].summary() if "result" in holder else "—")
