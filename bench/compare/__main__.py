@@ -170,14 +170,16 @@ def main() -> None:
         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
         f"PostgreSQL {pg_version} (embedded, var/pg-bench), one database per system",
-        "Lakeshore: what `make run` serves, gunicorn with lakeshore_admin.gunicorn_conf "
+        "Lakeshore: in process only (django_probes.py), no HTTP server"
+        if only <= IN_PROCESS
+        else "Lakeshore: what `make run` serves, gunicorn with lakeshore_admin.gunicorn_conf "
         "(2 uvicorn worker processes serving the ASGI app: long-polls parked on the event "
         "loop, everything else on up to 128 threads a process), driven over HTTP keep-alive "
-        "from this process; raw SQL: one table with a partial "
-        "index, psycopg autocommit; procrastinate "
-        f"{procrastinate.version if procrastinate else '—'} (var/bench-venv): its psycopg "
-        "connector (pool of up to 10), a sync no-op task; end to end also as an expert runs "
-        "it (a worker process a core, an async task, pools sized up front: the faster counts)",
+        "from this process; raw SQL: one table with a partial index, psycopg autocommit; "
+        f"procrastinate {procrastinate.version if procrastinate else '—'} (var/bench-venv): "
+        "its psycopg connector (pool of up to 10), a sync no-op task; end to end also as an "
+        "expert runs it (a worker process a core, an async task, pools sized up front: the "
+        "faster counts)",
         f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
         f"wall time {wall_seconds():.0f} s",
     ]
