@@ -52,6 +52,7 @@ class FleetResult:
     heartbeat_interval: float = 0.0
     claim_wait: float = 0.0
     taken: dict[str, int] = field(default_factory=dict)  # metric → windows handed out
+    warm_errors: dict[str, int] = field(default_factory=dict)  # during the ramp and settling
 
     def next(self, metric: str) -> float | None:
         """The metric's figure for the next round: window by window; daemons lost: the
@@ -88,7 +89,9 @@ class FleetResult:
             f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
             f"claimed, {self.early} claimed before their submit's answer arrived (timed from "
-            f"the submit's send instead); {self.lost_at_end} daemons lost when the generators "
+            f"the submit's send instead); errors before the first window (the ramp and "
+            f"settling): {_errors(self.warm_errors)}; {self.lost_at_end} daemons lost when "
+            "the generators "
             f"stopped (one wait after the last window), and {self.orphans_lost} rows of "
             "registrations whose answer never arrived (the daemon registered again)"
         )
@@ -281,6 +284,8 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
         result.registered += out["registered"]
         result.heartbeat_interval = out["heartbeat_interval"]
         result.claim_wait = out["claim_wait"]
+        for kind, n in out["warm"]["errors"].items():
+            result.warm_errors[kind] = result.warm_errors.get(kind, 0) + n
     # By the window it was sent in: from its answer to its claim's answer; a submit never
     # answered, or never claimed before the fleet stopped, counts as infinitely late.
     waits: list[list[float]] = [[] for _ in range(len(samples) - 1)]
@@ -328,7 +333,8 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "load": after[4],
                 "cpu": 100 * (after[0] - before[0]) / seconds,
                 "heartbeat": None if p99 is None else p99 * 1000,
-                "liveness": percentile(gaps, 99),
+                # No daemon renewed in the window at all: its gaps are longer than it.
+                "liveness": percentile(gaps, 99) if gaps else float("inf"),
                 # No submit sent in the window: the one before it was still unanswered.
                 "submit": _p99_ms(waits[i]) if waits[i] else float("inf"),
                 "lost": after[2],
