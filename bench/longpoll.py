@@ -2,7 +2,7 @@
 asserts nothing. Run with `.venv/bin/python bench/longpoll.py` (its own embedded
 PostgreSQL under var/pg-bench, or DATABASE_URL).
 
-gunicorn with lakeshore_admin/gunicorn_conf.py (2 processes × 128 threads), against a
+gunicorn with lakeshore_admin/gunicorn_conf.py (what `make run` serves), against a
 real PostgreSQL, while 600 daemons long-poll it as `lakeshore daemon run` does when idle
 (claim with `wait` 5 s back to back; on Retry-After, wait that long plus up to as long
 again at random; a heartbeat every 10 s on a connection of its own; each registers
@@ -17,6 +17,11 @@ and the reaper runs every LAKESHORE_TICK_SECONDS, as `make run`'s Celery beat do
 
 Twice: with the default LAKESHORE_MAX_WAITS (96 a process: jobs/waits.py), then the
 negative control with LAKESHORE_MAX_WAITS=100000 (every long-poll sleeps, as before).
+Written for issue 17's threaded server (2 processes × 128 threads). Since issue 21 that
+configuration serves the ASGI app (uvicorn workers): the daemons' claims park on the
+event loop, bounded by LAKESHORE_MAX_PARKED, not LAKESHORE_MAX_WAITS, so the two runs
+now differ only in the waits that still take a thread; `python -m bench.compare fleet`
+measures idle fleets against this server.
 
 The machine is noisy (2 cores shared by the server, PostgreSQL and these clients):
 compare the two runs, not machines."""

@@ -4,22 +4,31 @@ bench/results/latest.md. Asserts nothing.
 
     python -m bench.compare            the full run (under 10 minutes on 2 cores)
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
-    BENCH_ONLY=controller python -m bench.compare   the controller's rows alone (100,
-                                       1,000 and 10,000 queues), printed, not written
+    python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
+        printed and written to var/bench-run/partial.md (latest.md is left as the last full
+        run wrote it); the keys: submit claim e2e cancel lists fleet two-server tick
+        claim-kinds, and controller (another name for tick: the controller's rows at 100,
+        1,000 and 10,000 queues). Sections that need no HTTP server (tick, claim-kinds)
+        alone start none.
+    BENCH_FLEET_SIZES=200,1000 …        the "N idle daemons" rows at these sizes
 
 Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
-each row measures), report (medians, ratios, targets, Markdown), lines (the JSON-lines
-link to helper processes), procrastinate_driver and django_probes (those helpers)."""
+each row measures), scale_rows and fleet (the idle fleet, two servers; the fleet's
+generator is bench/fleet_swarm.py), report (medians, ratios, targets, Markdown), lines
+(the JSON-lines link to helper processes), procrastinate_driver and django_probes (those
+helpers)."""
 
+import dataclasses
 import os
 import platform
 import sys
 import time
 
-from bench.compare import report
+from bench.compare import report, scale_rows
 from bench.compare.infra import BIN, RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
 from bench.compare.lines import LineClient
-from bench.compare.rows import Budget, Rows, Section
+from bench.compare.rowkit import Budget, Section
+from bench.compare.rows import Rows
 from bench.compare.systems import Lakeshore, Procrastinate, RawSQL
 
 
@@ -62,11 +71,30 @@ def _measure(result: report.RowResult, rounds: int) -> None:
                 result.errors[system] = f"{type(exc).__name__}: {exc}"
                 progress(f"  {row.key} · {system}: FAILED {result.errors[system]}")
                 continue
+            if value is None:  # nothing to measure this round (no heartbeat sent): no figure
+                progress(f"  {row.key} · round {i + 1}/{rounds} · {system}: no figure")
+                continue
             result.values.setdefault(system, []).append(value)
             progress(
                 f"  {row.key} · round {i + 1}/{rounds} · {system}: "
                 f"{report.number(value)} {row.unit}"
             )
+
+
+KEYS = ("submit", "claim", "e2e", "cancel", "lists", "fleet", "two-server", "tick", "claim-kinds")
+ALIASES = {"controller": "tick"}  # BENCH_ONLY=controller, as the controller's rows were run
+IN_PROCESS = {"tick", "claim-kinds"}  # measured inside Django, with no HTTP server
+
+
+def chosen() -> set[str]:
+    """The sections asked for (arguments, else BENCH_ONLY); every one when none is."""
+    names = sys.argv[1:] or [n for n in os.environ.get("BENCH_ONLY", "").split(",") if n]
+    names = [ALIASES.get(name, name) for name in names]
+    unknown = [name for name in names if name not in KEYS]
+    if unknown:
+        known = " ".join([*KEYS, *ALIASES])
+        sys.exit(f"unknown section(s) {', '.join(unknown)}; the keys: {known}")
+    return set(names or KEYS)
 
 
 def _probes(lakeshore: Lakeshore) -> LineClient:
@@ -78,42 +106,14 @@ def _probes(lakeshore: Lakeshore) -> LineClient:
     )
 
 
-def controller_only(budget: Budget) -> None:
-    """BENCH_ONLY=controller: the controller's rows alone, with no HTTP server and no
-    procrastinate. Printed; bench/results/latest.md is left as the last full run wrote it."""
-    (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
-    pg = Postgres()
-    pg.start()
-    lakeshore = Lakeshore(pg)
-    probes: LineClient | None = None
-    try:
-        progress("PostgreSQL: migrating the bench database")
-        lakeshore.setup_database()
-        probes = _probes(lakeshore)
-        rows = Rows(lakeshore, RawSQL(pg), None, probes, budget)
-        sections = [run_section(section, budget.rounds) for section in rows.controller()]
-    finally:
-        if probes is not None:
-            probes.close()
-        lakeshore.close()
-        pg.stop()
-    notes = [f"- {section.title}: {note}" for section in sections for note in section.notes]
-    rounds = [
-        f"- {result.row.label}: " + ", ".join(report.number(v) for v in values)
-        for section in sections
-        for result in section.rows
-        for values in result.values.values()
-    ]
-    print(f"\nBENCH_ONLY=controller, {budget.rounds} round(s) a row, wall {wall_seconds():.0f} s\n")
-    print("\n".join([*report.table(sections), "", *notes, "", *rounds, ""]))
-    print("\n".join(line for line in report.targets(sections) if "controller tick" in line))
-
-
 def main() -> None:
     quick = os.environ.get("BENCH_QUICK") == "1"
     budget = Budget.quick() if quick else Budget()
-    if os.environ.get("BENCH_ONLY") == "controller":
-        return controller_only(budget)
+    if os.environ.get("BENCH_FLEET_SIZES"):
+        sizes = tuple(int(n) for n in os.environ["BENCH_FLEET_SIZES"].split(","))
+        budget = dataclasses.replace(budget, fleet_sizes=sizes)
+    only = chosen()
+    partial = only != set(KEYS)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RUN_DIR / "log").mkdir(parents=True, exist_ok=True)
     pg = Postgres()
@@ -126,30 +126,41 @@ def main() -> None:
     extra: dict[str, list[str]] = {}
     pg_version = pg.version()
     try:
-        progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
-        lakeshore.setup()
-        raw.setup()
-        progress("procrastinate: its venv (var/bench-venv), database and schema")
-        try:
-            procrastinate.setup()
-        except Exception as exc:  # noqa: BLE001 - the table goes on without it
-            skipped.append(f"procrastinate ({exc}): its columns are empty")
-            procrastinate.close()
+        if only <= IN_PROCESS:  # no HTTP server, no raw SQL table, no procrastinate
+            progress(f"PostgreSQL {pg_version}: migrating the bench database")
+            lakeshore.setup_database()
+        else:
+            progress(f"PostgreSQL {pg_version}: migrating, tokens, starting gunicorn")
+            lakeshore.setup()
+            raw.setup()
+        if only & {"submit", "e2e"}:
+            progress("procrastinate: its venv (var/bench-venv), database and schema")
+            try:
+                procrastinate.setup()
+            except Exception as exc:  # noqa: BLE001 - the table goes on without it
+                skipped.append(f"procrastinate ({exc}): its columns are empty")
+                procrastinate.close()
+                procrastinate = None
+        else:  # none of the sections asked for has a procrastinate column
             procrastinate = None
         rows = Rows(lakeshore, raw, procrastinate, None, budget)
-        for section in rows.sections():
-            sections.append(run_section(section, budget.rounds))
+        for section in [*rows.sections(), *scale_rows.sections(lakeshore, budget)]:
+            if section.key in only:
+                sections.append(run_section(section, budget.rounds))
         lakeshore.stop_server()
-        rows.probes = probes = _probes(lakeshore)
-        for section in rows.controller():
-            sections.append(run_section(section, budget.rounds))
-        progress("— claim per queue kind (queue_bench.py, in-process)")
-        try:
-            extra["Claim per queue kind (queue_bench.py: in-process service calls, one run)"] = [
-                f"    {line}" for line in rows.claim_kinds()
-            ]
-        except Exception as exc:  # noqa: BLE001
-            skipped.append(f"claim per queue kind: {exc}")
+        if only & {"tick", "claim-kinds"}:
+            rows.probes = probes = _probes(lakeshore)
+        if "tick" in only:
+            for section in rows.controller():
+                sections.append(run_section(section, budget.rounds))
+        if "claim-kinds" in only:
+            progress("— claim per queue kind (queue_bench.py, in-process)")
+            try:
+                extra[
+                    "Claim per queue kind (queue_bench.py: in-process service calls, one run)"
+                ] = [f"    {line}" for line in rows.claim_kinds()]
+            except Exception as exc:  # noqa: BLE001
+                skipped.append(f"claim per queue kind: {exc}")
     finally:
         for closable in (probes, procrastinate, raw, lakeshore):
             if closable is not None:
@@ -159,18 +170,26 @@ def main() -> None:
         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
         f"PostgreSQL {pg_version} (embedded, var/pg-bench), one database per system",
-        "Lakeshore: gunicorn with lakeshore_admin.gunicorn_conf (2 processes × 128 threads), "
-        "driven over HTTP keep-alive from this process; raw SQL: one table with a partial "
-        "index, psycopg autocommit; procrastinate "
-        f"{procrastinate.version if procrastinate else '—'} (var/bench-venv): its psycopg "
-        "connector (pool of up to 10), a sync no-op task",
+        "Lakeshore: in process only (django_probes.py), no HTTP server"
+        if only <= IN_PROCESS
+        else "Lakeshore: what `make run` serves, gunicorn with lakeshore_admin.gunicorn_conf "
+        "(2 uvicorn worker processes serving the ASGI app: long-polls parked on the event "
+        "loop, everything else on up to 128 threads a process), driven over HTTP keep-alive "
+        "from this process; raw SQL: one table with a partial index, psycopg autocommit; "
+        f"procrastinate {procrastinate.version if procrastinate else '—'} (var/bench-venv): "
+        "its psycopg connector (pool of up to 10), a sync no-op task; end to end also as an "
+        "expert runs it (a worker process a core, an async task, pools sized up front: the "
+        "faster counts)",
         f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
         f"wall time {wall_seconds():.0f} s",
     ]
+    if partial:
+        facts.append(f"only the sections {', '.join(sorted(only))} (a partial run)")
     text = report.render(sections, facts=facts, skipped=skipped, extra=extra)
-    (RESULTS / "latest.md").write_text(text)
+    out = RUN_DIR / "partial.md" if partial else RESULTS / "latest.md"
+    out.write_text(text)
     print("\n" + text)
-    written = (RESULTS / "latest.md").relative_to(ROOT)
+    written = out.relative_to(ROOT)
     progress(f"written to {written}; wall time {wall_seconds():.0f} s")
 
 

@@ -7,7 +7,9 @@
                                   spread over them (bulk_create: SQL, no API)
     tick                          one fleet.controller.tick() over all of it
     tick_cleanup                  remove it all
-    claim_kinds {seconds}         the per-kind claim figures of bench/queue_bench.py"""
+    claim_kinds {seconds}         the per-kind claim figures of bench/queue_bench.py
+    tick_seconds                  LAKESHORE_TICK_SECONDS (how often beat reaps)
+    reap                          one fleet.daemons.reap(), as beat's `reap` task"""
 
 import contextlib
 import io
@@ -69,6 +71,16 @@ class Probes:
             )
         Queue.objects.filter(name__startswith=PREFIX).delete()
         Provider.objects.filter(name=f"{PREFIX}sim").delete()
+
+    def tick_seconds(self) -> dict:
+        from django.conf import settings
+
+        return {"seconds": settings.LAKESHORE_TICK_SECONDS}
+
+    def reap(self) -> dict:
+        from fleet.daemons import reap
+
+        return reap()
 
     def claim_kinds(self, seconds: float) -> dict:
         os.environ["BENCH_CLAIM_SECONDS"] = str(seconds)

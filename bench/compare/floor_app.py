@@ -1,11 +1,14 @@
 """The floor under the "submit one at a time over HTTP" row: what the same HTTP server
 and client cost before any of Lakeshore's own work. `make bench` serves this WSGI app
-under the same gunicorn configuration as Lakeshore and sends it the same requests:
+under the same gunicorn configuration as Lakeshore (uvicorn workers) and sends it the same
+requests; like Lakeshore's submit it runs on a2wsgi's pool of LAKESHORE_WEB_THREADS threads
+(lakeshore_admin/asgi.py), as `application`:
 
     POST /hello    answers {} (a hello world: the HTTP round trip alone)
     POST /insert   runs the submit's own INSERT (jobs/transitions/submit.py, read from its
                    source: the same text, prepared, committed durably) and answers the
-                   new row as JSON (its 20 columns)
+                   new row as JSON (its 20 columns); without the two columns saying
+                   whether the queue is served (jobs/serving.py builds them with Django)
 
 No Django: no token, no validation, no rules beyond the statement's, no model, no
 serializer, no middleware, and one connection per thread instead of a pool. What
@@ -18,6 +21,7 @@ import threading
 from pathlib import Path
 
 import psycopg
+from a2wsgi import WSGIMiddleware
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +32,10 @@ def _statement() -> str:
         if isinstance(node, ast.Assign) and any(
             getattr(target, "id", None) == "_INSERT_ADMITTED_SQL" for target in node.targets
         ):
-            return ast.literal_eval(node.value)
+            value = node.value
+            if isinstance(value, ast.BinOp):  # "…RETURNING *, " + serving.columns(…)
+                return ast.literal_eval(value.left).rstrip().rstrip(",")
+            return ast.literal_eval(value)
     raise RuntimeError("jobs/transitions/submit.py has no _INSERT_ADMITTED_SQL")
 
 
@@ -72,3 +79,8 @@ def app(environ, start_response):
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))]
     start_response(status, headers)
     return [answer]
+
+
+# What the server serves: the WSGI app above as lakeshore_admin/asgi.py serves Lakeshore's
+# submit (a2wsgi, one pool of threads a process, as many as Lakeshore's).
+application = WSGIMiddleware(app, workers=int(os.environ.get("LAKESHORE_WEB_THREADS", "128")))

@@ -7,12 +7,18 @@ then JSON lines (lines.py). Standard library and procrastinate only.
     {"cmd": "batch_defer", "size": 1000, "seconds": 3} task.batch_defer(*size kwargs)
     {"cmd": "worker", "concurrency": 8, "jobs": 1000, "seconds": 10}
         start the worker, batch-defer `jobs` no-op jobs, count them done
+    {"cmd": "worker_expert", "concurrency": 8, "processes": 2, "jobs": 1000, "seconds": 10}
+        the same, as an expert runs procrastinate: `processes` worker processes (one a
+        core) sharing the concurrency, an `async def` task, and each process's
+        connection pool opened at its full size up front (PsycopgConnector's min_size =
+        max_size = its concurrency + 2: the listener, and a spare)
     {"cmd": "reset"}                                   empty the jobs table
 
 Answers carry {"count": n, "seconds": s}: n jobs deferred, or done, in s seconds."""
 
 import asyncio
 import contextlib
+import subprocess
 import sys
 import time
 
@@ -31,6 +37,31 @@ def make_app(url: str) -> tuple[procrastinate.App, procrastinate.tasks.Task]:
         return None
 
     return app, noop
+
+
+def make_expert_app(url: str, concurrency: int) -> procrastinate.App:
+    size = concurrency + 2
+    connector = procrastinate.PsycopgConnector(conninfo=url, min_size=size, max_size=size)
+    app = procrastinate.App(connector=connector)
+
+    @app.task(name="noop")
+    async def noop(i: int) -> None:
+        return None
+
+    return app
+
+
+async def expert_worker(url: str, concurrency: int) -> None:
+    """One process of worker_expert: says `ready` once its worker listens, then works
+    until it is killed."""
+    app = make_expert_app(url, concurrency)
+    async with app.open_async():
+        running = asyncio.create_task(
+            app.run_worker_async(concurrency=concurrency, wait=True, install_signal_handlers=False)
+        )
+        await asyncio.sleep(0.5)  # let it start and LISTEN, as `worker` does
+        print("ready", flush=True)
+        await running
 
 
 class Driver:
@@ -89,11 +120,44 @@ class Driver:
                 await running
         return {"count": done, "seconds": took}
 
+    def worker_expert(self, concurrency: int, processes: int, jobs: int, seconds: float) -> dict:
+        processes = max(1, min(processes, concurrency))
+        share = concurrency // processes
+        workers = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.compare.procrastinate_driver", self.url, str(share)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(processes)
+        ]
+        try:
+            for worker in workers:
+                if worker.stdout.readline().strip() != "ready":
+                    raise RuntimeError("an expert worker process did not start")
+            query = "SELECT count(*) AS n FROM procrastinate_jobs WHERE status = 'succeeded'"
+            sync = self.app.connector.get_sync_connector()
+            started = time.perf_counter()
+            self.noop.batch_defer(*({"i": i} for i in range(jobs)))
+            done = 0
+            while done < jobs and time.perf_counter() - started < seconds:
+                time.sleep(0.05)  # as the Lakeshore side polls
+                done = sync.execute_query_one(query)["n"]
+            took = time.perf_counter() - started
+        finally:
+            for worker in workers:
+                worker.kill()
+                worker.wait()
+        return {"count": done, "seconds": took, "processes": processes, "each": share}
+
     def close(self) -> None:
         self.app.close()
 
 
 def main() -> None:
+    if len(sys.argv) > 2:  # one process of worker_expert: URL CONCURRENCY
+        asyncio.run(expert_worker(sys.argv[1], int(sys.argv[2])))
+        return
     driver = Driver(sys.argv[1])
     try:
         serve(driver)

@@ -4,7 +4,7 @@ that `make bench` prints and writes to bench/results/latest.md."""
 import statistics
 from dataclasses import dataclass, field
 
-from bench.compare.rows import LAKESHORE, PROCRASTINATE, RAW, SYSTEMS, Row
+from bench.compare.rowkit import LAKESHORE, PROCRASTINATE, RAW, SYSTEMS, Row
 
 
 @dataclass
@@ -35,7 +35,10 @@ class Target:
     row: str  # the key (or key prefix) of the rows with Lakeshore's figure
     goal: float
     against: str | None = None  # procrastinate's figure: this row's, else the first `against`
-    stretch: float | None = None  # None with against=None: Lakeshore's figure below `goal`
+    stretch: float | None = None
+    # With against=None, a bound on Lakeshore's figure: at most `goal` (at least, when
+    # `higher`).
+    higher: bool = False
 
 
 TARGETS = (
@@ -48,7 +51,17 @@ TARGETS = (
     ),
     Target("batch submit ≥ 0.5× batch_defer", "batch", 0.5, "batch"),
     Target("one submit over HTTP ≥ 0.5× defer", "submit-one", 0.5, "submit-one"),
-    Target("500 idle daemons < 5 % of one core", "idle", 5.0),
+    Target("5,000 idle daemons: server CPU ≤ 25 % of one core", "fleet-cpu-5000", 25.0),
+    Target("idle daemons: heartbeat latency p99 ≤ 1 s (those sent)", "fleet-heartbeat", 1000.0),
+    Target("idle daemons: none marked lost", "fleet-lost", 0.0),
+    Target("idle daemons: submit to claim p99 ≤ 100 ms", "fleet-submit", 100.0),
+    Target(
+        "idle daemons: every poll held (no Retry-After) and answered within its wait",
+        "fleet-held",
+        100.0,
+        higher=True,
+    ),
+    Target("two-server wake-up p99 ≤ 100 ms", "two-server-p99", 100.0),
     Target("controller tick over 1,000 queues × 10,000 daemons ≤ 1 s", "tick-1000", 1.0),
     Target("controller tick over 10,000 queues × 100,000 daemons ≤ 10 s", "tick-10000", 10.0),
 )
@@ -57,6 +70,8 @@ TARGETS = (
 def number(value: float | None) -> str:
     if value is None:
         return "—"
+    if float(value).is_integer() and abs(value) < 100:  # a count: 0 daemons, not 0.00
+        return f"{value:.0f}"
     if value >= 100:
         return f"{value:,.0f}"
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
@@ -116,7 +131,9 @@ def _judge(target: Target, result: RowResult, results: list[RowResult]) -> str:
     if target.against is None:  # an absolute bound
         if value is None:
             return "— | not measured"
-        verdict = "met" if value < target.goal else "not met"
+        met = value >= target.goal if target.higher else value <= target.goal
+        why = result.row.why() if not met and result.row.why else ""
+        verdict = "met" if met else f"not met{': ' + why if why else ''}"
         return f"{number(value)} {result.row.unit} | {verdict}"
     theirs = result.median(PROCRASTINATE)
     if theirs is None:

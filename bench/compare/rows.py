@@ -1,279 +1,36 @@
 """The rows of the table: what each one measures on each system, within what budget.
+Rows (here: submit, the controller tick, claims per queue kind) gathers the mixins of
+worker_rows.py (claim + complete, end to end) and table_rows.py (bulk-cancel, lists);
+rowkit.py has the Budget, Row, Section and timing helpers they share."""
 
-A Section groups rows that share a preparation (the rows filled for the list pages,
-the 500 idle daemons). A Row maps each system that has the operation to a function
-that makes one measurement and returns it in the row's unit; the runner (__main__)
-calls each of them once per round, the systems in a rotated order each round."""
-
-import asyncio
 import itertools
 import json
-import random
 import statistics
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import httpx
 from psycopg.types.json import Jsonb
 
-from bench.compare.infra import stop_process
 from bench.compare.lines import LineClient
-from bench.compare.systems import NOOP, PRINTER, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
-from lakeshore.client import retry_after
-
-LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
-SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE)
-JOBS_PER_S = "jobs/s"
-
-
-@dataclass(frozen=True)
-class Budget:
-    rounds: int = 3
-    submit_seconds: float = 3.0  # submit one at a time, per measurement
-    floor_seconds: float = 2.0  # the floor under it (floor_app.py), per measurement
-    batch_seconds: float = 2.0  # batches (at least one), per measurement
-    batch_sizes: tuple[int, ...] = (10_000, 1_000)  # the largest the server takes is used
-    claim_seconds: float = 1.5  # claim + complete, per measurement
-    claim_backlog: dict = field(default_factory=lambda: {LAKESHORE: 5_000, RAW: 40_000})
-    e2e_jobs: int = 1_000  # end to end: this many jobs, or e2e_seconds, whichever first
-    e2e_seconds: float = 6.0
-    idle_daemons: int = 500
-    idle_stagger: float = 2.0  # the long-polls start spread over this many seconds
-    idle_window: float = 20.0  # CPU sampled over one window a round: one whole wait
-    cancel_rows: int = 100_000
-    list_sizes: tuple[int, ...] = (100_000, 1_000_000)
-    list_samples: int = 10  # requests per page kind per round (median), within 2 s
-    tick_queues: tuple[int, ...] = (100, 1_000, 10_000)  # a controller row for each
-    tick_daemons_per_queue: int = 10
-    claim_kind_seconds: float = 1.0  # queue_bench's per-kind claim figures
-
-    @classmethod
-    def quick(cls) -> "Budget":
-        """BENCH_QUICK=1: a smoke run of every row in about a minute."""
-        return cls(
-            rounds=1,
-            submit_seconds=0.5,
-            floor_seconds=0.3,
-            batch_seconds=0.5,
-            claim_seconds=0.5,
-            claim_backlog={LAKESHORE: 3_000, RAW: 10_000},
-            e2e_jobs=50,
-            e2e_seconds=3.0,
-            idle_daemons=40,
-            idle_stagger=0.5,
-            idle_window=3.0,
-            cancel_rows=5_000,
-            list_sizes=(5_000, 20_000),
-            list_samples=3,
-            tick_queues=(10, 20),
-            tick_daemons_per_queue=5,
-            claim_kind_seconds=0.2,
-        )
-
-
-@dataclass
-class Row:
-    key: str
-    label: str
-    unit: str
-    higher_is_better: bool
-    runs: dict[str, Callable[[], float]]
-    variant: str = ""  # what tells it from its sibling rows (targets name it)
-    # A row whose procrastinate figure is another row's (the same worker run, measured
-    # once): that row's key.
-    procrastinate_from: str | None = None
-
-
-@dataclass
-class Section:
-    title: str
-    rows: list[Row]
-    prepare: Callable[[], object] | None = None
-    finish: Callable[[], object] | None = None
-    notes: list[str | Callable[[], str]] = field(default_factory=list)  # callables: at the end
-
-
-# ---------------------------------------------------------------------------- helpers
-
-
-def throughput(steps: list[Callable[[], int]], seconds: float) -> float:
-    """Run each step in a thread of its own, again and again, for `seconds`; a step
-    returns how many jobs it did (0: nothing left). Jobs per second, all threads."""
-    counts = [0] * len(steps)
-    failures: list[Exception] = []
-    started = time.perf_counter()
-    deadline = started + seconds
-
-    def work(i: int) -> None:
-        try:
-            while time.perf_counter() < deadline:
-                done = steps[i]()
-                if not done:
-                    return
-                counts[i] += done
-        except Exception as exc:  # noqa: BLE001 - raised again below, in the caller
-            failures.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(steps))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        raise failures[0]
-    return sum(counts) / (time.perf_counter() - started)
-
-
-def median_ms(call: Callable[[], object], samples: int, seconds: float = 2.0) -> float:
-    """The median of `samples` calls, or of those made in `seconds` (3 at least), in ms."""
-    call()  # warm: connection, caches
-    took: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while len(took) < samples and (len(took) < 3 or time.perf_counter() < deadline):
-        started = time.perf_counter()
-        call()
-        took.append(time.perf_counter() - started)
-    return statistics.median(took) * 1000
-
-
-def wait_until(done: Callable[[], bool], seconds: float, every: float = 0.05) -> None:
-    """Poll `done` until it holds or `seconds` pass."""
-    deadline = time.perf_counter() + seconds
-    while not done() and time.perf_counter() < deadline:
-        time.sleep(every)
-
-
-def outcomes(claimed: list[dict]) -> list[dict]:
-    return [
-        {"invocation": int(job["id"]), "attempt": job["attempts"], "state": "succeeded"}
-        for job in claimed
-    ]
-
-
-RAW_CLAIM = """
-UPDATE jobs SET state = 'running', attempts = attempts + 1
- WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE queue = %s AND state = 'queued'
-                       ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED))
-RETURNING id"""
-RAW_FINISH = "UPDATE jobs SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)"
-
-
-# ---------------------------------------------------------------------------- idle daemons
-
-
-class IdleDaemons:
-    """`count` registered daemons, each holding claim long-polls (wait=20) on an empty
-    queue, over one httpx.AsyncClient in a background thread; the server's CPU time
-    (its gunicorn processes, from /proc) is sampled in windows meanwhile."""
-
-    def __init__(self, lakeshore: Lakeshore, budget: Budget):
-        self.lakeshore = lakeshore
-        self.count = budget.idle_daemons
-        self.stagger = budget.idle_stagger
-        self.window_seconds = budget.idle_window
-        self.ready = threading.Event()
-        self.stopping = threading.Event()
-        self.answered = self.errors = self.refused = 0
-        self.windows: list[tuple[float, int]] = []  # (server CPU seconds, polls answered)
-        self.failure: BaseException | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        while not self.ready.wait(0.5):
-            if not self.thread.is_alive():
-                raise RuntimeError(f"idle daemons did not start: {self.failure}")
-
-    def window(self) -> float:
-        """% of one core the server used over one window."""
-        before, started = self.lakeshore.server_cpu_seconds(), time.perf_counter()
-        answered = self.answered
-        time.sleep(self.window_seconds)
-        used = self.lakeshore.server_cpu_seconds() - before
-        self.windows.append((used, self.answered - answered))
-        return 100 * used / (time.perf_counter() - started)
-
-    def summary(self) -> str:
-        cpu = sum(used for used, _ in self.windows)
-        answered = sum(n for _, n in self.windows)
-        per_poll = f"{1000 * cpu / answered:.1f} ms" if answered else "—"
-        return (
-            f"polls answered per {self.window_seconds:.0f} s window: "
-            f"{', '.join(str(n) for _, n in self.windows) or '—'} "
-            f"(server CPU per answered poll ≈ {per_poll}); {self.refused} answered at once "
-            f"with Retry-After (past LAKESHORE_MAX_WAITS), each then waited as the daemon "
-            f"does; {self.errors} errors"
-        )
-
-    def stop(self) -> None:
-        """End the polls at once: their daemons end, and a wake-up makes every waiting
-        claim look again (409, daemon_terminated) instead of sleeping out its wait."""
-        self.stopping.set()
-        self.lakeshore.sql(
-            "UPDATE queues_daemon SET state = 'terminated' WHERE name LIKE %s", ["idle-%"]
-        )
-        self.lakeshore.sql("SELECT pg_notify('lakeshore_work', 'idle')")
-        if self.thread is not None:
-            self.thread.join(60)
-        self.lakeshore.reset()
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported by start()
-            self.failure = exc
-
-    async def _main(self) -> None:
-        room = self.count + 20
-        limits = httpx.Limits(max_connections=room, max_keepalive_connections=room)
-        async with self.lakeshore.async_client(limits=limits) as client:
-            gate = asyncio.Semaphore(32)
-
-            async def register(i: int) -> tuple[str, str]:
-                async with gate:
-                    body = {"name": f"idle-{i}", "queues": ["idle"]}
-                    answer = await client.post("/api/v1/daemons/register/", json=body)
-                    registered = answer.raise_for_status().json()
-                    return registered["id"], registered["token"]
-
-            ids = await asyncio.gather(*(register(i) for i in range(self.count)))
-            polls = []
-            for daemon_id, credential in ids:
-                polls.append(asyncio.create_task(self._poll(client, daemon_id, credential)))
-                await asyncio.sleep(self.stagger / self.count)
-            self.ready.set()
-            while not self.stopping.is_set():
-                await asyncio.sleep(0.2)
-            await asyncio.wait(polls, timeout=45)
-
-    async def _poll(self, client: httpx.AsyncClient, daemon_id: str, credential: str) -> None:
-        url = f"/api/v1/daemons/{daemon_id}/claim/"
-        own = {"Authorization": f"Bearer {credential}"}  # each daemon speaks for itself
-        while not self.stopping.is_set():
-            try:
-                answer = await client.post(url, json={"limit": 1, "wait": 20}, headers=own)
-            except httpx.HTTPError:
-                self.errors += 1
-                await asyncio.sleep(1)
-                continue
-            if answer.status_code == 200:
-                self.answered += 1
-                pause = retry_after(answer)  # refused a wait slot (LAKESHORE_MAX_WAITS):
-                if pause:  # back off as `lakeshore daemon run` does, with its jitter
-                    self.refused += 1
-                    await asyncio.sleep(pause * (1 + random.random()))  # noqa: S311
-            elif not self.stopping.is_set():
-                self.errors += 1
-                await asyncio.sleep(1)
-
+from bench.compare.rowkit import (
+    JOBS_PER_S,
+    LAKESHORE,
+    PROCRASTINATE,
+    RAW,
+    Budget,
+    Row,
+    Section,
+    throughput,
+)
+from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
+from bench.compare.table_rows import TableRows
+from bench.compare.worker_rows import WorkerRows
 
 # ---------------------------------------------------------------------------- the rows
 
 
-class Rows:
+class Rows(WorkerRows, TableRows):
     def __init__(
         self,
         lakeshore: Lakeshore,
@@ -290,6 +47,8 @@ class Rows:
         self.batch_size = budget.batch_sizes[-1]
         self.list_rows = 0
         self.cursor: dict[str, object] = {}  # per system: the keyset cursor at depth
+        # procrastinate end to end, per concurrency: each configuration's figures
+        self.pc_configs: dict[int, dict[str, list[float]]] = {}
 
     def _runs(self, **by_system: Callable[[], float]) -> dict[str, Callable[[], float]]:
         """The measurements of the systems present (procrastinate may be missing)."""
@@ -306,7 +65,6 @@ class Rows:
             self._end_to_end(),
             self._bulk_cancel(),
             *(self._lists(size) for size in self.budget.list_sizes),
-            self._idle(),
         ]
 
     # ------------------------------------------------------------------ submit
@@ -343,6 +101,7 @@ class Rows:
             ],
             prepare=self.find_batch_size,
             finish=self.reset_all,
+            key="submit",
         )
         section.notes.append(lambda: f"batches of {self.batch_size:,} per request/call")
         section.notes.append(self.submit_floor)
@@ -355,7 +114,7 @@ class Rows:
         Lakeshore's own submit and procrastinate's defer, each round taking them in turn,
         so that the ratios compare figures of the same moments."""
         b = self.budget
-        server, url = self.ls.serve("bench.compare.floor_app:app")
+        server, url = self.ls.serve("bench.compare.floor_app:application")
         runs: dict[str, Callable[[], float]] = {
             "hello": lambda: self._post_rate(url, "/hello", b.floor_seconds),
             "floor": lambda: self._post_rate(url, "/insert", b.floor_seconds),
@@ -491,355 +250,6 @@ class Rows:
 
             return self._batched(step)
 
-    # ------------------------------------------------------------------ claim + complete
-
-    def _claim_complete(self) -> Section:
-        rows = [
-            Row(
-                f"cc-{daemons}x{limit}",
-                f"claim + complete, {daemons} daemon{'s' if daemons > 1 else ''}, "
-                f"limit {limit} (HTTP · UPDATE … SKIP LOCKED + finish)",
-                JOBS_PER_S,
-                True,
-                self._runs(
-                    lakeshore=lambda d=daemons, n=limit: self.lakeshore_claim_complete(d, n),
-                    raw=lambda d=daemons, n=limit: self.raw_claim_complete(d, n),
-                ),
-            )
-            for daemons in (1, 8)
-            for limit in (1, 10)
-        ]
-        rows += [
-            Row(
-                f"cc-{daemons}x1-exchange",
-                f"claim + complete in one exchange, {daemons} daemon{'s' if daemons > 1 else ''}, "
-                "limit 1 (HTTP · UPDATE … SKIP LOCKED + finish)",
-                JOBS_PER_S,
-                True,
-                self._runs(
-                    lakeshore=lambda d=daemons: self.lakeshore_exchange(d, 1),
-                    raw=lambda d=daemons: self.raw_claim_complete(d, 1),
-                ),
-                variant="in one exchange",
-            )
-            for daemons in (1, 8)
-        ]
-        section = Section("Claim + complete (no job run)", rows, finish=self.reset_all)
-        section.notes.append(
-            "Lakeshore: each daemon a thread with its own keep-alive connection; "
-            "limit 1 reports one outcome, limit 10 reports its claim as one list"
-        )
-        section.notes.append(
-            "in one exchange: each request (POST …/exchange/) reports the outcomes of the "
-            "previous claim and claims the next, as `lakeshore daemon run` does; the first "
-            "claim is made before the clock starts"
-        )
-        return section
-
-    def lakeshore_claim_complete(self, daemons: int, limit: int) -> float:
-        self.ls.reset()
-        self.ls.fill("cc", self.budget.claim_backlog[LAKESHORE])
-        clients = [self.ls.client("daemon") for _ in range(daemons)]
-        try:
-
-            def step_for(client: httpx.Client, daemon_id: str) -> Callable[[], int]:
-                claim = f"/api/v1/daemons/{daemon_id}/claim/"
-                complete = f"/api/v1/daemons/{daemon_id}/complete/"
-
-                def step() -> int:
-                    claimed = client.post(claim, json={"limit": limit}).raise_for_status()
-                    done = outcomes(claimed.json())
-                    if done:
-                        body = done if limit > 1 else done[0]
-                        client.post(complete, json=body).raise_for_status()
-                    return len(done)
-
-                return step
-
-            steps = [
-                step_for(client, self.ls.register(client, f"cc-{i}", "cc"))
-                for i, client in enumerate(clients)
-            ]
-            return throughput(steps, self.budget.claim_seconds)
-        finally:
-            for client in clients:
-                client.close()
-
-    def lakeshore_exchange(self, daemons: int, limit: int) -> float:
-        self.ls.reset()
-        self.ls.fill("cc", self.budget.claim_backlog[LAKESHORE])
-        clients = [self.ls.client("daemon") for _ in range(daemons)]
-        try:
-
-            def step_for(client: httpx.Client, daemon_id: str) -> Callable[[], int]:
-                url = f"/api/v1/daemons/{daemon_id}/exchange/"
-                first = client.post(url, json={"limit": limit}).raise_for_status()
-                held = outcomes(first.json()["claimed"])
-
-                def step() -> int:
-                    body = {"outcomes": held, "limit": limit}
-                    answer = client.post(url, json=body).raise_for_status().json()
-                    done = sum(1 for item in answer["recorded"] if item["ok"])
-                    if done != len(held):
-                        raise RuntimeError(f"{len(held) - done} outcomes refused: {answer}")
-                    held[:] = outcomes(answer["claimed"])
-                    return done
-
-                return step
-
-            steps = [
-                step_for(client, self.ls.register(client, f"ex-{i}", "cc"))
-                for i, client in enumerate(clients)
-            ]
-            return throughput(steps, self.budget.claim_seconds)
-        finally:
-            for client in clients:
-                client.close()
-
-    def raw_claim_complete(self, connections: int, limit: int) -> float:
-        self.raw.reset()
-        self.raw.fill("cc", self.budget.claim_backlog[RAW])
-        conns = [self.raw.connect() for _ in range(connections)]
-        try:
-
-            def step_for(conn) -> Callable[[], int]:
-                def step() -> int:
-                    ids = [row[0] for row in conn.execute(RAW_CLAIM, ["cc", limit]).fetchall()]
-                    if ids:
-                        conn.execute(RAW_FINISH, [ids])
-                    return len(ids)
-
-                return step
-
-            return throughput([step_for(conn) for conn in conns], self.budget.claim_seconds)
-        finally:
-            for conn in conns:
-                conn.close()
-
-    # ------------------------------------------------------------------ end to end
-
-    def _end_to_end(self) -> Section:
-        modes = self.ls.isolation_modes or [None]
-        rows = []
-        for concurrency in (1, 8):
-            first = f"e2e-c{concurrency}"
-            for mode in modes:
-                how = f"--isolation {mode}" if mode else "a process per job"
-                runs = {"lakeshore": lambda c=concurrency, m=mode: self.lakeshore_e2e(c, m)}
-                if mode == modes[0]:  # procrastinate's worker once per concurrency
-                    runs["procrastinate"] = lambda c=concurrency: self.procrastinate_e2e(c)
-                rows.append(
-                    Row(
-                        first if mode == modes[0] else f"{first}-{mode}",
-                        f"end to end, concurrency {concurrency} (daemon, {how} · worker)",
-                        JOBS_PER_S,
-                        True,
-                        self._runs(**runs),
-                        variant=how,
-                        procrastinate_from=None if mode == modes[0] else first,
-                    )
-                )
-        for mode in modes:  # the cost of capturing what jobs print (issue 19)
-            how = f"--isolation {mode}" if mode else "a process per job"
-            rows.append(
-                Row(
-                    f"e2e-print-c8-{mode}",
-                    f"end to end, jobs that print 100 lines, concurrency 8 (daemon, {how})",
-                    JOBS_PER_S,
-                    True,
-                    self._runs(lakeshore=lambda m=mode: self.lakeshore_e2e(8, m, printing=True)),
-                    variant=how,
-                )
-            )
-        b = self.budget
-        section = Section("End to end (real daemon · procrastinate's worker)", rows)
-        section.notes.append(
-            f"{b.e2e_jobs:,} no-op jobs queued at once in one statement, or "
-            f"{b.e2e_seconds:.0f} s, whichever first; timed from the insert to the last "
-            "success; Lakeshore runs lakeshore.functions.echo through `lakeshore daemon run`, "
-            "procrastinate a sync no-op task; the rows of jobs that print run "
-            f"{PRINTER[0]}{tuple(PRINTER[1])} (100 lines, each flushed) instead, their "
-            "output captured, shipped and stored per job"
-        )
-        if len(modes) > 1:
-            section.notes.append(
-                f"procrastinate's figure in the rows of modes other than {modes[0]} is the "
-                "worker run of the row above (measured once per concurrency)"
-            )
-        if not self.ls.isolation_modes:
-            section.notes.append(
-                "`lakeshore daemon run --help` shows no --isolation flag: measured the "
-                "current mode only (each job in a fresh process)"
-            )
-        return section
-
-    def lakeshore_e2e(
-        self, concurrency: int, isolation: str | None, *, printing: bool = False
-    ) -> float:
-        b = self.budget
-        self.ls.reset()
-        name = f"e2e-c{concurrency}-{isolation or 'default'}{'-print' if printing else ''}"
-        daemon = self.ls.start_daemon(
-            queue="e2e", concurrency=concurrency, isolation=isolation, name=name
-        )
-        try:
-            self.ls.wait_registered(name, daemon)
-            started = time.perf_counter()
-            if printing:
-                function, args = PRINTER
-                self.ls.fill("e2e", b.e2e_jobs, analyze=False, function=function, args=args)
-            else:
-                self.ls.fill("e2e", b.e2e_jobs, analyze=False)
-            wait_until(lambda: self.ls.count("e2e", "succeeded") >= b.e2e_jobs, b.e2e_seconds)
-            took = time.perf_counter() - started
-            done = self.ls.count("e2e", "succeeded")
-            failed = self.ls.count("e2e", "failed")
-            if failed:
-                raise RuntimeError(f"{failed} jobs failed; see {self.ls.logs / (name + '.log')}")
-            return done / took
-        finally:
-            stop_process(daemon)
-            self.ls.reset()
-
-    def procrastinate_e2e(self, concurrency: int) -> float:
-        b = self.budget
-        self.pc.reset()
-        return self.pc.rate(
-            "worker", concurrency=concurrency, jobs=b.e2e_jobs, seconds=b.e2e_seconds
-        )
-
-    # ------------------------------------------------------------------ bulk cancel
-
-    def _bulk_cancel(self) -> Section:
-        n = self.budget.cancel_rows
-        row = Row(
-            "bulk-cancel",
-            f"bulk-cancel {n:,} queued (HTTP bulk-cancel · one UPDATE)",
-            "s",
-            False,
-            self._runs(lakeshore=self.lakeshore_cancel, raw=self.raw_cancel),
-        )
-        return Section("Bulk cancel", [row], finish=self.reset_all)
-
-    def lakeshore_cancel(self) -> float:
-        n = self.budget.cancel_rows
-        self.ls.reset()
-        self.ls.fill("cancel", n)
-        with self.ls.client() as client:
-            client.get("/healthz")
-            started = time.perf_counter()
-            answer = client.post("/api/v1/jobs/bulk-cancel/", json={"queue": "cancel"})
-            took = time.perf_counter() - started
-        cancelled = answer.raise_for_status().json()["cancelled"]
-        if cancelled != n:
-            raise RuntimeError(f"bulk-cancel cancelled {cancelled} of {n}")
-        return took
-
-    def raw_cancel(self) -> float:
-        self.raw.reset()
-        self.raw.fill("cancel", self.budget.cancel_rows)
-        started = time.perf_counter()
-        self.raw.db.execute(
-            "UPDATE jobs SET state = 'killed', finished_at = now() "
-            "WHERE queue = %s AND state = 'queued'",
-            ["cancel"],
-        )
-        return time.perf_counter() - started
-
-    # ------------------------------------------------------------------ list pages
-
-    def _lists(self, size: int) -> Section:
-        depth = size - 100
-        pages = (
-            ("page1", "page 1", "?limit=50"),
-            ("offset", f"offset {depth:,}", f"?limit=50&offset={depth}"),
-            ("cursor", "cursor at the same depth (from the Link header)", None),
-        )
-        rows = [
-            Row(
-                f"list-{size}-{key}",
-                f"list {size:,} rows, 50 a page: {label}",
-                "ms",
-                False,
-                self._runs(
-                    lakeshore=lambda q=query: self.lakeshore_list(q),
-                    raw=lambda k=key, d=depth: self.raw_list(k, d),
-                ),
-            )
-            for key, label, query in pages
-        ]
-        last = size == self.budget.list_sizes[-1]  # the tables grow from one size to the next
-        section = Section(
-            f"Jobs list at {size:,} rows (GET /api/v1/jobs/ · SELECT)",
-            rows,
-            prepare=lambda: self.fill_lists(size, depth),
-            finish=self.reset_all if last else None,
-        )
-        section.notes.append(
-            f"median of {self.budget.list_samples} requests a round (fewer if they take over "
-            "2 s: at least 3), each the whole request"
-        )
-        return section
-
-    def fill_lists(self, size: int, depth: int) -> None:
-        """Grow both tables to `size` finished rows, and find the cursor at `depth`."""
-        if self.list_rows == 0:
-            self.reset_all()
-        more = size - self.list_rows
-        self.ls.fill("list", more, state="succeeded")
-        self.raw.fill("list", more, state="succeeded")
-        self.list_rows = size
-        with self.ls.client() as client:
-            page = client.get(f"/api/v1/jobs/?limit=50&offset={depth}").raise_for_status()
-        self.cursor[LAKESHORE] = page.links["next"]["url"]
-        self.cursor[RAW] = self.raw.db.execute(
-            "SELECT id FROM jobs ORDER BY id DESC LIMIT 1 OFFSET %s", [depth + 49]
-        ).fetchone()[0]
-
-    def lakeshore_list(self, query: str | None) -> float:
-        url = f"/api/v1/jobs/{query}" if query else self.cursor[LAKESHORE]
-        with self.ls.client() as client:
-            return median_ms(
-                lambda: client.get(url).raise_for_status().json(), self.budget.list_samples
-            )
-
-    def raw_list(self, key: str, depth: int) -> float:
-        select = "SELECT * FROM jobs {where} ORDER BY id DESC LIMIT 51 {offset}"
-        query, params = {
-            "page1": (select.format(where="", offset=""), []),
-            "offset": (select.format(where="", offset="OFFSET %s"), [depth]),
-            "cursor": (select.format(where="WHERE id < %s", offset=""), [self.cursor[RAW]]),
-        }[key]
-        with self.raw.connect() as conn:
-            return median_ms(
-                lambda: conn.execute(query, params).fetchall(), self.budget.list_samples
-            )
-
-    # ------------------------------------------------------------------ idle daemons
-
-    def _idle(self) -> Section:
-        b = self.budget
-        idle = IdleDaemons(self.ls, b)
-        row = Row(
-            "idle",
-            f"{b.idle_daemons} idle daemons long-polling (wait=20): server CPU",
-            "% of a core",
-            False,
-            self._runs(lakeshore=idle.window),
-        )
-        section = Section(
-            f"{b.idle_daemons} idle daemons", [row], prepare=idle.start, finish=idle.stop
-        )
-        section.notes.append(
-            f"the gunicorn processes' CPU time (/proc) over a {b.idle_window:.0f} s window a "
-            "round (a poll waits 20 s; the rounds back to back); gunicorn serves 2 × 128 "
-            "threads, of which LAKESHORE_MAX_WAITS (96 a process) may hold a long-poll: the "
-            "others are answered at once with Retry-After and come back after it, with "
-            "jitter, as `lakeshore daemon run` does"
-        )
-        section.notes.append(idle.summary)
-        return section
-
     # ------------------------------------------------------------------ in-process probes
 
     def controller(self) -> list[Section]:
@@ -863,6 +273,7 @@ class Rows:
             [row],
             prepare=lambda: self.probes.call("tick_setup", queues=queues, daemons=daemons),
             finish=lambda: self.probes.call("tick_cleanup"),
+            key="tick",
         )
         section.notes.append(
             "steady state: each queue at its fixed size, so a tick decides and launches "

@@ -109,7 +109,7 @@ class Lakeshore:
         self.server, self.base_url = self.serve()
 
     def serve(self, app: str | None = None) -> tuple[subprocess.Popen, str]:
-        """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (a WSGI
+        """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (an ASGI
         app's dotted path: the floor reference, bench/compare/floor_app.py); it and its
         base URL once it answers."""
         port = free_port()
