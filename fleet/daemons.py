@@ -58,7 +58,16 @@ def check_live(daemon: Daemon) -> Daemon:
 
 
 def refresh_live(daemon: Daemon) -> Daemon:
-    daemon.refresh_from_db(fields=["state", "queues"])
+    """check_live on the daemon's row as it is now. A row deleted meanwhile (`daemons
+    rm`, while its claim waited) is a daemon that ended: daemon_terminated."""
+    try:
+        daemon.refresh_from_db(fields=["state", "queues"])
+    except Daemon.DoesNotExist:
+        raise Conflict(
+            f"Daemon {daemon.pk} was removed: it takes no more work.",
+            extra={"state": DaemonState.TERMINATED.value},
+            code="daemon_terminated",
+        ) from None
     return check_live(daemon)
 
 

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet import daemons, protocol
 from fleet.models import Daemon
-from jobs import services
+from jobs import services, waits
 from jobs.models import Invocation
 from tests import builders
 
@@ -280,3 +280,44 @@ def test_work_queued_between_the_look_and_the_wait_wakes_it():
     assert len(submitted) == 1  # the look found nothing, and the submit ran in the gap
     assert [i.pk for i in got] == submitted
     assert time.monotonic() - started < 10
+
+
+def test_a_waiting_claim_of_a_removed_daemon_says_it_ended():
+    """Its row deleted while it waited (`daemons rm`): daemon_terminated, not a 500."""
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    claimer = Claimer(daemon, wait=1)
+    claimer.start()
+    time.sleep(0.3)
+    Daemon.objects.filter(pk=daemon.pk).delete()
+    services.invocation_submit(function="x.y", queue="w")  # wakes it: it looks again
+    claimer.join(30)
+    assert getattr(claimer.error, "code", None) == "daemon_terminated", claimer.error
+
+
+def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
+    """The drain's notification (daemon:ID) wakes its claim, which answers empty at once
+    through the daemon protocol (it says draining: tests/e2e); the control is a claim
+    that does not tell a draining daemon, which waits its whole wait."""
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    answer = {}
+
+    def claim(tell: bool):
+        row = Daemon.objects.get(pk=daemon.pk)
+        steps = protocol.claim_steps(daemon=row, wait=6, tell_draining=tell)
+        started = time.monotonic()
+        answer[tell] = (waits.drive(steps), started)
+        connection.close()
+
+    for tell in (True, False):
+        Daemon.objects.filter(pk=daemon.pk).update(state="idle")
+        thread = threading.Thread(target=claim, args=(tell,))
+        thread.start()
+        time.sleep(0.5)
+        asked = time.monotonic()
+        Daemon.objects.filter(pk=daemon.pk).update(state="draining")
+        thread.join(30)
+        answer[tell] = (answer[tell][0], time.monotonic() - asked)
+    assert answer[True][0] == [] and answer[True][1] < 3
+    assert answer[False][0] == [] and answer[False][1] >= 4
