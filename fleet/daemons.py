@@ -192,14 +192,20 @@ def heartbeat_due(daemon: Daemon) -> bool:
 CLAIM_GRACE_SECONDS = 30  # a claim's answer reaches its daemon well within this
 
 
-def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None) -> dict:
+def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None, drain=False) -> dict:
     """The daemon is alive. The answer tells it what the server believes: its state
     (draining → stop claiming) and which invocations it should still be running.
     With `held` (what the daemon holds), work the server counts as running there but
     the daemon never got — a claim whose answer was lost — goes back to the queue once
-    it is older than CLAIM_GRACE_SECONDS, its attempt given back."""
+    it is older than CLAIM_GRACE_SECONDS, its attempt given back. `drain`: the daemon is
+    stopping; it becomes draining, which wakes its waiting claim (fleet/migrations/
+    0002_notify_drain), so it stops without waiting out its long-poll."""
 
     check_live(daemon)
+    if drain:
+        Daemon.objects.filter(pk=daemon.pk, state__in=CLAIMING_DAEMON_STATES).update(
+            state=DaemonState.DRAINING, updated_at=timezone.now()
+        )
     if held is not None:
         rescue.release_unheld(daemon_id=daemon.pk, held=held, grace=CLAIM_GRACE_SECONDS)
     touch(daemon.pk)

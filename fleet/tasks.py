@@ -9,8 +9,8 @@ from fleet.driver_base import DRIVERS
 from fleet.models import Provider
 
 # How long a stopping worker waits for the local provider's daemons it started: an idle
-# one leaves 5-7 s after its SIGTERM (it waits out its long-poll claim). `make run`
-# gives the worker 11 s in all (scripts/run.py).
+# one leaves within a second or two of its SIGTERM (it tells the server it drains, which
+# ends its waiting claim at once). `make run` gives the worker 11 s in all (scripts/run.py).
 LOCAL_DAEMONS_STOP_SECONDS = 9
 
 

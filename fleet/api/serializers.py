@@ -329,6 +329,11 @@ class HeartbeatInput(StrictInput):
         "yet reported). Running ones of this daemon missing from it for longer than the "
         "claim grace go back to the queue: their claim's answer never arrived.",
     )
+    drain = serializers.BooleanField(
+        default=False,
+        help_text="The daemon is stopping (its first SIGTERM): it is set draining, and its "
+        "waiting claim answers at once, saying so.",
+    )
 
 
 class DaemonCommandOutput(serializers.Serializer):

@@ -118,7 +118,11 @@ class ClaimLoop:
         self.reporter.carry(None)
         url = path("daemons", daemon_id, "claim")
         body = {"limit": limit, "wait": 2.0 if busy else self.claim_wait, "wires": WIRES}
-        return self._claimed(self.send("POST", url, body, give_up=self.draining))
+        self.claim_in_flight = True
+        try:
+            return self._claimed(self.send("POST", url, body, give_up=self.draining))
+        finally:
+            self.claim_in_flight = False
 
     def _claimed(self, response) -> list | dict:
         """A claim's or an exchange's answer; its Retry-After (the server had no room

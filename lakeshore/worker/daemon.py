@@ -51,7 +51,7 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         concurrency: int = 1,
         name: str | None = None,
         heartbeat_interval: float = 10.0,
-        claim_wait: float = 5.0,
+        claim_wait: float = 20.0,
         isolation: str = "pool",
         max_tasks_per_worker: int = 100,
         max_worker_memory: float = 1024,
@@ -90,6 +90,7 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         self.exchange = True  # the server has …/exchange/ (False after a 404: apart)
         self.claim_after = 0.0  # a claim's Retry-After: the claim loop waits this first
         self.claim_answered = float("-inf")  # when a claim was last answered (monotonic)
+        self.claim_in_flight = False  # a claim is out: the server holds it, so we are alive
         self.send_held = True  # heartbeats carry the ids we hold (see _held)
         self.register_lock = threading.Lock()
         # Read once at start: the modules jobs may run (sent to the runner with each

@@ -17,10 +17,15 @@ EXEC_GRACE = 10.0  # seconds an invocation sent TERM or INT by an operator has t
 EXEC_SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 
 
-def claims_renew(*, idle: bool, answered: float, now: float, interval: float) -> bool:
+def claims_renew(
+    *, idle: bool, answered: float, now: float, interval: float, in_flight: bool = False
+) -> bool:
     """The rule (Heartbeats.claims_renew; bench/fleet_swarm.py imports it): an idle
-    daemon whose claim was answered within the heartbeat interval skips its heartbeat."""
-    return idle and now - answered < interval
+    daemon whose claim is waiting on the server, or was answered within the heartbeat
+    interval, skips its heartbeat. The server renewed it when that claim arrived (a
+    claim that finds the heartbeat due rewrites it), and a claim waits at most a third of
+    the server's timeout (fleet/daemons.longest_wait)."""
+    return idle and (in_flight or now - answered < interval)
 
 
 class Heartbeats:
@@ -35,6 +40,16 @@ class Heartbeats:
             ids = {int(key) for key in self.running}
             ids.update(int(key) for key in self.reporter.pending_ids())
         return sorted(ids) if len(ids) <= HELD_MAX else None
+
+    def tell_draining(self) -> None:
+        """On the first stop signal, from a thread of its own: tell the server, which
+        sets this daemon draining and so answers its waiting claim at once (a server
+        that does not know `drain` refuses it: the claim then ends with its wait)."""
+        url = path("daemons", self.daemon_id, "heartbeat")
+        try:
+            self._reconcile(self.call("POST", url, {"drain": True}, give_up=self.hard_stop))
+        except (ApiError, CliError, Stopped) as exc:
+            self.debug(f"could not tell the server we are draining: {exc}")
 
     def _heartbeat(self) -> dict:
         url = path("daemons", self.daemon_id, "heartbeat")
@@ -64,6 +79,7 @@ class Heartbeats:
             answered=self.claim_answered,
             now=time.monotonic(),
             interval=self.heartbeat_interval,
+            in_flight=self.claim_in_flight,
         )
 
     def _heartbeat_loop(self) -> None:

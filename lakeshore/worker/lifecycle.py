@@ -112,6 +112,8 @@ class Lifecycle:
         self.draining.set()
         with self.lock:
             self.slot_free.notify_all()
+        if self.daemon_id is not None:  # its waiting claim answers at once
+            threading.Thread(target=self.tell_draining, name="drain", daemon=True).start()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.request_stop)

@@ -318,3 +318,25 @@ def test_the_daemon_beats_within_the_servers_timeout_whatever_it_was_told(
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def test_an_idle_daemon_stops_at_once_though_its_claim_waits_20_s(live_server, tmp_path):
+    """Issue 21: an idle daemon's claim waits 20 s, and it sends no heartbeat while it
+    waits. On SIGTERM it tells the server it is draining (a heartbeat with drain), which
+    wakes its waiting claim (the claim answers at once, saying draining), so it leaves in
+    well under its wait. Parked all that time, it was never taken for lost."""
+    builders.queue(name="e2e")
+    proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
+    try:
+        _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+        time.sleep(3)  # its claim is waiting on the server
+        assert daemons.reap(now=timezone.now())["lost"] == 0
+        asked = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, _log(tmp_path)
+        took = time.monotonic() - asked
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 5, (took, _log(tmp_path))
+    assert Daemon.objects.get().state == "terminated"  # it deregistered
