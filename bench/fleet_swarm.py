@@ -17,8 +17,9 @@ daemon's own constants and rules (imported, not copied):
 - heartbeats (with the ids it holds: none) every --heartbeat seconds (the command's
   default), shortened to what Lifecycle._renew_within picks from the register answer's
   `heartbeat_timeout`, except when the daemon's own rule
-  (lakeshore.worker.heartbeat.claims_renew) says to skip it: the daemon holds nothing
-  and a claim or exchange was answered within the interval (its polls renew it);
+  (lakeshore.worker.heartbeat.claims_renew) says to skip it: the daemon holds nothing,
+  and a claim of its is waiting on the server or was answered within the interval (its
+  polls renew it);
 - a job it claims (one of the `submits` the submitter sends) it reports at once in an
   exchange (wait 0, as ClaimLoop._exchange), then goes back to waiting;
 - on 409 daemon_lost it registers again (Lifecycle._not_live); on daemon_terminated or
@@ -322,7 +323,13 @@ class Fleet:
         while True:
             await asyncio.sleep(self.interval)
             idle, now = not state["busy"], time.monotonic()
-            if claims_renew(idle=idle, answered=state["answered"], now=now, interval=self.interval):
+            if claims_renew(
+                idle=idle,
+                answered=state["answered"],
+                now=now,
+                interval=self.interval,
+                in_flight=index in self.polling,  # as ClaimLoop: a claim out renews us
+            ):
                 self.at(now).skipped += 1
                 continue
             sent = time.monotonic()
