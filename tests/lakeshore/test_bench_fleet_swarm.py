@@ -15,6 +15,7 @@ from bench.fleet_swarm import CLAIM_WAIT, HEARTBEAT_DEFAULT, Fleet, percentile, 
 from lakeshore.client import Client
 from lakeshore.worker import heartbeat
 from lakeshore.worker.daemon import Worker
+from tests import builders
 
 
 @pytest.mark.parametrize("timeout", [None, "60", 0, 60.0, 30.0, 12.0, 3.0, 2.0, 1.0])
@@ -117,7 +118,7 @@ async def _heartbeats_for(seconds: float, state: dict) -> Fleet:
     ],
 )
 def test_an_idle_daemon_whose_poll_was_answered_skips_its_heartbeat(state, sends):
-    fleet = asyncio.run(_heartbeats_for(0.4, state))
+    fleet = builders.run_async(_heartbeats_for(0.4, state))
     window = fleet.windows[0]
     if sends:
         assert len(window.beats) >= 3 and window.skipped == 0
