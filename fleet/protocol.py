@@ -187,12 +187,16 @@ def _claim_once(
             daemons.touch(daemon.pk)
         return claimed
     queues = _queues_of(daemon.queues)
-    if probe and not daemons.idle_owed(daemon):
-        # An idle daemon's long-poll: when none of its queues holds a queued row there
-        # is nothing to take, and the transaction below would only say so. (A row queued
-        # after this look wakes the wait: the caller's snapshot was taken before it.)
+    if probe:
+        # A long-poll: when none of its queues holds a queued row there is nothing to
+        # take, and the claim statements below would only say so. (A row queued after
+        # this look wakes the wait: the caller's snapshot was taken before it.) It still
+        # renews the daemon (an idle daemon's poll is its heartbeat) and sets a busy one
+        # idle, in touch's own statement, when either is owed.
         names = [q if isinstance(q, str) else q.name for q in queues]
         if not claiming.any_queued(names):
+            if daemons.idle_owed(daemon):
+                daemons.touch(daemon.pk)
             hooks.point("claim.probed_empty")
             return claimed
     # One transaction for the claims and the touch: if anything in it fails (the
