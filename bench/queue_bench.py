@@ -28,6 +28,7 @@ from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
 from accounts.services import token_create  # noqa: E402
+from fleet import protocol  # noqa: E402
 from fleet.models import Daemon  # noqa: E402
 from jobs import services  # noqa: E402
 from jobs.models import Invocation  # noqa: E402
@@ -87,15 +88,18 @@ def _claimers(kind: str, threads: int, limit: int) -> tuple[int, float]:
     fill("c", BACKLOG)
     daemons = [Daemon.objects.create(name=f"d{i}", queues=["c"]) for i in range(threads)]
     total = [0] * threads
+    failed: list[BaseException] = []
     deadline = time.perf_counter() + CLAIM_SECONDS
 
     def work(i):
         try:
             while time.perf_counter() < deadline:
-                got = services.invocation_claim(daemon=daemons[i], limit=limit)
+                got = protocol.invocation_claim(daemon=daemons[i], limit=limit)
                 if not got:
                     break
                 total[i] += len(got)
+        except BaseException as exc:  # noqa: BLE001 - raised again below, not counted as 0/s
+            failed.append(exc)
         finally:
             connection.close()
 
@@ -105,6 +109,8 @@ def _claimers(kind: str, threads: int, limit: int) -> tuple[int, float]:
         w.start()
     for w in workers:
         w.join()
+    if failed:
+        raise failed[0]
     return sum(total), time.perf_counter() - started
 
 
