@@ -5,7 +5,6 @@ ASGI application in process. What a door may not answer (a bad token, a wrong ro
 body DRF must parse) it hands to Django, which answers as always."""
 
 import asyncio
-import io
 import json
 
 import msgpack
@@ -76,30 +75,10 @@ def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
 
 def wsgi_raw(app, path, raw: bytes, *, token, content_type):
     """A request through a WSGI application: (status, headers, body bytes)."""
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
-        "SERVER_NAME": "localhost",
-        "SERVER_PORT": "80",
-        "HTTP_HOST": "localhost",
-        "REMOTE_ADDR": "127.0.0.1",
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(raw),
-        "CONTENT_LENGTH": str(len(raw)),
-        "CONTENT_TYPE": content_type,
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-    }
-    answer = {}
-
-    def start_response(status, headers, exc_info=None):
-        answer["status"] = int(status.split()[0])
-        answer["headers"] = {_title(k): v for k, v in headers if k.lower() != "content-length"}
-
-    result = app(environ, start_response)
-    body = b"".join(result)
-    if hasattr(result, "close"):
-        result.close()
-    return answer["status"], answer["headers"], body
+    status, headers, body = call(
+        app, path, raw=raw, token=token, content_type=content_type, decode=False
+    )
+    return status, _normal(headers), body
 
 
 def _title(name: str) -> str:

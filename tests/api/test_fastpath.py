@@ -34,7 +34,17 @@ class Counting:
         return self.app(environ, start_response)
 
 
-def call(app, path, body=None, *, token, content_type="application/json", extra=None, raw=None):
+def call(
+    app,
+    path,
+    body=None,
+    *,
+    token,
+    content_type="application/json",
+    extra=None,
+    raw=None,
+    decode=True,
+):
     if raw is None:
         raw = b"" if body is None else json.dumps(body).encode()
     environ = {
@@ -62,6 +72,8 @@ def call(app, path, body=None, *, token, content_type="application/json", extra=
     if hasattr(result, "close"):
         result.close()
     answer["headers"].pop("Content-Length", None)
+    if not decode:  # the body's bytes (msgpack, an SDK error's text)
+        return answer["status"], answer["headers"], body
     return answer["status"], answer["headers"], json.loads(body) if body else None
 
 
