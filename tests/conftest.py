@@ -1,5 +1,6 @@
 import os
 import threading
+import time
 
 import pytest
 
@@ -85,7 +86,10 @@ def _live_server_settled_before_flush(request):
     long-polling for a dead daemon would wake in a later test (its rows flushed) or hold
     locks while this test's database is flushed. At the end of a test that uses the live
     server (after its processes are gone, before the flush), end every waiting claim and
-    let the requests in progress finish."""
+    let the requests in progress finish. A claim its killed daemon sent last may reach
+    the server only now (a loaded machine), and start a wait of its own (up to 20 s, and
+    under the test's settings no more: the `settings` fixture may be undone already), so
+    the waits are ended again until the server is idle."""
     if "live_server" not in request.fixturenames:
         yield
         return
@@ -96,9 +100,13 @@ def _live_server_settled_before_flush(request):
     yield
     from jobs.wakeup import listener
 
-    listener.release_waiters()
-    if not httpd.get_app().wait_idle(15):
-        pytest.fail("the live server was still serving requests 15 s after the test ended")
+    deadline = time.monotonic() + 15
+    while True:
+        listener.release_waiters()
+        if httpd.get_app().wait_idle(0.2):
+            break
+        if time.monotonic() > deadline:
+            pytest.fail("the live server was still serving requests 15 s after the test ended")
 
 
 @pytest.fixture(autouse=True)
