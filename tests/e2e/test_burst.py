@@ -15,7 +15,11 @@ from django.db import connection
 from tests import builders
 from tests.e2e.servers import free_port, gunicorn
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("load"),  # one at a time: each loads both cores
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 240

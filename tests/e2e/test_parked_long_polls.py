@@ -24,7 +24,11 @@ from tests import builders
 from tests.e2e.servers import free_port, gunicorn
 from tests.e2e.test_burst import _database_url
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.xdist_group("load"),  # one at a time: each loads both cores
+]
 
 DAEMONS = 1000
 WAIT = 6.0  # seconds each claim waits

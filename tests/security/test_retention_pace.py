@@ -19,7 +19,11 @@ from jobs.models import Invocation, ResultFrame
 from jobs.retention import retention_sweep
 from lakeshore_admin import hooks
 
-pytestmark = pytest.mark.django_db(transaction=True)  # every batch commits, as in production
+pytestmark = [
+    pytest.mark.django_db(transaction=True),  # every batch commits, as in production
+    # its pace is measured: never beside the tests that load both cores (their group)
+    pytest.mark.xdist_group("load"),
+]
 
 BACKLOG = 300_000
 JOBS_PER_SECOND = 1_000
