@@ -92,7 +92,7 @@ class Application:
         admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
             return await self.wsgi(scope, coroutine(receive), send)
-        request, view, answer_steps = admitted
+        request, view, _ = admitted  # the answer comes as steps: STEPPED
         route, args, secure = taken
         try:
             body = await read_all(receive)
