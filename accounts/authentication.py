@@ -105,6 +105,18 @@ def authenticate_token(raw: str):
     return token.user, token
 
 
+def recheck_token(token: ApiToken) -> None:
+    """AuthenticationFailed, as authenticate_token says it, when `token` was revoked or
+    expired since it authenticated this request (read afresh, past the cache): a
+    long-poll woken after its credential was revoked takes no work with it."""
+    fresh = ApiToken.objects.filter(pk=token.pk).only("revoked_at", "expires_at").first()
+    if fresh is None or not fresh.is_usable:
+        state = "expired" if fresh is not None and fresh.revoked_at is None else "revoked"
+        raise exceptions.AuthenticationFailed(
+            f"Token {token.prefix}… is {state}.", code=f"token_{state}"
+        )
+
+
 def login_locked_out(request, original_response=None, credentials=None):
     """django-axes' answer to a locked-out login (AXES_LOCKOUT_CALLABLE): a page that says
     the login is locked and for how long, with 429 like axes' own answer."""

@@ -54,7 +54,7 @@ from types import SimpleNamespace
 
 import httpx
 
-from lakeshore.client import TIMEOUT_SECONDS, retry_after
+from lakeshore.client import TIMEOUT_SECONDS, long_poll, retry_after
 from lakeshore.commands.daemon_run import run as daemon_run_command
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import BACKOFF_MAX, BACKOFF_START, DAEMON_LOST, DAEMON_TERMINATED
@@ -250,7 +250,7 @@ class Fleet:
             self.at(sent).sent += 1
             self.polling[index] = sent
             try:
-                answer = await client.post(url, json=body)
+                answer = await client.post(url, json=body, timeout=long_poll(CLAIM_WAIT))
             except httpx.HTTPError as exc:
                 self.failed(f"claim {type(exc).__name__}")
                 await asyncio.sleep(delay)

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from accounts import audit
 from accounts.models import ApiToken
+from fleet import parked
 from fleet.driver_base import driver_for
 from fleet.models import (
     CLAIMING_DAEMON_STATES,
@@ -27,6 +28,7 @@ from fleet.models import (
     Daemon,
     DaemonState,
 )
+from fleet.parked import write_every
 from jobs.models import Invocation
 from jobs.transitions import claiming, completion, kill, rescue
 from jobs.transitions.states import RUNNING
@@ -127,7 +129,7 @@ def touch_params(daemon_id: int) -> dict:
         "live": [str(s) for s in LIVE_DAEMON_STATES],
         "busy": DaemonState.BUSY.value,
         "idle": DaemonState.IDLE.value,
-        "every": _write_every(),
+        "every": write_every(),
     }
 
 
@@ -159,34 +161,22 @@ def completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
     touch(daemon.pk)
 
 
-def idle_owed(daemon: Daemon) -> bool:
+def idle_owed(daemon: Daemon, *, parking: bool = False) -> bool:
     """Whether a claim that took nothing should touch its daemon: it was busy (it goes
-    back to idle unless it still runs something), or its heartbeat is due."""
-    return daemon.state == DaemonState.BUSY or heartbeat_due(daemon)
+    back to idle unless it still runs something), or its heartbeat is due. `parking`:
+    the claim is about to wait, and PARKED renews it from the next turn, so only a
+    heartbeat as old as a turn is due."""
+    if daemon.state == DaemonState.BUSY:
+        return True
+    return heartbeat_due(daemon, within=parked.renew_every() if parking else None)
 
 
-CLAIM_WAIT_MAX = 20  # seconds a claim may wait for work (the claim's and exchange's `wait`)
-
-
-def longest_wait() -> float:
-    """Seconds a claim may wait here: CLAIM_WAIT_MAX, and never more than a third of
-    the heartbeat timeout. An idle daemon parked in a long-poll sends no heartbeat (each
-    claim that finds its heartbeat due renews it), so its next claim must come well
-    within the reaper's timeout, however long it asked to wait."""
-    return min(float(CLAIM_WAIT_MAX), settings.LAKESHORE_HEARTBEAT_TIMEOUT / 3)
-
-
-def _write_every() -> float:
-    return min(
-        float(settings.LAKESHORE_HEARTBEAT_WRITE_SECONDS),
-        settings.LAKESHORE_HEARTBEAT_TIMEOUT / 4,
-    )
-
-
-def heartbeat_due(daemon: Daemon) -> bool:
-    """Whether its heartbeat time is old enough that touch would rewrite it."""
+def heartbeat_due(daemon: Daemon, *, within: float | None = None) -> bool:
+    """Whether its heartbeat time is old enough that touch would rewrite it (`within`:
+    older than that many seconds)."""
     seen = daemon.last_heartbeat_at
-    return seen is None or (timezone.now() - seen).total_seconds() >= _write_every()
+    every = write_every() if within is None else within
+    return seen is None or (timezone.now() - seen).total_seconds() >= every
 
 
 CLAIM_GRACE_SECONDS = 30  # a claim's answer reaches its daemon well within this

@@ -7,11 +7,11 @@ reports how they ended. Its doors: POST /api/v1/daemons/ID/claim|exchange|comple
 import random
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from django.db import connection, transaction
 
-from fleet import daemons
+from fleet import daemons, parked
 from fleet.models import Daemon, DaemonState
 from jobs import waits, wakeup
 from jobs.claim_room import ClaimRoom
@@ -137,24 +137,34 @@ def claim_steps(
     rng: random.Random | None = None,
     wires: list[str] | None = None,
     tell_draining: bool = False,
+    recheck: Callable[[], None] | None = None,
+    heard: int | None = None,
 ) -> Generator[waits.Wait, bool | None, list[Invocation]]:
     """invocation_claim's steps: it yields a waits.Wait where it would sleep, and is
     sent back whether it was woken (True), its time ran out (False) or the wait was
     refused (None); it returns what it claimed. `tell_draining`: a draining daemon's
     claim answers at once (its answer says so: the daemon stops claiming) rather than
-    wait out its time."""
+    wait out its time. `recheck`: called when it wakes, before it looks again (the
+    caller's credential, which may have been revoked while it waited, raises).
+    `heard`: daemon_heard(daemon's id), taken before the caller loaded the daemon: a
+    change of the daemon's state (a drain) committed after that load wakes the wait."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
-    wait = min(wait, daemons.longest_wait())  # a parked daemon must renew in time
+    wait = min(wait, parked.longest_wait())
     deadline = time.monotonic() + wait
     fresh = True  # the caller just loaded the daemon
     while True:
         if not fresh:
+            heard = daemon_heard(daemon.pk) if wait else None  # before the row is read
+            if recheck is not None:
+                recheck()
             daemons.refresh_live(daemon)
         daemons.check_live(daemon)
         # its queues (paused ones too: a resume wakes them), and itself (a drain)
         listening = [*(daemon.queues or [""]), f"daemon:{daemon.pk}"]
         seen = wakeup.listener.snapshot(listening) if wait else ()
+        if seen and heard is not None:  # its own channel as it was before its row was read
+            seen = (*seen[:-1], heard)
         # a long-poll first asks whether anything is queued at all: one indexed read in
         # place of a transaction (a woken one too: others may have been woken with it)
         claimed = _claim_once(daemon, limit, rng, wires, probe=wait > 0)
@@ -166,11 +176,18 @@ def claim_steps(
             return claimed
         if not connection.in_atomic_block:
             connection.close()  # hold no connection while waiting
-        woken = yield waits.Wait(listening, seen, left)
+        # parked: this process renews the daemon while it waits (fleet/parked.py)
+        woken = yield waits.Wait(listening, seen, left, renew=(parked.PARKED, daemon.pk))
         if woken is None:  # no room for another wait (LAKESHORE_MAX_WAITS)
             return waits.refused(claimed, wait)
         if not woken:
             return []
+
+
+def daemon_heard(daemon_id) -> int:
+    """Where the daemon's own channel (`daemon:ID`: a drain, its end) stands now: taken
+    before its row is read, a claim's wait then wakes for any change committed after."""
+    return wakeup.listener.snapshot([f"daemon:{daemon_id}"])[0]
 
 
 def _claim_once(
@@ -190,12 +207,12 @@ def _claim_once(
     if probe:
         # A long-poll: when none of its queues holds a queued row there is nothing to
         # take, and the claim statements below would only say so. (A row queued after
-        # this look wakes the wait: the caller's snapshot was taken before it.) It still
-        # renews the daemon (an idle daemon's poll is its heartbeat) and sets a busy one
-        # idle, in touch's own statement, when either is owed.
+        # this look wakes the wait: the caller's snapshot was taken before it.) It sets
+        # a busy daemon idle, in touch's own statement, and renews one whose heartbeat is
+        # as old as a renewal's turn; while it waits, the renewal keeps it (parked.py).
         names = [q if isinstance(q, str) else q.name for q in queues]
         if not claiming.any_queued(names):
-            if daemons.idle_owed(daemon):
+            if daemons.idle_owed(daemon, parking=True):
                 daemons.touch(daemon.pk)
             hooks.point("claim.probed_empty")
             return claimed
@@ -337,6 +354,8 @@ def exchange_steps(
     wait: float = 0.0,
     wires=None,
     tell_draining: bool = False,
+    recheck: Callable[[], None] | None = None,
+    heard: int | None = None,
 ) -> Generator[waits.Wait, bool | None, dict]:
     """Report outcomes and claim more in one call: invocation_complete_batch, then
     invocation_claim, each with its own rules and transaction. Answers
@@ -361,7 +380,13 @@ def exchange_steps(
     claimed = (
         (
             yield from claim_steps(
-                daemon=daemon, limit=limit, wait=wait, wires=wires, tell_draining=tell_draining
+                daemon=daemon,
+                limit=limit,
+                wait=wait,
+                wires=wires,
+                tell_draining=tell_draining,
+                recheck=recheck,
+                heard=heard,
             )
         )
         if limit

@@ -27,6 +27,7 @@ Wait where it would sleep), which `drive` runs in a thread, sleeping there, and
 Those waits are bounded by LAKESHORE_MAX_PARKED a process instead: they cost memory,
 not threads."""
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -100,11 +101,18 @@ parked = Parked()
 @dataclass(frozen=True)
 class Wait:
     """Where a long-poll's steps would sleep: until one of `queues` moves past `seen`
-    (jobs/wakeup.py), or `seconds` pass."""
+    (jobs/wakeup.py), or `seconds` pass. `renew`: (a wakeup.Renewal, a key) renewed
+    while it waits (a parked daemon's liveness)."""
 
     queues: list[str]
     seen: tuple[int, ...]
     seconds: float
+    renew: tuple[wakeup.Renewal, int] | None = None
+
+
+class Gone(Exception):  # noqa: N818 - what happened, not a failure
+    """The client went away while its steps waited: they were closed, and there is no
+    answer to send."""
 
 
 Steps = Generator[Wait, bool | None, object]
@@ -118,7 +126,9 @@ def drive(steps: Steps):
         while True:
             with slots.admit() as admitted:
                 woken = (
-                    wakeup.listener.wait(wait.queues, wait.seen, wait.seconds) if admitted else None
+                    wakeup.listener.wait(wait.queues, wait.seen, wait.seconds, wait.renew)
+                    if admitted
+                    else None
                 )
             wait = steps.send(woken)
     except StopIteration as done:
@@ -142,21 +152,49 @@ def first_step(steps: Steps):
     return _step(steps, None)
 
 
-async def drive_async(steps: Steps, run: Callable[..., Awaitable], *, first=None):
+async def drive_async(
+    steps: Steps,
+    run: Callable[..., Awaitable],
+    *,
+    first=None,
+    gone: asyncio.Future | None = None,
+):
     """Run long-poll steps on the event loop: each step through `run` (a worker thread:
     they touch the database), each wait a coroutine holding no thread. `first`: what
-    first_step answered, when the caller ran it. Returns what the steps return."""
+    first_step answered, when the caller ran it. `gone`: done when the client goes away;
+    then the steps are closed where they wait (a claim woken after its daemon went
+    would take work for nobody) and Gone is raised. Returns what the steps return."""
     got = first if first is not None else await run(_step, steps, None)
     while not (isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE):
         if parked.take():
             try:
-                woken = await wakeup.listener.wait_async(got.queues, got.seen, got.seconds)
+                woken = await _wait(got, gone)
+            except Gone:
+                await run(steps.close)
+                raise
             finally:
                 parked.release()
         else:
             woken = None
         got = await run(_step, steps, woken)
     return got[1]
+
+
+async def _wait(wait: Wait, gone: asyncio.Future | None) -> bool:
+    waiting = wakeup.listener.wait_async(wait.queues, wait.seen, wait.seconds, wait.renew)
+    if gone is None:
+        return await waiting
+    if gone.done():
+        waiting.close()
+        raise Gone
+    task = asyncio.ensure_future(waiting)
+    await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise Gone
 
 
 class Claimed(list):

@@ -17,13 +17,20 @@ server's long-polls): the listening thread wakes a coroutine through its loop, s
 coroutine waits holding no thread. Thousands of coroutines may wait on one queue, so a
 notification wakes only the RELAY that waited longest, not all of them (each would run
 a claim, and all but one would find nothing); a claim that takes work wakes the next
-RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turns."""
+RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turns.
+
+A waiter may name what must be renewed while it waits (`renew`: a Renewal and a key,
+such as a daemon's liveness and its id): the listening thread renews the keys of every
+waiter at once, every `Renewal.every()` seconds, in one statement."""
 
 import asyncio
 import heapq
 import logging
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 from django.db import connection
@@ -35,6 +42,17 @@ RELAY = 4  # coroutines one notification, or one claim that took work, wakes per
 STARTUP_WAIT = 5.0
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """Something the listening thread renews on its waiters' behalf while they wait (a
+    parked daemon's liveness: fleet/daemons.PARKED): every `every()` seconds it calls
+    `renew(keys)`, in a thread of its own, with the keys of those waiting, so a
+    thousand waiters cost one statement, not a thousand."""
+
+    every: Callable[[], float]
+    renew: Callable[[list[int]], None]
 
 
 class Listener:
@@ -52,6 +70,10 @@ class Listener:
         # coroutines waiting: by queue name, and all of them (for release and failure)
         self._parked: dict[str, dict] = {}  # insertion-ordered: the longest waiting first
         self._parked_all: set = set()
+        # what waiters want renewed while they wait: Renewal → {key: waiters}
+        self._renewing: dict[Renewal, Counter] = {}
+        self._renewed: dict[Renewal, float] = {}  # Renewal → when it last ran (monotonic)
+        self._renewals: dict[Renewal, threading.Thread] = {}  # the one running, if any
 
     # ------------------------------------------------------------------ waiters
 
@@ -60,26 +82,33 @@ class Listener:
         with self._cond:
             return tuple(self._versions.get(q, 0) for q in queues)
 
-    def wait(self, queues: list[str], seen: tuple[int, ...], timeout: float) -> bool:
+    def wait(self, queues: list[str], seen: tuple[int, ...], timeout: float, renew=None) -> bool:
         """Wait up to `timeout` s for work in `queues` since `seen`. True when woken
-        (or when the listener is down and it is time to look again)."""
+        (or when the listener is down and it is time to look again). `renew`: (a
+        Renewal, a key) renewed while it waits."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            released = self._released
-            while True:
-                if self._released != released or self._closing:
-                    return False
-                if tuple(self._versions.get(q, 0) for q in queues) != seen:
-                    return True
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                if not self._healthy:
-                    self._cond.wait(min(left, FALLBACK_POLL))
-                    return self._released == released
-                self._cond.wait(left)
+            self._renew_add(renew)
+            try:
+                released = self._released
+                while True:
+                    if self._released != released or self._closing:
+                        return False
+                    if tuple(self._versions.get(q, 0) for q in queues) != seen:
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    if not self._healthy:
+                        self._cond.wait(min(left, FALLBACK_POLL))
+                        return self._released == released
+                    self._cond.wait(left)
+            finally:
+                self._renew_drop(renew)
 
-    async def wait_async(self, queues: list[str], seen: tuple[int, ...], timeout: float) -> bool:
+    async def wait_async(
+        self, queues: list[str], seen: tuple[int, ...], timeout: float, renew=None
+    ) -> bool:
         """`wait` for a coroutine: the same answers, no thread held. (The snapshot
         taken before it started the listening thread.)"""
         loop = asyncio.get_running_loop()
@@ -94,6 +123,7 @@ class Listener:
             for name in queues:
                 self._parked.setdefault(name, {})[waiter] = None
             self._parked_all.add(waiter)
+            self._renew_add(renew)
         try:
             return await asyncio.wait_for(
                 future, timeout if healthy else min(timeout, FALLBACK_POLL)
@@ -102,6 +132,7 @@ class Listener:
             return not healthy  # the listener is down: time to look again
         finally:
             with self._cond:
+                self._renew_drop(renew)
                 self._parked_all.discard(waiter)
                 for name in queues:
                     waiting = self._parked.get(name)
@@ -109,6 +140,50 @@ class Listener:
                         waiting.pop(waiter, None)
                         if not waiting:
                             del self._parked[name]
+
+    def _renew_add(self, renew) -> None:
+        """Under self._cond."""
+        if renew is not None:
+            renewal, key = renew
+            self._renewing.setdefault(renewal, Counter())[key] += 1
+            self._renewed.setdefault(renewal, time.monotonic())
+
+    def _renew_drop(self, renew) -> None:
+        """Under self._cond."""
+        if renew is not None:
+            renewal, key = renew
+            keys = self._renewing[renewal]
+            keys[key] -= 1
+            if keys[key] <= 0:
+                del keys[key]
+
+    def renewing(self, renewal: Renewal) -> list[int]:
+        """The keys renewed now for `renewal` (those of its waiters)."""
+        with self._cond:
+            return sorted(self._renewing.get(renewal, ()))
+
+    def _renew_due(self) -> float:
+        """Start each Renewal whose time has come, for the keys of its waiters, in a
+        thread of its own (this thread goes on listening: a statement on the listening
+        connection could lose notifications); seconds until the next one is due."""
+        now = time.monotonic()
+        soonest = 1.0
+        with self._cond:
+            due = list(self._renewed.items())
+        for renewal, last in due:
+            every = renewal.every()
+            if now - last >= every:
+                self._renewed[renewal] = last = now
+                keys = self.renewing(renewal)
+                running = self._renewals.get(renewal)
+                if keys and (running is None or not running.is_alive()):
+                    thread = threading.Thread(
+                        target=_renew, args=(renewal, keys), name="lakeshore-renew", daemon=True
+                    )
+                    self._renewals[renewal] = thread
+                    thread.start()
+            soonest = min(soonest, max(0.01, every - (now - last)))
+        return soonest
 
     def _wake_parked(self, waiters, value: bool) -> None:
         """Settle coroutines' futures from this (any) thread. Under self._cond."""
@@ -226,13 +301,21 @@ class Listener:
                             self._bump(name)
                         self._cond.notify_all()
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=max(0.01, self._fire_due())):
+                        turn = min(self._fire_due(), self._renew_due())
+                        for note in conn.notifies(timeout=max(0.01, turn)):
                             self._receive(note.payload)
                         self._fire_due()
             except Exception as exc:  # noqa: BLE001 - keep listening whatever happens
                 log.warning("work listener: %s; reconnecting", exc)
             self._set_health(False)
             self._stop.wait(RECONNECT_DELAY)
+
+
+def _renew(renewal: Renewal, keys: list[int]) -> None:
+    try:
+        renewal.renew(keys)
+    except Exception as exc:  # noqa: BLE001 - tried again at its next turn
+        log.warning("renewing %d waiters: %s", len(keys), exc)
 
 
 def _settle(future: asyncio.Future, value: bool) -> None:

@@ -10,6 +10,14 @@ from lakeshore.errors import ApiError, CliError, Unreachable
 
 API_PREFIX = "/api/v1/"
 TIMEOUT_SECONDS = 40.0  # above the server's 30 s wait for a full backlog (on_full=block)
+LONG_POLL_MARGIN = 20.0  # seconds a long-poll's answer may take past its wait
+
+
+def long_poll(wait: float) -> float:
+    """The timeout of a request that may wait `wait` seconds on the server."""
+    return max(TIMEOUT_SECONDS, wait + LONG_POLL_MARGIN)
+
+
 MAX_PAGES = 10_000
 RETRY_AFTER_MAX = 300.0  # seconds: a longer Retry-After is read as this
 
@@ -71,11 +79,21 @@ class Client:
     def delete(self, url: str, **params) -> Any:
         return self.request("DELETE", url, params=_clean(params))
 
-    def send(self, method: str, url: str, *, params=None, json=None, token=None) -> httpx.Response:
-        """`token` speaks this one request with another token than the client's."""
+    def send(
+        self, method: str, url: str, *, params=None, json=None, token=None, timeout=None
+    ) -> httpx.Response:
+        """`token` speaks this one request with another token than the client's.
+        `timeout`: seconds this one request may take (a long-poll), else TIMEOUT_SECONDS."""
         headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
-            response = self.http.request(method, url, params=params, json=json, headers=headers)
+            response = self.http.request(
+                method,
+                url,
+                params=params,
+                json=json,
+                headers=headers,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+            )
         except httpx.TimeoutException as exc:
             raise CliError(
                 f"the Lakeshore server at {self.server} did not answer in time ({exc or 'timeout'})"

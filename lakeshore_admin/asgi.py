@@ -39,7 +39,14 @@ from accounts import audit
 from fleet.api import protocol
 from jobs import waits, wakeup
 from lakeshore_admin import asgi_sdk as sdk_door
-from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
+from lakeshore_admin.asgi_io import (
+    Disconnected,
+    coroutine,
+    gone_when_closed,
+    read_all,
+    replay,
+    respond,
+)
 from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE
 
@@ -88,6 +95,9 @@ class Application:
         return await asyncio.get_running_loop().run_in_executor(self.steps, call)
 
     async def long_poll(self, environ, taken, scope, receive, send):
+        """Three turns in worker threads: the token (the body unread), then the body's
+        parsing and the answer's first step, then (after a wait) its last step, which
+        ends the request."""
         lean = self.lean
         admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
@@ -100,21 +110,36 @@ class Application:
             await self.run(None, signals.request_finished.send, Application)
             return
         environ["wsgi.input"] = io.BytesIO(body)
-        data = await self.run(None, read_body, environ)
-        if data is TO_DJANGO:  # DRF's parser answers it
-            return await self.wsgi(scope, replay(body, receive), send)
+        steps = self.answered(request, STEPPED[route], args, environ)
+        gone = gone_when_closed(receive)
         try:
-            steps = STEPPED[route](request, *args, data)
-            payload, status, *headers = await waits.drive_async(
-                steps, functools.partial(self.run, request)
+            outcome = await waits.drive_async(
+                steps, functools.partial(self.run, request), gone=gone
             )
-            outcome = (payload, status, tuple(headers[0].items()) if headers else ())
-        except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
-            outcome = await self.run(request, lean.error, exc, request)
+        except waits.Gone:  # the daemon went while it waited: nobody to answer
+            return
         finally:
-            await self.run(None, signals.request_finished.send, Application)
+            gone.cancel()
+        if outcome is TO_DJANGO:  # DRF's parser answers it
+            return await self.wsgi(scope, replay(body, receive), send)
         status, headers, content = lean.rendered(outcome, secure, allow(view))
         await respond(send, status, headers, content)
+
+    def answered(self, request, answer_steps, args, environ):
+        """The request's outcome, (payload, status, extra headers), as steps: its body
+        read, then the answer's steps, its errors answered as the lean path's; or
+        TO_DJANGO. The request ends (request_finished) in the thread of the last step,
+        or when the steps are closed."""
+        try:
+            data = read_body(environ)
+            if data is TO_DJANGO:
+                return TO_DJANGO
+            payload, status, *headers = yield from answer_steps(request, *args, data)
+            return payload, status, tuple(headers[0].items()) if headers else ()
+        except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
+            return self.lean.error(exc, request)
+        finally:
+            signals.request_finished.send(sender=Application)
 
     async def lifespan(self, receive, send):
         while True:

@@ -1,6 +1,8 @@
 """What the ASGI doors (lakeshore_admin/asgi.py, asgi_sdk.py) need of ASGI itself: reading
 a request's body, giving it again to the WSGI application, answering."""
 
+import asyncio
+
 
 class Disconnected(Exception):
     """The client went away before its body arrived."""
@@ -28,6 +30,17 @@ async def read_all(receive) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def gone_when_closed(receive) -> asyncio.Future:
+    """A task done when the client closes its connection, once its body has been read
+    (the server's next message is then http.disconnect). Cancel it once answered."""
+
+    async def closed():
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return asyncio.ensure_future(closed())
 
 
 def coroutine(receive):

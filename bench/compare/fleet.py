@@ -6,8 +6,10 @@ against the bench's Lakeshore server, measured window by window:
     heartbeat p99       the latency of the heartbeats sent, from send to answer (an idle
                         daemon whose poll was answered within the interval skips its
                         heartbeat: lakeshore.worker.heartbeat.claims_renew)
-    liveness p99        the gap between a daemon's renewals (each answered poll, exchange
-                        or heartbeat renews it), p99 over every daemon's gaps
+    liveness p99        the age of the daemons' heartbeats as the server sees them (what
+                        the reaper compares with the timeout: a parked daemon is renewed
+                        by the server), p99 over the live daemons, the highest of the
+                        window's looks (every 2 s)
     submit to claim     jobs submitted one at a time while the fleet idles: from the
                         submit's answer to the claim answer that carries the job
     daemons lost        daemons the server marked lost, by the window's end (the reaper
@@ -117,7 +119,8 @@ class FleetResult:
             "polls were refused a wait (Retry-After) and came back",
             "heartbeat": f"heartbeats took p50 "
             f"{_ms(statistics.median(_p50s(w, 'beat_p50')))} with {load}",
-            "liveness": f"gaps between renewals p50 "
+            "liveness": f"the oldest heartbeat {max(x['oldest'] for x in w):.1f} s; gaps "
+            f"between a daemon's answered polls p50 "
             f"{statistics.median(_p50s(w, 'gap_p50')):.1f} s, the longest "
             f"{max(x['silence'] for x in w):.1f} s; {refused:,} polls refused a wait "
             f"(Retry-After), {late:,} answered late or not at all; {load}",
@@ -257,11 +260,16 @@ def _lost(lakeshore: Lakeshore, ids: list[int] | None = None) -> int:
 
 
 def _sample(lakeshore, generators, start_at: float, windows: int, window: float) -> list:
-    """(server CPU s, generators' CPU s, daemons lost, moment, the machine's load average)
-    at each window's edge."""
+    """(server CPU s, generators' CPU s, daemons lost, moment, the machine's load average,
+    the ages of the daemons' heartbeats as the server sees them: p99 and longest, sampled
+    every AGE_EVERY seconds since the previous edge) at each window's edge."""
     samples = []
     for edge in range(windows + 1):
-        time.sleep(max(0.0, start_at + edge * window - time.monotonic()))
+        ages = []
+        while (left := start_at + edge * window - time.monotonic()) > 0:
+            time.sleep(min(left, AGE_EVERY))
+            if edge:
+                ages.append(_ages(lakeshore))
         generator_cpu = sum(tree_cpu_seconds(g.pid) for g in generators)
         samples.append(
             (
@@ -270,9 +278,26 @@ def _sample(lakeshore, generators, start_at: float, windows: int, window: float)
                 _lost(lakeshore),
                 time.monotonic(),
                 os.getloadavg()[0],
+                ages,
             )
         )
     return samples
+
+
+AGE_EVERY = 2.0  # seconds between two looks at the fleet's heartbeat ages
+
+
+def _ages(lakeshore) -> tuple[float, float]:
+    """(p99, longest) of the live fleet daemons' heartbeat ages, in seconds: what the
+    reaper compares with LAKESHORE_HEARTBEAT_TIMEOUT."""
+    (row,) = lakeshore.sql(
+        """SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY age), max(age)
+             FROM (SELECT extract(epoch FROM now() - last_heartbeat_at)::float AS age
+                     FROM queues_daemon
+                    WHERE name LIKE %s AND state IN ('idle', 'busy', 'draining')) a""",
+        ["fleet-%"],
+    )
+    return (row[0] or 0.0, row[1] or 0.0)
 
 
 def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) -> None:
@@ -333,8 +358,9 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
                 "load": after[4],
                 "cpu": 100 * (after[0] - before[0]) / seconds,
                 "heartbeat": None if p99 is None else p99 * 1000,
-                # No daemon renewed in the window at all: its gaps are longer than it.
-                "liveness": percentile(gaps, 99) if gaps else float("inf"),
+                # the server's view: the p99 heartbeat age, the highest of the window's looks
+                "liveness": max((p99 for p99, _ in after[5]), default=float("inf")),
+                "oldest": max((oldest for _, oldest in after[5]), default=float("inf")),
                 # No submit sent in the window: the one before it was still unanswered.
                 "submit": _p99_ms(waits[i]) if waits[i] else float("inf"),
                 "lost": after[2],

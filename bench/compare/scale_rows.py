@@ -64,7 +64,7 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
         ),
         Row(
             f"fleet-liveness-{daemons}",
-            f"{what}: liveness, the gap between a daemon's renewals p99",
+            f"{what}: liveness, the age of a daemon's heartbeat as the server sees it, p99",
             "s",
             False,
             {},
@@ -99,9 +99,10 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
         "failed or never came back counts as infinitely slow; an idle daemon skips its "
         "heartbeat when a poll was answered within the interval (the daemon's rule, "
         "lakeshore.worker.heartbeat.claims_renew), so the heartbeat row times only those "
-        "sent (none sent in a window: no figure), and liveness counts each answered poll, "
-        "exchange or heartbeat as a renewal: the p99 of the gaps between one daemon's "
-        "renewals, over all daemons' gaps ending in the window; the generators' own CPU is "
+        "sent (none sent in a window: no figure); liveness is what the reaper sees: every 2 s "
+        "the p99 of the live daemons' heartbeat ages (a daemon parked in a claim is renewed "
+        "by the server it waits in, fleet/parked.py), the highest look of the window; the "
+        "generators' own CPU is "
         "given per window (near 100 % of a core a process, their lag would be in the figures)"
     )
     section.notes.append(lambda: holder["result"].summary() if "result" in holder else "—")

@@ -2,12 +2,15 @@
 operator's exec, and a command's report. The lean path (lakeshore_admin/fastpath.py)
 serves the hot ones through the same answer functions."""
 
+import functools
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authentication import recheck_token
 from accounts.permissions import DaemonProtocol, Operate
 from fleet import commands, daemons, protocol
 from fleet.api import serializers as s
@@ -33,9 +36,12 @@ def claim_answer(request, daemon_id, data):
 
 def claim_answer_steps(request, daemon_id, data):
     """claim_answer as steps (jobs/waits.py): where it waits, it yields."""
+    heard = protocol.daemon_heard(daemon_id)  # before its row is read
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
-    claimed = yield from protocol.claim_steps(daemon=daemon, tell_draining=True, **fields)
+    claimed = yield from protocol.claim_steps(
+        daemon=daemon, tell_draining=True, recheck=_recheck(request), heard=heard, **fields
+    )
     payload = s.ClaimedSerializer(claimed, many=True).data
     return payload, status.HTTP_200_OK, _headers(claimed, daemon)
 
@@ -68,12 +74,22 @@ def exchange_answer(request, daemon_id, data):
 
 def exchange_answer_steps(request, daemon_id, data):
     """exchange_answer as steps (jobs/waits.py): where it waits, it yields."""
+    heard = protocol.daemon_heard(daemon_id)  # before its row is read
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
-    answer = yield from protocol.exchange_steps(daemon=daemon, tell_draining=True, **fields)
+    answer = yield from protocol.exchange_steps(
+        daemon=daemon, tell_draining=True, recheck=_recheck(request), heard=heard, **fields
+    )
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
     payload = {"recorded": answer["recorded"], "claimed": claimed}
     return payload, status.HTTP_200_OK, _headers(answer["claimed"], daemon)
+
+
+def _recheck(request):
+    """A woken long-poll checks its credential again (it may have been revoked while
+    the claim waited): it takes no work with a revoked one."""
+    token = request.auth
+    return None if token is None else functools.partial(recheck_token, token)
 
 
 def _headers(claimed, daemon) -> dict[str, str]:

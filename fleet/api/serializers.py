@@ -5,8 +5,9 @@ import base64
 from django.conf import settings
 from rest_framework import serializers
 
-from fleet.daemons import CLAIM_WAIT_MAX, current_invocation_id
+from fleet.daemons import current_invocation_id
 from fleet.models import Daemon, Provider
+from fleet.parked import CLAIM_WAIT_MAX
 from fleet.services import provider_status
 from jobs import logs
 from jobs.api.serializers import InvocationSerializer

@@ -44,13 +44,15 @@ class Calls:
         *,
         give_up: threading.Event | None = None,
         token: str | None = None,
+        timeout: float | None = None,
     ):
         """`call`, answering the response itself (its headers). `token`: this one
-        request speaks with it (registering: the token the daemon started with)."""
+        request speaks with it (registering: the token the daemon started with).
+        `timeout`: seconds this one request may take (a long-poll)."""
         delay = BACKOFF_START
         while True:
             try:
-                return self.client.send(method, url, json=json_body, token=token)
+                return self.client.send(method, url, json=json_body, token=token, timeout=timeout)
             except ApiError as exc:
                 if exc.status < 500:
                     raise

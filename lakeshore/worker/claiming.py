@@ -7,7 +7,7 @@ the package's docstring, "Claiming ahead")."""
 import random
 import time
 
-from lakeshore.client import path, retry_after
+from lakeshore.client import long_poll, path, retry_after
 from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import TOKEN_REVOKED, Stopped
@@ -117,10 +117,12 @@ class ClaimLoop:
                 return claimed
         self.reporter.carry(None)
         url = path("daemons", daemon_id, "claim")
-        body = {"limit": limit, "wait": 2.0 if busy else self.claim_wait, "wires": WIRES}
+        wait = 2.0 if busy else self.claim_wait
+        body = {"limit": limit, "wait": wait, "wires": WIRES}
         self.claim_in_flight = True
         try:
-            return self._claimed(self.send("POST", url, body, give_up=self.draining))
+            answer = self.send("POST", url, body, give_up=self.draining, timeout=long_poll(wait))
+            return self._claimed(answer)
         finally:
             self.claim_in_flight = False
 

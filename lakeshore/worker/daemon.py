@@ -51,7 +51,7 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         concurrency: int = 1,
         name: str | None = None,
         heartbeat_interval: float = 10.0,
-        claim_wait: float = 20.0,
+        claim_wait: float = 50.0,  # the server's longest (fleet/parked.CLAIM_WAIT_MAX)
         isolation: str = "pool",
         max_tasks_per_worker: int = 100,
         max_worker_memory: float = 1024,

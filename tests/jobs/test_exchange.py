@@ -289,7 +289,7 @@ def test_an_unknown_daemon_is_404(daemon_client, world):
     [
         ({"limit": 101}, "limit"),
         ({"limit": -1}, "limit"),
-        ({"wait": 21}, "wait"),
+        ({"wait": 51}, "wait"),  # past fleet/parked.CLAIM_WAIT_MAX
         ({"outcomes": {"invocation": 1}}, "outcomes"),
         ({"lmit": 1}, "lmit"),
     ],

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet import daemons, protocol
 from fleet.models import Daemon
-from jobs import services, waits
+from jobs import services, waits, wakeup
 from jobs.models import Invocation
 from tests import builders
 
@@ -96,7 +96,10 @@ def test_an_empty_20_second_wait_costs_less_than_an_empty_instant_claim():
     assert waiting.queries == 1 < instant.queries
     assert in_use_while_waiting <= in_use_before  # the waiting claim holds none
     row_after = Daemon.objects.values("updated_at", "last_heartbeat_at").get(pk=daemon.pk)
-    assert row_after == row_before  # the wait did not rewrite the daemon's row
+    # the wait wrote nothing of its own; its process renewed the parked daemon's heartbeat
+    # (one statement a turn for all its parked daemons: fleet/parked.py)
+    assert row_after["updated_at"] == row_before["updated_at"]
+    assert row_after["last_heartbeat_at"] > row_before["last_heartbeat_at"]
 
 
 def test_a_waiting_claim_wakes_for_a_submit():
@@ -321,3 +324,34 @@ def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
         answer[tell] = (answer[tell][0], time.monotonic() - asked)
     assert answer[True][0] == [] and answer[True][1] < 3
     assert answer[False][0] == [] and answer[False][1] >= 4
+
+
+def _heard_bump(name: str, before: int, timeout: float = 10.0) -> None:
+    """Until the listener has heard `name`'s notification (its version moved)."""
+    _until(lambda: wakeup.listener.snapshot([name])[0] != before, timeout)
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_drain_between_the_daemons_read_and_its_wait_still_wakes_it(told):
+    """The forced interleaving: the claim reads its daemon (idle), then the drain commits
+    and its notification is heard, and only then does the claim look and wait. With
+    `heard` (where the daemon's channel stood before the read: what the API's claim
+    passes) the wait sees the drain and answers at once; without it (the control) the
+    notification predates the claim's snapshot, and the claim waits its whole wait."""
+    builders.queue(name="w")
+    daemon = builders.daemon(queues=["w"])
+    channel = f"daemon:{daemon.pk}"
+    heard = protocol.daemon_heard(daemon.pk)
+    row = Daemon.objects.get(pk=daemon.pk)  # idle, as the claim read it
+    Daemon.objects.filter(pk=daemon.pk).update(state="draining")
+    _heard_bump(channel, heard)
+    steps = protocol.claim_steps(
+        daemon=row, wait=4, tell_draining=True, heard=heard if told else None
+    )
+    started = time.monotonic()
+    assert waits.drive(steps) == []
+    took = time.monotonic() - started
+    if told:
+        assert took < 2 and row.state == "draining"  # it looked again: draining
+    else:
+        assert took >= 3.5 and row.state == "idle"

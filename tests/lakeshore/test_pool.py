@@ -46,9 +46,10 @@ class Harness:
         return job_environment(source, [], invocation)
 
     def done(self, item, state, result, error):
-        self.outcomes[item.id] = (state, result, error)
-        self.printed_at_outcome[item.id] = len(self.printed.get(item.id, []))
-        self.ended.notify_all()
+        with self.ended:  # the pool calls it from its threads, or from start itself
+            self.outcomes[item.id] = (state, result, error)
+            self.printed_at_outcome[item.id] = len(self.printed.get(item.id, []))
+            self.ended.notify_all()
 
     def output(self, item, pid, stream, lines):
         with self.lock:

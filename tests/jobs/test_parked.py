@@ -1,0 +1,145 @@
+"""A daemon parked in a long-poll is alive: its server renews every parked daemon at
+once, a statement a turn (fleet/parked.py), so a claim may wait longer than the
+heartbeat timeout and the daemon is never taken for lost; a daemon that does not wait is
+not renewed (the negative control). Under the ASGI server a daemon that goes away while
+its claim waits is renewed no more, and its claim, closed where it waits, takes no work
+submitted after it went."""
+
+import asyncio
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from fleet import daemons, parked
+from fleet.models import Daemon, DaemonState
+from jobs import services
+from jobs.models import Invocation
+from jobs.wakeup import listener
+from lakeshore_admin.asgi import Application
+from lakeshore_admin.fastpath import LeanPath
+from tests import builders
+from tests.api.test_asgi_doors import Counting
+from tests.jobs.test_long_poll import Claimer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ECHO = "lakeshore.functions.echo"
+TIMEOUT = 4  # LAKESHORE_HEARTBEAT_TIMEOUT here: a renewal every second
+
+
+def _age(pk) -> float:
+    seen = Daemon.objects.values_list("last_heartbeat_at", flat=True).get(pk=pk)
+    return (timezone.now() - seen).total_seconds()
+
+
+@pytest.mark.slow
+def test_daemons_waiting_past_the_heartbeat_timeout_are_renewed_together(settings):
+    settings.LAKESHORE_HEARTBEAT_TIMEOUT = TIMEOUT
+    builders.queue(name="idle")
+    waiting = [builders.daemon(queues=["idle"]) for _ in range(12)]
+    silent = builders.daemon(queues=["idle"])  # registered, never claims
+    old = timezone.now() - timedelta(seconds=TIMEOUT - 1)
+    Daemon.objects.update(last_heartbeat_at=old)
+    connection.close()
+
+    claims = [Claimer(daemon, wait=TIMEOUT + 3) for daemon in waiting]
+    for claim in claims:
+        claim.start()
+    time.sleep(TIMEOUT + 1)  # past the timeout, since the heartbeat and since the claims came
+    reaped = daemons.reap()
+    states = dict(Daemon.objects.values_list("pk", "state"))
+    # the parked daemons were renewed while they waited; the silent one was not, and is lost
+    assert reaped["lost"] == 1 and states[silent.pk] == DaemonState.LOST
+    assert all(states[d.pk] == DaemonState.IDLE for d in waiting)
+    # all in one statement a turn: one transaction's now() for every parked daemon
+    beats = set(
+        Daemon.objects.filter(pk__in=[d.pk for d in waiting]).values_list(
+            "last_heartbeat_at", flat=True
+        )
+    )
+    assert len(beats) == 1 and max(_age(d.pk) for d in waiting) < TIMEOUT / 2
+    assert all(claim.result() == [] for claim in claims)  # they waited their whole wait
+    assert parked.longest_wait() > settings.LAKESHORE_HEARTBEAT_TIMEOUT
+
+
+def _claim_scope(path, raw):
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+        ],
+        "client": ("127.0.0.1", 5000),
+        "server": ("localhost", 80),
+    }
+
+
+async def _park_then(app, daemon, token, *, leave: bool) -> list:
+    """A claim that waits up to 30 s through the ASGI door; meanwhile the daemon goes
+    (its connection closes) when `leave`, then a job is submitted. What it was sent."""
+    raw = b'{"limit": 1, "wait": 30}'
+    scope = _claim_scope(f"/api/v1/daemons/{daemon.pk}/claim/", raw)
+    scope["headers"].append((b"authorization", f"Bearer {token}".encode()))
+    closed = asyncio.Event()
+    body = [{"type": "http.request", "body": raw, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if body:
+            return body.pop()
+        await closed.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    async def meanwhile():
+        await asyncio.sleep(1.0)  # parked by now
+        if leave:
+            closed.set()
+            await asyncio.sleep(0.5)
+        await asyncio.to_thread(_submit)
+
+    request = asyncio.ensure_future(app(scope, receive, send))
+    await meanwhile()
+    try:
+        await asyncio.wait_for(asyncio.shield(request), 5.0)
+    except TimeoutError:
+        request.cancel()
+    return sent
+
+
+def _submit():
+    try:
+        services.invocation_submit(function=ECHO, queue="gone")
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("leave", [True, False])
+def test_a_daemon_that_goes_while_it_waits_takes_no_work(leave):
+    builders.queue(name="gone")
+    daemon = builders.daemon(queues=["gone"])
+    _, token = builders.credential(daemon)
+    connection.close()
+    app = Application(LeanPath(Counting()), threads=4)
+    sent = builders.run_async(_park_then(app, daemon, token, leave=leave))
+    job = Invocation.objects.get(queue="gone")
+    if leave:  # no answer, and the job waits for a daemon that is there
+        assert sent == [] and job.state == "queued" and job.daemon_id is None
+        assert daemon.pk not in listener.renewing(parked.PARKED)  # renewed no more
+    else:  # the control: the same claim, its daemon still there, takes the job at once
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200]
+        assert job.state == "running" and job.daemon_id == daemon.pk
