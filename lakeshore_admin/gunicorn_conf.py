@@ -13,6 +13,7 @@ import sys
 
 from uvicorn_worker import UvicornWorker
 
+from lakeshore_admin import metrics
 from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
 
 try:
@@ -50,18 +51,14 @@ limit_request_field_size = 16384  # the whole "Name: value" line; Django's check
 
 
 def on_starting(server):
-    """The master loads the settings once, before it starts workers: they decide
-    PROMETHEUS_MULTIPROC_DIR (settings.py), which the workers inherit and child_exit
-    below needs."""
+    """The master loads the settings once, before it starts workers: a bad setting stops
+    it here with its one line (lakeshore_admin/env.py), not in every worker."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     from django.conf import settings
 
-    settings.LAKESHORE_METRICS_DIR  # noqa: B018 - loads the settings
+    settings.LAKESHORE_TICK_SECONDS  # noqa: B018 - loads the settings
 
 
-def child_exit(server, worker):
-    """A worker is gone: drop its live gauges' files (prometheus_client's multiprocess
-    bookkeeping). Its counters stay: they still count towards the totals."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(worker.pid)
+def worker_exit(server, worker):
+    """A worker stops: it writes what it counted since its last flush (/metrics)."""
+    metrics.flush_at_exit()
