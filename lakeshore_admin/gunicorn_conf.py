@@ -9,6 +9,7 @@ default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the pa
 long-polls, default 128; started as needed)."""
 
 import os
+import signal
 import sys
 
 from uvicorn_worker import UvicornWorker
@@ -32,6 +33,19 @@ class Worker(UvicornWorker):
     lifespan (asgi.py: a stop ends the parked long-polls at once)."""
 
     CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
+
+    def init_signals(self) -> None:
+        """A stop signal ends the worker with SystemExit, not the signal's default
+        action: uvicorn, once it has shut down gracefully, raises the signal it caught
+        again under the handler it found, and the default would kill the process before
+        worker_exit and atexit run (which write its last counts for /metrics)."""
+        super().init_signals()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, _exit)
+
+
+def _exit(signum, frame):
+    sys.exit(0)
 
 
 worker_class = "lakeshore_admin.gunicorn_conf.Worker"
