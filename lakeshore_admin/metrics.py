@@ -160,8 +160,8 @@ def _flush_every(seconds: float) -> None:
         time.sleep(seconds)
         try:
             flush()
-        except Exception:
-            logger.warning("metrics: the counts could not be written; kept for the next flush")
+        except Exception as exc:
+            logger.warning("metrics: counts not written, kept for the next flush: %s", exc)
         finally:
             connection.close()  # back to the pool until the next flush
 
@@ -210,8 +210,8 @@ def flush_at_exit(*args, **kwargs) -> None:
     worker_process_shutdown; their arguments are ignored)."""
     try:
         flush()
-    except Exception:
-        logger.warning("metrics: the counts could not be written at exit; they are lost")
+    except Exception as exc:
+        logger.warning("metrics: the counts of this process were lost at exit: %s", exc)
     finally:
         connection.close()
 

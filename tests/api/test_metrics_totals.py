@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from django.db import ProgrammingError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from fleet import protocol
 from jobs import services
@@ -111,3 +112,25 @@ def test_the_scrape_names_and_types_are_the_readmes(viewer, django_capture_on_co
         assert f"# HELP {shown} {family.help}\n# TYPE {shown} {family.kind}\n" in text
         labels = ", ".join(f"`{label}`" for label in family.labels)
         assert f"| `{shown}` | {family.kind} | {labels} |" in readme, shown
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_and_its_completion_add_no_statement(viewer):
+    """The hot path: counting costs a claim and a completion nothing in the database
+    (committed for real, so the counts are kept); the counts are written by a later
+    flush, here the scrape's, in one statement of its own."""
+    builders.queue(name="hot")
+    inv, _ = services.invocation_submit(function=ECHO, queue="hot")
+    daemon = builders.daemon(queues=["hot"])
+
+    with CaptureQueriesContext(connection) as work:
+        assert protocol.invocation_claim(daemon=daemon)
+        protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
+    with CaptureQueriesContext(connection) as scraped:
+        samples = scrape(viewer)
+
+    assert not [q for q in work.captured_queries if metrics.TABLE in q["sql"]]
+    writes = [q for q in scraped.captured_queries if q["sql"].lstrip().startswith("INSERT")]
+    assert len(writes) == 1 and metrics.TABLE in writes[0]["sql"]  # the control
+    assert value(samples, ENDED, queue="hot", state="succeeded") == 1
+    assert value(samples, RUNS, queue="hot") == 1
