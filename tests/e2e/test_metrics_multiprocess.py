@@ -5,8 +5,9 @@ process (what the Celery worker runs) times one out. Every process adds its coun
 the database (lakeshore_admin/metrics.py), so every scrape, whichever worker serves it,
 gives the database's totals (once each process's last flush, at most a second old, is
 in); so it does after a worker is stopped and replaced, and after the whole server is
-restarted (no reset). The negative control (a process's counts are not in another's
-scrape before its flush): tests/e2e/test_two_servers.py."""
+restarted (no reset). What the Celery worker counts shows in the web's scrape too. The
+negative control (a process's counts are not in another's scrape before its flush):
+tests/e2e/test_two_servers.py."""
 
 import os
 import signal
@@ -28,8 +29,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs.models import Invocation
 from jobs.transitions.states import TERMINAL
 from lakeshore_admin import metrics
-from queues.models import MetricTotal
+from queues.models import MetricTotal, QueueEvent
 from tests import builders
+from tests.e2e import stack
 from tests.e2e.servers import free_port, gunicorn
 from tests.e2e.test_burst import _database_url
 
@@ -267,3 +269,23 @@ def test_every_scrape_gives_the_databases_totals_whichever_worker_serves_it(serv
         f"the reaper; equal to the database after {waited} scrape(s), then 20 scrapes and "
         f"a restarted server's 4 all equal"
     )
+
+
+def test_what_the_celery_worker_counts_shows_in_the_webs_scrape(tmp_path):
+    """The controller's actions are counted in the Celery worker's process (its beat
+    ticks every 2 s here), a process of its own like a worker on another host: its
+    scale_up shows in the web server's scrape, through the database."""
+    builders.provider(name="sim", kind="simulated")
+    builders.queue(name="grows", provider="sim", elasticity_spec={"kind": "fixed", "min": 1})
+    viewer = builders.token("viewer")
+    connection.close()
+    wanted = ("lakeshore_controller_actions_total", ("action", "scale_up"), ("queue", "grows"))
+    with stack.running(tmp_path, tick_seconds=2) as (base, _):
+        deadline = time.monotonic() + 30
+        while not QueueEvent.objects.filter(queue__name="grows", action="scale_up").exists():
+            assert time.monotonic() < deadline, "no scale_up within 30 s"
+            time.sleep(0.2)
+        while scrape(base, viewer).get(wanted, 0) != 1:
+            assert time.monotonic() < deadline, "the scale_up is not in the scrape"
+            time.sleep(0.2)
+        assert QueueEvent.objects.filter(action="scale_up").count() == 1
