@@ -9,10 +9,12 @@ default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the pa
 long-polls, default 128; started as needed)."""
 
 import os
+import signal
 import sys
 
 from uvicorn_worker import UvicornWorker
 
+from lakeshore_admin import metrics
 from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
 
 try:
@@ -32,6 +34,19 @@ class Worker(UvicornWorker):
 
     CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
 
+    def init_signals(self) -> None:
+        """A stop signal ends the worker with SystemExit, not the signal's default
+        action: uvicorn, once it has shut down gracefully, raises the signal it caught
+        again under the handler it found, and the default would kill the process before
+        worker_exit and atexit run (which write its last counts for /metrics)."""
+        super().init_signals()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, _exit)
+
+
+def _exit(signum, frame):
+    sys.exit(0)
+
 
 worker_class = "lakeshore_admin.gunicorn_conf.Worker"
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
@@ -50,18 +65,14 @@ limit_request_field_size = 16384  # the whole "Name: value" line; Django's check
 
 
 def on_starting(server):
-    """The master loads the settings once, before it starts workers: they decide
-    PROMETHEUS_MULTIPROC_DIR (settings.py), which the workers inherit and child_exit
-    below needs."""
+    """The master loads the settings once, before it starts workers: a bad setting stops
+    it here with its one line (lakeshore_admin/env.py), not in every worker."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     from django.conf import settings
 
-    settings.LAKESHORE_METRICS_DIR  # noqa: B018 - loads the settings
+    settings.LAKESHORE_TICK_SECONDS  # noqa: B018 - loads the settings
 
 
-def child_exit(server, worker):
-    """A worker is gone: drop its live gauges' files (prometheus_client's multiprocess
-    bookkeeping). Its counters stay: they still count towards the totals."""
-    from prometheus_client import multiprocess
-
-    multiprocess.mark_process_dead(worker.pid)
+def worker_exit(server, worker):
+    """A worker stops: it writes what it counted since its last flush (/metrics)."""
+    metrics.flush_at_exit()

@@ -1,6 +1,5 @@
 """One settings file, read from the environment (see README for the variables)."""
 
-import os
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -302,18 +301,13 @@ if not LAKESHORE_PUBLIC_URL.startswith(("http://", "https://")):
 # --- Metrics (GET /metrics, lakeshore_admin/metrics.py) -----------------------------------
 # Open to anyone with LAKESHORE_METRICS_PUBLIC=1; otherwise it needs a read role.
 LAKESHORE_METRICS_PUBLIC = env_bool("LAKESHORE_METRICS_PUBLIC", False)
-# Every process (gunicorn's workers, Celery) counts into files of its own in this directory
-# and a scrape adds them up: prometheus_client's multiprocess mode, which it chooses when it
-# is first imported, from PROMETHEUS_MULTIPROC_DIR. Every process loads these settings
-# before anything imports prometheus_client. An explicit PROMETHEUS_MULTIPROC_DIR wins.
-LAKESHORE_METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR") or str(VAR_DIR / "metrics"))
-try:
-    LAKESHORE_METRICS_DIR.mkdir(parents=True, exist_ok=True)
-except OSError as exc:
-    raise BadSetting(
-        "PROMETHEUS_MULTIPROC_DIR", str(LAKESHORE_METRICS_DIR), f"a directory ({exc.strerror})"
-    ) from None
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(LAKESHORE_METRICS_DIR)
+# The counters' totals live in the database (lakeshore_admin/metrics.py): each process
+# adds what it counted about this often, from a thread of its own (only when it counted
+# something), and before a scrape it serves, and at exit.
+LAKESHORE_METRICS_FLUSH_SECONDS = env_number(
+    "LAKESHORE_METRICS_FLUSH_SECONDS", 1.0, minimum=0.1, maximum=3600, kind=float
+)
+LAKESHORE_METRICS_FLUSH_THREAD = True  # the tests' settings turn the thread and exit flush off
 
 # --- Celery: worker and beat ---------------------------------------------------------------
 # LAKESHORE_BROKER_URL (e.g. redis://127.0.0.1:6379/0) in production. Without it, a

@@ -3,27 +3,12 @@ DATABASE_URL is set) keeps its data apart from `make run`'s, so both can run at 
 LAKESHORE_TEST_PGDATA moves it (parallel checkouts, helper sessions)."""
 
 import os
-import shutil
 from pathlib import Path
 
 _base = Path(__file__).resolve().parent.parent
 os.environ["LAKESHORE_PGDATA"] = os.environ.get(
     "LAKESHORE_TEST_PGDATA", str(_base / "var" / "pg-test")
 )
-
-# Metrics (lakeshore_admin/metrics.py): each pytest-xdist worker counts into a directory
-# of its own, emptied when it starts, beside this session's database (sessions running
-# at once never share one). The servers and workers a test starts inherit their test
-# process's directory, unless the test gives them one; a worker does not inherit the
-# xdist controller's (it is another worker's).
-_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-if os.environ.get("LAKESHORE_METRICS_TEST_WORKER") != _worker:
-    _pgdata = Path(os.environ["LAKESHORE_PGDATA"])
-    _metrics = _pgdata.parent / f"{_pgdata.name}.metrics" / _worker
-    shutil.rmtree(_metrics, ignore_errors=True)
-    _metrics.mkdir(parents=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(_metrics)
-    os.environ["LAKESHORE_METRICS_TEST_WORKER"] = _worker
 
 # Tests run many threads at once (claim races, live servers): a bigger pool per process,
 # still under the server's 100 connections for two xdist workers.
@@ -40,5 +25,11 @@ os.environ.setdefault("LAKESHORE_CREDENTIAL_CACHE_SECONDS", "0")
 from lakeshore_admin.settings import *  # noqa: E402,F403
 
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405 - WhiteNoise warns when absent
+
+# Metrics (lakeshore_admin/metrics.py): no flush thread and no flush at exit in the test
+# process, so that its counts reach the table only through a scrape it serves, inside
+# the test's transaction (rolled back with it). The servers a test starts flush as in
+# production, into the test's database.
+LAKESHORE_METRICS_FLUSH_THREAD = False
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests

@@ -4,7 +4,9 @@ Two kinds of figures:
 
 - What happened (invocations claimed and ended, their waits and run times, the
   controller's actions): counted by the recorder, lakeshore_admin/metrics.py, in every
-  server process; a scrape adds up every process's files.
+  server process, and added up in the database (MetricTotal). A scrape writes what its
+  own process counted since its last flush (one statement, none when nothing), then
+  reads the table (TotalsCollector: one statement, whatever the number of queues).
 - What is there now, per queue: pending, running, daemons by state, desired,
   utilization, the oldest pending invocation's age. Read from the database at scrape
   time (QueueCollector), in three statements whatever the number of queues.
@@ -14,7 +16,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import DateTimeField, Func, OuterRef, Subquery
 from django.http import HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from rest_framework.permissions import AllowAny
 from rest_framework.views import APIView
@@ -22,8 +24,9 @@ from rest_framework.views import APIView
 from accounts.permissions import ReadOrOperate
 from fleet.models import LIVE_DAEMON_STATES, DaemonState
 from jobs.models import Invocation, InvocationState
+from lakeshore_admin import metrics
 from queues import elasticity, samples
-from queues.models import EventAction, Queue, QueueEvent, QueueState
+from queues.models import EventAction, MetricTotal, Queue, QueueEvent, QueueState
 from queues.services import PENDING_CAP
 
 
@@ -164,13 +167,23 @@ class QueueCollector:
         yield from (info, pending, working, daemons, desired, utilization, age)
 
 
+class TotalsCollector:
+    """The counters and histograms: every process's totals, from the database, after
+    this process's own last counts (so a scrape shows at least everything its own
+    process counted before it)."""
+
+    def collect(self):
+        metrics.flush()
+        yield from metrics.families(MetricTotal.objects.values_list("name", "labels", "value"))
+
+
 # ---------------------------------------------------------------------------- the view
 
 
 def render() -> bytes:
     """The text of a scrape: every process's counters and histograms, and the gauges."""
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    registry.register(TotalsCollector())
     registry.register(QueueCollector())
     return generate_latest(registry)
 

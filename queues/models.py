@@ -5,6 +5,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
+from lakeshore_admin import metrics
 from lakeshore_admin.names import DEFAULT_QUEUE_LABEL, NAME_MAX_LENGTH, name_validator
 
 
@@ -257,3 +258,24 @@ class QueueSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class MetricTotal(models.Model):
+    """One figure of GET /metrics's counters and histograms, the total of every server
+    process's counts (lakeshore_admin/metrics.py adds to it, queues/metrics.py reads it).
+    A counter is one row (NAME_total); a histogram is a NAME_sum row and one NAME_bucket
+    row per bucket hit, labelled le, holding that bucket's observations alone."""
+
+    name = models.CharField(max_length=100, help_text="The sample's name, e.g. …_total.")
+    labels = models.JSONField(help_text='The sample\'s labels, e.g. {"queue": "gpu"}.')
+    value = models.FloatField(help_text="The total so far; it only grows.")
+
+    class Meta:
+        db_table = metrics.TABLE
+        constraints = [
+            # the key each flush adds to (INSERT … ON CONFLICT (name, labels))
+            models.UniqueConstraint(fields=["name", "labels"], name="metric_total_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.labels} = {self.value:g}"

@@ -371,10 +371,6 @@ class Supervisor:
         collect_static()
         tidy_broker()
         close_database()  # the children open their own
-        # GET /metrics adds up the counters every process left in this directory (even
-        # processes of an earlier run): a fresh start counts from zero, like any restart.
-        for stale in Path(settings.LAKESHORE_METRICS_DIR).glob("*.db"):
-            stale.unlink()
         if DEV:
             command = [PY, "manage.py", "runserver", f"{BIND}:{PORT}", "--insecure"]
         else:  # the production server (lakeshore_admin/gunicorn_conf.py)

@@ -124,6 +124,18 @@ def _fresh_cache():
     forget_queue_rows()
 
 
+@pytest.fixture(autouse=True)
+def _no_metrics_left_over():
+    """What a test counted and never scraped stays in this process's memory (the tests'
+    settings flush only at a scrape): forget it, so that each test's scrapes show its
+    own counts, and its database's (rolled back or emptied after each test)."""
+    from lakeshore_admin import metrics
+
+    metrics.discard()
+    yield
+    metrics.discard()
+
+
 @pytest.fixture
 def api():
     """A DRF client; log in with `api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")`."""

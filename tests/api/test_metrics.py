@@ -1,7 +1,10 @@
 """GET /metrics — Prometheus's text format: who may read it, the per-queue gauges
 against the queue's stats, and the counters and histograms against the database after
-real work. Counters live as long as the test process (the database is rolled back
-under them), so each test compares what it changed: after minus before."""
+real work. The counters' totals are rows of the test's database (MetricTotal), rolled
+back with it; the tests' settings write this process's counts only at a scrape it
+serves (no flush thread). Each test still compares what it changed: after minus before.
+Servers in processes of their own: tests/e2e/test_metrics_multiprocess.py and
+tests/e2e/test_two_servers.py."""
 
 from collections import Counter
 from datetime import timedelta
@@ -229,37 +232,53 @@ def test_the_default_queue_with_nothing_queued_is_all_zeros(viewer):
     assert gauge(samples, "lakeshore_queue_daemons", queue="", state="idle") == 0
 
 
-def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(viewer):
+def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(
+    viewer, django_capture_on_commit_callbacks
+):
     def busy_queues(names):
         """Daemons, pending and running work; every other queue with elasticity (whose
-        desired comes from its latest event, never from a per-queue plan)."""
-        for i, name in enumerate(names):
-            builders.queue(
-                name=name, elasticity_spec={"kind": "fixed", "min": 1} if i % 2 else None
-            )
-            builders.daemon(queues=[name], state=DaemonState.IDLE)
-            builders.daemon(queues=[name], state=DaemonState.BUSY)
-            services.invocation_submit(function=ECHO, queue=name)
-            services.invocation_submit(function=ECHO, queue=name)
-            protocol.invocation_claim(daemon=builders.daemon(queues=[name]))
+        desired comes from its latest event, never from a per-queue plan). Counted (the
+        claims, their waits, the controller's events), not yet written."""
+        with django_capture_on_commit_callbacks(execute=True):
+            for i, name in enumerate(names):
+                builders.queue(
+                    name=name, elasticity_spec={"kind": "fixed", "min": 1} if i % 2 else None
+                )
+                builders.daemon(queues=[name], state=DaemonState.IDLE)
+                builders.daemon(queues=[name], state=DaemonState.BUSY)
+                services.invocation_submit(function=ECHO, queue=name)
+                services.invocation_submit(function=ECHO, queue=name)
+                protocol.invocation_claim(daemon=builders.daemon(queues=[name]))
+            controller.tick()
 
-    def queries() -> tuple[int, int]:
+    def queries() -> tuple[list[str], int]:
+        with CaptureQueriesContext(connection) as rendered:
+            collector.render()  # writes what busy_queues counted, then reads
         with CaptureQueriesContext(connection) as whole:
-            assert viewer.get("/metrics").status_code == 200
-        with CaptureQueriesContext(connection) as gauges_only:
-            collector.render()
-        return len(whole), len(gauges_only)
+            assert viewer.get("/metrics").status_code == 200  # nothing left to write
+        return [query["sql"].split()[0].strip("(") for query in rendered.captured_queries], len(
+            whole
+        )
 
     viewer.get("/metrics")  # the token's first use is written down once
     busy_queues(["q-0"])
     one = queries()
     busy_queues([f"q-{i}" for i in range(1, 20)])
-    controller.tick()
     twenty = queries()
 
     assert one == twenty
-    assert one[1] == 3  # the queues, running invocations, live daemons
-    assert gauge(parse(collector.render().decode()), "lakeshore_queue_running", queue="q-19") == 1
+    # this process's counts (one INSERT), the totals, the queues, running invocations,
+    # live daemons
+    assert one[0] == ["INSERT", "SELECT", "SELECT", "SELECT", "SELECT"]
+    samples = parse(collector.render().decode())
+    assert gauge(samples, "lakeshore_queue_running", queue="q-19") == 1
+    for i in range(20):
+        assert value(samples, CLAIMED, queue=f"q-{i}") == 1
+        assert value(samples, WAITS, queue=f"q-{i}") == 1
+    written = Counter(QueueEvent.objects.values_list("queue__name", "action"))
+    assert len(written) == 9  # the queues with elasticity (every other one after q-0)
+    for (queue, action), n in written.items():
+        assert value(samples, ACTIONS, queue=queue, action=action) == n, (queue, action)
 
 
 # ---------------------------------------------------------------------------- counters

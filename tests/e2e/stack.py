@@ -33,7 +33,6 @@ def environment(tmp_path: Path, *, broker: str, tick_seconds: int, port: int) ->
         "LAKESHORE_BROKER_URL": broker,
         "LAKESHORE_TICK_SECONDS": str(tick_seconds),
         "LAKESHORE_PUBLIC_URL": f"http://127.0.0.1:{port}",
-        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
         "PORT": str(port),
         "PYTHONWARNINGS": "ignore",
     }
@@ -61,7 +60,6 @@ def _stop_tree(proc: subprocess.Popen) -> None:
 def running(tmp_path: Path, *, broker: str = "filesystem://", tick_seconds: int = 3600):
     """Yields (base URL, the worker's log path) once gunicorn answers and the worker is
     ready; stops both, and the daemons the worker started, at the end."""
-    (tmp_path / "metrics").mkdir(exist_ok=True)
     env = environment(tmp_path, broker=broker, tick_seconds=tick_seconds, port=free_port())
     log_path = tmp_path / "celery.log"
     with gunicorn(tmp_path, env, ready="/readyz") as (base, _):

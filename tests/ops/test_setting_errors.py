@@ -26,7 +26,7 @@ RAW = re.compile(
 )
 # Read raw on purpose: not settings (where a process finds its settings, or a value
 # written for the processes it starts).
-RAW_ALLOWED = {"DJANGO_SETTINGS_MODULE", "PROMETHEUS_MULTIPROC_DIR", "LAKESHORE_PUBLIC_URL", "PATH"}
+RAW_ALLOWED = {"DJANGO_SETTINGS_MODULE", "LAKESHORE_PUBLIC_URL", "PATH"}
 BAD = {
     "number": "abc",
     "bool": "maybe",
@@ -40,7 +40,6 @@ BAD_TEXT = {
     "LAKESHORE_PGDATA": "/proc/lakeshore/pg",
     "CSRF_TRUSTED_ORIGINS": "admin.example.com",
     "LAKESHORE_PUBLIC_URL": "127.0.0.1:8080",
-    "PROMETHEUS_MULTIPROC_DIR": "/proc/lakeshore-metrics",
 }
 FREE_TEXT = {
     "DJANGO_SECRET_KEY": "any text is a key",
