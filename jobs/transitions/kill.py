@@ -51,23 +51,24 @@ BULK_BATCH = 5_000
 
 # One batch of a bulk-cancel: the next `batch` queued ids after `after` (keyset: each
 # batch starts where the last one ended, so none re-reads what earlier ones killed),
-# killed in one statement that answers how many ids it read, the last of them, and how
-# many it killed in each queue (for the metrics): a few rows, not one per invocation.
-# The ids are read without a lock. The UPDATE locks each row as it kills it; a row a
-# claim in flight has locked makes it wait for that claim's commit, and then it is
-# killed only if it is still queued (its WHERE clause is checked again on the row as
-# the claim left it). So work a claim took runs and is not killed, and candidates a
-# claim locked but did not take (past its size bound, or a claim that rolled back) are
-# killed, not left queued. Claims skip locked rows (SKIP LOCKED) and never wait for
-# invocation rows, so a batch waiting for a claim cannot deadlock with it; two
-# bulk-cancels lock in the same order (ascending ids), the second then finding the rows
-# killed. A batch holds at most `batch` row locks, for the time its statement takes
-# (about 50 ms for 5,000 rows), and commits before the next starts.
+# locked in id order and killed in one statement that answers how many ids it took, the
+# last of them, and how many it killed in each queue (for the metrics): a few rows, not
+# one per invocation.
+# A row a claim in flight has locked makes the batch wait for that claim's commit; the
+# row is then read again as the claim left it, and taken only if still queued. So work
+# a claim took runs and is not killed, and candidates a claim locked but did not take
+# (past its size bound, or a claim that rolled back) are killed, not left queued.
+# Claims skip locked rows (SKIP LOCKED) and never wait for invocation rows, so a batch
+# cannot deadlock with a claim; bulk-cancels and queue removal all lock queued rows in
+# ascending id order, so they cannot deadlock with each other. A batch holds at most
+# `batch` row locks, for the time its statement takes (about 50 ms for 5,000 rows, plus
+# any wait for a claim's commit), and commits before the next starts.
 _BATCH_SQL = """
 WITH batch AS MATERIALIZED (
     SELECT ARRAY(SELECT id FROM jobs_invocation
                   WHERE state = %(queued)s {where} AND id > %(after)s
-                  ORDER BY id LIMIT %(batch)s) AS ids
+                  ORDER BY id LIMIT %(batch)s
+                    FOR NO KEY UPDATE) AS ids
 ), killed AS (
     UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
            finished_at = now(), scheduled_at = NULL
@@ -99,11 +100,15 @@ def kill_queued_in_batches(*, queue: str | None, reason: str, batch: int = BULK_
 
 
 def kill_queued_of_queue(*, queue: str, reason: str) -> int:
-    """queued → killed for one queue, inside the caller's transaction (queue removal)."""
+    """queued → killed for one queue, inside the caller's transaction (queue removal).
+    Its rows are locked in id order, as a bulk-cancel's batches lock them."""
     killed = rowcount(
         """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
                   finished_at = now(), scheduled_at = NULL
-            WHERE queue = %(queue)s AND state = %(queued)s""",
+            WHERE id = ANY(ARRAY(SELECT id FROM jobs_invocation
+                                  WHERE queue = %(queue)s AND state = %(queued)s
+                                  ORDER BY id FOR NO KEY UPDATE))
+              AND state = %(queued)s""",
         {"queue": queue, "reason": reason},
     )
     metrics.killed_queued([(queue, killed)])

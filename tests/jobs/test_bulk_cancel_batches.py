@@ -146,14 +146,15 @@ def test_a_claim_between_batches_runs_what_it_took_and_the_rest_is_cancelled(mon
     assert cancelled == 8 == sum(n for _, n in counted)
 
 
-def _waiting_on_a_lock() -> bool:
+def _waiting_on_a_lock() -> int:
+    """How many statements on invocations wait for a lock now."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
             "AND query LIKE %s",
             ["%UPDATE jobs_invocation%"],
         )
-        return cursor.fetchone()[0] > 0
+        return cursor.fetchone()[0]
 
 
 def _until(condition, timeout: float = 30) -> None:
@@ -205,3 +206,47 @@ def test_a_batch_waits_for_a_claim_in_flight_and_then_kills_only_what_it_left(cl
     else:
         assert cancel["value"] == 6
         assert [states[pk] for pk in ids] == ["killed"] * 6
+
+
+def test_a_bulk_cancel_and_a_queue_removal_lock_in_one_order_and_never_deadlock():
+    """A batch holds its first rows and waits for one a third transaction holds; a
+    queue removal then comes to the same rows, which a sequential read meets out of id
+    order (the first three were rewritten, so they sit after the others). Locked in
+    that order the removal would hold the last three while waiting for the batch's
+    first, and the batch would wait for them: a deadlock. Both lock in id order whatever
+    the plan, so the removal waits holding nothing, and the batch kills all six."""
+    builders.queue(name="w")
+    ids = _backlog("w", 6)
+    Invocation.objects.filter(pk__in=ids[:3]).update(priority=1)  # now after the others
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_second():
+        with transaction.atomic():
+            Invocation.objects.select_for_update().get(pk=ids[1])
+            holding.set()
+            assert release.wait(30)
+
+    def remove():
+        with transaction.atomic():
+            with connection.cursor() as cursor:  # a big backlog's plan: read in heap order
+                cursor.execute("SET LOCAL enable_indexscan = off")
+                cursor.execute("SET LOCAL enable_bitmapscan = off")
+            return kill.kill_queued_of_queue(queue="w", reason="queue removed")
+
+    holder, _ = _in_a_thread(hold_the_second)
+    assert holding.wait(30)
+    canceller, cancel = _in_a_thread(
+        lambda: kill.kill_queued_in_batches(queue="w", reason="bulk", batch=6)
+    )
+    try:
+        _until(lambda: _waiting_on_a_lock() >= 1)  # the batch, on the second row
+        remover, removal = _in_a_thread(remove)
+        _until(lambda: _waiting_on_a_lock() >= 2)  # the removal too
+    finally:
+        release.set()
+        holder.join(30)
+    canceller.join(30)
+    remover.join(30)
+    assert "error" not in cancel and "error" not in removal, (cancel, removal)
+    assert (cancel["value"], removal["value"]) == (6, 0)
+    assert set(Invocation.objects.values_list("state", "reason")) == {("killed", "bulk")}
