@@ -45,9 +45,9 @@ def test_it_cancels_everything_queued_in_batches():
 @pytest.mark.parametrize(("backlog", "batches"), [(3, 1), (9, 3), (20, 6), (41, 11)])
 def test_one_statement_a_batch_whatever_the_backlog(backlog, batches):
     """The statements a bulk-cancel sends grow with the number of batches only (one
-    each, in its transaction), never with the rows: the counts per queue come back from the
-    statement, not as a row per invocation. A backlog that fills its last batch exactly
-    (20 in batches of 4) takes one more, empty, batch to know it is done."""
+    each, in its own transaction), never with the rows: the counts per queue come back
+    from the statement, not as a row per invocation. A backlog that fills its last
+    batch exactly (20 in batches of 4) takes one more, empty, batch to know it is done."""
     builders.queue(name="w")
     _backlog("w", backlog)
     with CaptureQueriesContext(connection) as ctx:
