@@ -153,7 +153,13 @@ class Invocation(models.Model):
             # lists, newest first, by each filter
             models.Index(fields=["state", "-id"], name="inv_state_id"),
             models.Index(fields=["queue", "-id"], name="inv_queue_id"),
-            models.Index(fields=["daemon", "-id"], name="inv_daemon_id"),
+            # Rows that never reached a daemon (queued, killed while queued: most of a
+            # bulk-cancel) have none and are not in it: a lookup by daemon names one.
+            models.Index(
+                fields=["daemon", "-id"],
+                name="inv_daemon_id",
+                condition=Q(daemon__isnull=False),
+            ),
             # what each daemon runs now (heartbeat, orphan rescue, busy/idle)
             models.Index(
                 fields=["daemon"],
@@ -163,11 +169,12 @@ class Invocation(models.Model):
             models.Index(
                 fields=["retry_of"], name="inv_retry_of", condition=Q(retry_of__isnull=False)
             ),
-            # what each queue finished lately (ETA, failures in the last 24 h)
+            # what each queue finished lately (ETA, failures in the last 24 h); not
+            # what was killed, so a bulk-cancel writes no entry here
             models.Index(
                 fields=["queue", "finished_at"],
                 name="inv_finished",
-                condition=Q(finished_at__isnull=False),
+                condition=Q(finished_at__isnull=False) & ~Q(state=InvocationState.KILLED),
             ),
         ]
         constraints = [

@@ -428,16 +428,17 @@ ETA_SAMPLE = 5_000  # finishes read at most for a queue's pace
 
 def queue_eta(invocation: Invocation, position: dict | None) -> dict | None:
     """When a queued invocation may start, from how many are ahead of it and how fast
-    its queue finished work lately: over the last ETA_WINDOW_SECONDS, or over its last
-    ETA_SAMPLE finishes if more came in that window (so a busy queue's page reads at
-    most that many index entries). {"seconds", "rate_per_minute"}, or None when nothing
-    finished lately (no rate to go by) or it is not queued."""
+    its queue finished work lately (kills aside: a bulk-cancel is no pace): over the
+    last ETA_WINDOW_SECONDS, or over its last ETA_SAMPLE finishes if more came in that
+    window (so a busy queue's page reads at most that many index entries). {"seconds",
+    "rate_per_minute"}, or None when nothing finished lately (no rate to go by) or it
+    is not queued."""
     if position is None:
         return None
     now = timezone.now()
-    recent = Invocation.objects.filter(
-        queue=invocation.queue, finished_at__gte=now - timedelta(seconds=ETA_WINDOW_SECONDS)
-    ).order_by("-finished_at")
+    window = now - timedelta(seconds=ETA_WINDOW_SECONDS)
+    recent = Invocation.objects.filter(queue=invocation.queue, finished_at__gte=window)
+    recent = recent.exclude(state=Q_.KILLED).order_by("-finished_at")  # as inv_finished
     oldest_of_sample = recent.values_list("finished_at", flat=True)[ETA_SAMPLE - 1 : ETA_SAMPLE]
     if oldest_of_sample:
         span = max((now - oldest_of_sample[0]).total_seconds(), 0.001)

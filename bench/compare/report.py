@@ -39,6 +39,8 @@ class Target:
     # With against=None, a bound on Lakeshore's figure: at most `goal` (at least, when
     # `higher`).
     higher: bool = False
+    # A bound on Lakeshore's figure over raw SQL's in the same row: at most `goal` times.
+    over_raw: bool = False
 
 
 TARGETS = (
@@ -64,6 +66,7 @@ TARGETS = (
     Target("two-server wake-up p99 ≤ 100 ms", "two-server-p99", 100.0),
     Target("controller tick over 1,000 queues × 10,000 daemons ≤ 1 s", "tick-1000", 1.0),
     Target("controller tick over 10,000 queues × 100,000 daemons ≤ 10 s", "tick-10000", 10.0),
+    Target("bulk-cancel 100,000 queued ≤ 1.5× the raw UPDATE", "bulk-cancel", 1.5, over_raw=True),
 )
 
 
@@ -128,6 +131,13 @@ def targets(sections: list[SectionResult]) -> list[str]:
 
 def _judge(target: Target, result: RowResult, results: list[RowResult]) -> str:
     value = result.median(LAKESHORE)
+    if target.over_raw:
+        ratio = result.ratio(LAKESHORE, RAW)
+        if ratio is None:
+            return "— | not measured"
+        why = result.row.why() if ratio > target.goal and result.row.why else ""
+        verdict = "met" if ratio <= target.goal else f"not met{': ' + why if why else ''}"
+        return f"{times(ratio)} | {verdict}"
     if target.against is None:  # an absolute bound
         if value is None:
             return "— | not measured"
@@ -240,6 +250,18 @@ PROFILED = [
     "once and each exchange carries every outcome of its round trip (290 → 520–860 jobs/s, "
     "half the server CPU a job). Two claims in flight, each for the free slots, was tried "
     "first and split the batches (80 jobs/s).",
+    "- **Bulk-cancel** (100,000 queued; database CPU from /proc, WAL from the LSN): each "
+    "batch of 5,000 read the queued rows again from the first id, through every row the "
+    "batches before it had killed (950,000 dead rows filtered in all), and shipped a row "
+    "a job back to Python to count the queues: 1.4–1.5 s of database CPU against 0.85 s "
+    "for one UPDATE. A batch now starts after the last id of the one before and answers "
+    "its counts per queue from SQL (0.9 s). A killed row entered five indexes; "
+    "inv_daemon_id now leaves out rows with no daemon and inv_finished killed rows, so it "
+    "enters three (0.71 s, WAL 66 → 51 MB; 0.72 s and 56 MB with each batch's rows locked "
+    "in id order first, so it cannot deadlock). Raw SQL's table has one index and a narrower "
+    "row: one UPDATE of the same rows on Lakeshore's table is the floor (the note under "
+    "the table), and the bulk-cancel runs at 1.2–1.3× it; 5.3× → 2.9× raw SQL in "
+    "alternating runs. Batches of 2,000 to 25,000 cost the same.",
 ]
 
 
