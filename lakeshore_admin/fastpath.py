@@ -135,10 +135,9 @@ class LeanRequest:
     """What the answer functions, permission classes and the audit trail read of a
     request: its user, method, path and headers."""
 
-    method = "POST"
-
     def __init__(self, environ, user, token):
         self.environ = environ
+        self.method = environ.get("REQUEST_METHOD", "POST")  # GET: the ASGI doors' reads
         self.path = environ.get("PATH_INFO", "")
         self.user = user
         self.auth = token
