@@ -33,7 +33,8 @@ EACH = 80  # awaits, and as many streams; half as many follows
 WAIT = 4.0  # seconds each waits (a stream: its silence)
 THREADS = 8  # LAKESHORE_WEB_THREADS: 4 waits a process on the threaded server
 P = "/v1/namespaces/default/producer"
-MSGPACK = {"Content-Type": "application/x-msgpack"}
+MSGPACK = {"Content-Type": "application/x-msgpack"}  # what the SDK sends, a GET too
+CLI = {"Accept": "application/json"}
 
 
 def _server_environment(tmp_path) -> dict:
@@ -73,7 +74,8 @@ async def _requests(base: str, token: str, ids: list[int], server: psutil.Proces
         async def followed(pk: int):
             started = time.monotonic()
             path = f"/api/v1/jobs/{pk}/logs/"
-            response = await client.get(path, params={"follow": 1, "wait": WAIT})
+            params = {"follow": 1, "wait": WAIT}  # as `lakeshore jobs logs --follow` asks
+            response = await client.get(path, params=params, headers=CLI)
             return response, time.monotonic() - started
 
         awaits = [asyncio.create_task(awaited(pk)) for pk in ids]
