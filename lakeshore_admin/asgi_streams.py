@@ -91,8 +91,10 @@ def _media(environ) -> str:
 async def await_door(app, scope, receive, send, *, namespace):
     environ = build_environ(scope, io.BytesIO())
     lean = app.lean
-    if lean.headers_allow(environ, MEDIA_TYPE) is None:
+    allowed = lean.headers_allow(environ, MEDIA_TYPE)
+    if allowed is None:
         return await _full_stack(app, scope, receive, send)
+    secure = lean.secure_headers(allowed[1])
     request = await app.run(None, lean.admit_to, environ, ProducerAwait)
     if request is None:  # refused: the full stack answers, and says why (body unread)
         return await _full_stack(app, scope, receive, send)
@@ -115,11 +117,12 @@ async def await_door(app, scope, receive, send, *, namespace):
         response = await run(_sdk_error, exc, request)
         headers = [*response.items(), ("Content-Length", str(len(response.content)))]
         await _finished(app)
-        allowed = [("Allow", allow(ProducerAwait))] if response.status_code != 500 else []
+        if response.status_code != 500:  # Django's own 500 comes without DRF's Allow
+            headers.append(("Allow", allow(ProducerAwait)))
         return await respond(
             send,
             response.status_code,
-            [*headers, *allowed, *lean.static_headers()],
+            [*headers, *lean.static_headers(), *secure],
             response.content,
         )
     await _finished(app)
@@ -129,6 +132,7 @@ async def await_door(app, scope, receive, send, *, namespace):
         ("Content-Length", str(len(content))),
         *lean.static_headers(),
         ("Allow", allow(ProducerAwait)),
+        *secure,
     ]
     await respond(send, 200, headers, content)
 
@@ -160,7 +164,8 @@ def _sdk_error(exc, request):
 async def stream_door(app, scope, receive, send, *, namespace, stream):
     environ = build_environ(scope, io.BytesIO())
     lean = app.lean
-    if lean.headers_allow(environ, _media(environ)) is None:
+    allowed = lean.headers_allow(environ, _media(environ))
+    if allowed is None:
         return await _full_stack(app, scope, receive, send)
     request = await app.run(None, lean.admit_to, environ, ProducerResultStream)
     if request is None:
@@ -171,25 +176,25 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
     run = functools.partial(app.run, request)
     steps = None
     try:
-        try:
-            sdk.check_namespace(namespace)
-            since = _since(environ)
-            if len(stream) > 200:
-                raise ValueError("the view refuses it")
-            steps = sdk.frame_steps(stream, since)
-            got = await run(_next, steps)
-        except Exception:  # noqa: BLE001 - the full stack answers it as it always has
-            if steps is not None:
-                await run(steps.close)
-            steps = None
-            await _finished(app)
-            return await _full_stack(app, scope, receive, send)
-        await respond_stream(send, _stream_headers(lean), _chunks(got, steps, run, receive))
-    finally:
+        sdk.check_namespace(namespace)
+        since = _since(environ)
+        if len(stream) > 200:
+            raise ValueError("the view refuses it")
+        steps = sdk.frame_steps(stream, since)
+        got = await run(_next, steps)
+    except Exception:  # noqa: BLE001 - the full stack answers it as it always has
         waits.parked.release()
         if steps is not None:
             await run(steps.close)
-            await _finished(app)
+        await _finished(app)
+        return await _full_stack(app, scope, receive, send)
+    try:
+        headers = [*_stream_headers(lean), *lean.secure_headers(allowed[1])]
+        await respond_stream(send, headers, _chunks(got, steps, run, receive))
+    finally:
+        waits.parked.release()
+        await run(steps.close)
+        await _finished(app)
 
 
 def _since(environ) -> int:

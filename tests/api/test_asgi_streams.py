@@ -26,13 +26,13 @@ MSGPACK = "application/x-msgpack"
 P = "/v1/namespaces/default/producer"
 
 
-def _scope(method, path, query: str, headers: dict):
+def _scope(method, path, query: str, headers: dict, scheme: str = "http"):
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
         "method": method,
-        "scheme": "http",
+        "scheme": scheme,
         "path": path,
         "raw_path": path.encode(),
         "query_string": query.encode(),
@@ -53,7 +53,9 @@ def _headers(token, raw: bytes, content_type) -> dict:
     return headers
 
 
-async def _door(app, method, path, query, headers, raw, *, gone_after=None, meanwhile=()):
+async def _door(
+    app, method, path, query, headers, raw, *, gone_after=None, meanwhile=(), scheme="http"
+):
     """Run one request through the ASGI app: the messages it sent. `gone_after`: the
     client disconnects after so many seconds; `meanwhile`: (seconds, fn) run in a thread
     of their own while the request is served."""
@@ -75,7 +77,7 @@ async def _door(app, method, path, query, headers, raw, *, gone_after=None, mean
         await loop.run_in_executor(None, _closing_connection(fn))
 
     helpers = [asyncio.ensure_future(later(s, fn)) for s, fn in meanwhile]
-    await app(_scope(method, path, query, headers), receive, send)
+    await app(_scope(method, path, query, headers, scheme), receive, send)
     await asyncio.gather(*helpers)
     return sent
 
@@ -102,7 +104,7 @@ def asgi_call(app, method, path, *, token, query="", raw=b"", content_type=MSGPA
     return start["status"], headers, body, sent
 
 
-def wsgi_call(app, method, path, *, token, query="", raw=b"", content_type=MSGPACK):
+def wsgi_call(app, method, path, *, token, query="", raw=b"", content_type=MSGPACK, scheme="http"):
     environ = {
         "REQUEST_METHOD": method,
         "PATH_INFO": path,
@@ -111,7 +113,7 @@ def wsgi_call(app, method, path, *, token, query="", raw=b"", content_type=MSGPA
         "SERVER_PORT": "80",
         "HTTP_HOST": "localhost",
         "REMOTE_ADDR": "127.0.0.1",
-        "wsgi.url_scheme": "http",
+        "wsgi.url_scheme": scheme,
         "wsgi.input": io.BytesIO(raw),
         "HTTP_AUTHORIZATION": f"Bearer {token}",
     }
@@ -429,3 +431,23 @@ def test_many_parked_waits_hold_no_thread(world):
         next(m for _, m in sent if m["type"] == "http.response.start")["status"] for sent in answers
     ]
     assert statuses == [200] * 80
+
+
+@pytest.fixture
+def hsts(settings):
+    """Before `world`: Django's SecurityMiddleware reads it when the stack is built."""
+    settings.SECURE_HSTS_SECONDS = 3600
+
+
+def test_over_https_the_doors_add_hsts_as_the_full_stack_does(hsts, world):
+    job = _sdk_job()
+    sdk.insert_frame(str(job.pk), 0, _frame(0, "a"), True)
+    raw = msgpack.packb({"invocation_id": str(job.pk), "timeout_s": 0})
+    for method, path, kw in (
+        ("POST", f"{P}/await", {"raw": raw}),
+        ("GET", f"{P}/invocations/{job.pk}/result/stream", {}),
+        ("GET", _logs_path(job.pk), {"query": "follow=1&wait=0", "content_type": ""}),
+    ):
+        door, full, took = _both(world, method, path, scheme="https", **kw)
+        assert took and door == full and door[0] == 200, path
+        assert door[1]["Strict-Transport-Security"] == "max-age=3600", path
