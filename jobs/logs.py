@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs import services, waits
+from jobs import services, waits, wakeup
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
 from lakeshore_admin.errors import Invalid, NotFound
 
@@ -232,7 +232,16 @@ def _cut_tail(log: JobLog, half: int) -> None:
 # ---------------------------------------------------------------------------- reading
 
 
-def read(
+def read(invocation_id, **query) -> dict:
+    """Lines of one attempt (the latest by default) from line `offset` on (or the last
+    `tail`), of one stream and from a time if asked. With follow, a read that finds no
+    new line sleeps until one comes, the attempt ends, or `wait` seconds pass. A caller
+    that has the invocation's row already passes it (`invocation`). read_steps' keywords;
+    its waits sleep in this thread, with a slot of jobs/waits.py."""
+    return waits.drive(read_steps(invocation_id, **query))
+
+
+def read_steps(
     invocation_id,
     *,
     attempt: int | None = None,
@@ -244,11 +253,10 @@ def read(
     follow: bool = False,
     wait: float = FOLLOW_MAX_SECONDS,
     invocation: Invocation | None = None,
-) -> dict:
-    """Lines of one attempt (the latest by default) from line `offset` on (or the last
-    `tail`), of one stream and from a time if asked. With follow, a read that finds no
-    new line sleeps until one comes, the attempt ends, or `wait` seconds pass. A caller
-    that has the invocation's row already passes it (`invocation`)."""
+) -> waits.Steps:
+    """read as steps (jobs/waits.py): a follow that finds no new line yields a Wait of a
+    growing pause (50 ms to 500 ms) between looks (nothing notifies a line), and stops
+    waiting when a wait is refused or the server is stopping."""
     invocation = invocation or services.invocation_get(invocation_id, fields=_READ_FIELDS)
     attempt = _attempt(invocation, attempt)
     log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
@@ -257,9 +265,7 @@ def read(
     answer = _page(invocation, attempt, log, offset, limit, stream, since)
     if follow and not answer["lines"] and not answer["finished"]:
         deadline = time.monotonic() + min(wait, FOLLOW_MAX_SECONDS)
-        with waits.slots.admit() as admitted:
-            if admitted:
-                _sleep_until_more(invocation.pk, attempt, answer["next_offset"], deadline)
+        yield from _until_more(invocation.pk, attempt, answer["next_offset"], deadline)
         invocation.refresh_from_db(fields=["state", "attempts"])
         log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
         answer = _page(invocation, attempt, log, answer["next_offset"], limit, stream, since)
@@ -289,14 +295,16 @@ def attempt_over(invocation: Invocation, attempt: int) -> bool:
     return not (invocation.state == InvocationState.RUNNING and attempt == invocation.attempts)
 
 
-def _sleep_until_more(pk: int, attempt: int, offset: int, deadline: float) -> None:
+def _until_more(pk: int, attempt: int, offset: int, deadline: float) -> waits.Steps:
     """Until the log has a line past `offset` or the attempt is over; no database
-    connection held while asleep."""
+    connection held while waiting."""
     pause = 0.05
     while (left := deadline - time.monotonic()) > 0:
         if not connection.in_atomic_block:
             connection.close()
-        time.sleep(min(pause, left))
+        woken = yield waits.Wait([], (), min(pause, left))
+        if woken is None or wakeup.listener.closing:
+            return
         pause = min(pause * 1.5, 0.5)
         lines = (
             JobLog.objects.filter(invocation_id=pk, attempt=attempt)

@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection
 from django.db.models import BinaryField, F, Func
 from django.db.models.functions import Substr
 
-from jobs import services, waits
+from jobs import services, waits, wakeup
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
 from lakeshore import sdk_job
 from lakeshore_admin.errors import Busy, Invalid, NotFound, TooLarge
@@ -234,22 +234,29 @@ def await_result(body: dict) -> dict:
     """POST …/producer/await: the invocation's state once it is terminal, or when
     `timeout_s` (at most AWAIT_MAX_SECONDS) passes first. A wait refused a slot
     (jobs/waits.py) answers the current state at once: the SDK asks again."""
+    return waits.drive(await_steps(body))
+
+
+def await_steps(body: dict) -> waits.Steps:
+    """await_result as steps (jobs/waits.py): it looks at the invocation, and yields a
+    Wait of a growing pause (20 ms to 250 ms) between looks; nothing notifies an
+    invocation's end, so each pause runs out. A wait refused (None), or a server that
+    is stopping, answers the state last read."""
     pk = read_invocation_id(body.get("invocation_id"))
     wait = read_number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
     deadline = time.monotonic() + min(wait, AWAIT_MAX_SECONDS)
     row = _await_row(pk)
-    if row["state"] in TERMINAL_STATES or time.monotonic() >= deadline:
-        return _await_answer(row)
     pause = 0.02
-    with waits.slots.admit() as admitted:
-        while admitted and row["state"] not in TERMINAL_STATES:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            _release_connection()
-            time.sleep(min(pause, left))
-            pause = min(pause * 1.5, 0.25)
-            row = _await_row(pk)
+    while row["state"] not in TERMINAL_STATES:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        _release_connection()
+        woken = yield waits.Wait([], (), min(pause, left))
+        if woken is None or wakeup.listener.closing:
+            break
+        pause = min(pause * 1.5, 0.25)
+        row = _await_row(pk)
     return _await_answer(row)
 
 
@@ -359,9 +366,26 @@ def _over(stream: str) -> bool:
 
 def frames(stream: str, since: int):
     """GET …/invocations/<id>/result/stream: the stored frames after `since`, then
-    live ones, as bytes. Ends after a final frame, once the invocation is terminal
-    with nothing newer, or after LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame
-    (a topic that nobody posts to). Holds no database connection between looks."""
+    live ones, as bytes, one frame at a time (frame_steps, asleep in this thread
+    between looks)."""
+    steps = frame_steps(stream, since)
+    try:
+        for step in steps:
+            if isinstance(step, waits.Wait):
+                time.sleep(step.seconds)
+            else:
+                yield from step
+    finally:
+        steps.close()
+
+
+def frame_steps(stream: str, since: int):
+    """The stream as steps: it yields the frames of each read (a list of bytes, at
+    most LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame), or a Wait of a growing
+    pause (20 ms to 200 ms) between looks that found nothing. Ends after a final
+    frame, once the invocation is terminal with nothing newer, or after
+    LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame (a topic that nobody posts to).
+    Holds no database connection between looks."""
     cursor = since
     idle_limit = float(settings.LAKESHORE_SDK_STREAM_IDLE_SECONDS)
     quiet_since = time.monotonic()
@@ -370,12 +394,14 @@ def frames(stream: str, since: int):
     try:
         while True:
             rows = _next_frames(stream, cursor)
-            for seq, data, final in rows:
-                yield bytes(data)
-                cursor = seq
-                if final:
-                    return
             if rows:
+                ended = next((i for i, row in enumerate(rows) if row[2]), None)
+                if ended is not None:
+                    rows = rows[: ended + 1]  # nothing after a final frame
+                cursor = rows[-1][0]
+                yield [bytes(data) for _, data, _ in rows]
+                if ended is not None:
+                    return
                 quiet_since, pause = time.monotonic(), 0.02
                 continue
             if pk is not None:
@@ -388,7 +414,7 @@ def frames(stream: str, since: int):
             if time.monotonic() - quiet_since >= idle_limit:
                 return
             _release_connection()
-            time.sleep(pause)
+            yield waits.Wait([], (), pause)
             pause = min(pause * 1.5, 0.2)
     finally:
         _release_connection()

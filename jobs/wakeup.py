@@ -185,6 +185,12 @@ class Listener:
             soonest = min(soonest, max(0.01, every - (now - last)))
         return soonest
 
+    @property
+    def closing(self) -> bool:
+        """close_waits was called: the server is stopping (a wait that looks again on a
+        timer, the SDK's await and stream, stops rather than wait again)."""
+        return self._closing
+
     def _wake_parked(self, waiters, value: bool) -> None:
         """Settle coroutines' futures from this (any) thread. Under self._cond."""
         for loop, future in list(waiters):

@@ -39,6 +39,7 @@ from accounts import audit
 from fleet.api import protocol
 from jobs import waits, wakeup
 from lakeshore_admin import asgi_sdk as sdk_door
+from lakeshore_admin import asgi_streams as streams_door
 from lakeshore_admin.asgi_io import (
     Disconnected,
     coroutine,
@@ -77,6 +78,8 @@ class Application:
                 environ = build_environ(scope, io.BytesIO())
                 if self.lean.headers_allow(environ, MEDIA_TYPE) is not None:
                     return await sdk_door.poll(self, environ, scope, receive, send)
+        if scope["type"] == "http" and (door := streams_door.door_for(scope)) is not None:
+            return await door(self, scope, receive, send)  # the SDK's await and stream, a follow
         return await self.wsgi(scope, coroutine(receive), send)
 
     async def run(self, request, fn, *args):

@@ -135,10 +135,9 @@ class LeanRequest:
     """What the answer functions, permission classes and the audit trail read of a
     request: its user, method, path and headers."""
 
-    method = "POST"
-
     def __init__(self, environ, user, token):
         self.environ = environ
+        self.method = environ.get("REQUEST_METHOD", "POST")  # GET: the ASGI doors' reads
         self.path = environ.get("PATH_INFO", "")
         self.user = user
         self.auth = token
@@ -300,9 +299,13 @@ class LeanPath:
             *self.static_headers(),
             *extra,
         ]
+        return status, [*headers, *self.secure_headers(secure)], body
+
+    def secure_headers(self, secure: bool) -> list[tuple[str, str]]:
+        """What SecurityMiddleware adds to an answer over HTTPS: HSTS, if configured."""
         if secure and settings.SECURE_HSTS_SECONDS:
-            headers.append(("Strict-Transport-Security", _hsts()))
-        return status, headers, body
+            return [("Strict-Transport-Security", _hsts())]
+        return []
 
     def error(self, exc, request):
         if isinstance(exc, DjangoValidationError):

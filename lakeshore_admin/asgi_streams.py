@@ -1,0 +1,327 @@
+"""The ASGI server's doors (lakeshore_admin/asgi.py) for the other requests that wait:
+the SDK's await and result stream, and a job log's follow. Each runs as steps
+(jobs/waits.py): each step in a worker thread (they touch the database), each wait a
+coroutine on the event loop, holding no thread.
+
+    POST /v1/namespaces/<ns>/producer/await                           jobs/sdk.await_steps
+    GET  /v1/namespaces/<ns>/producer/invocations/<id>/result/stream  jobs/sdk.frame_steps
+    GET  /api/v1/jobs/<id>/logs/?follow=…                            jobs/logs.read_steps
+
+A door takes a request only when the lean path's checks of the request line and
+headers pass (lakeshore_admin/fastpath.py), and its bearer token authenticates with the
+view's role, before a byte of the body is read; a log read also only when its answer is
+plain JSON (no `format`, an Accept that JSONRenderer answers as it is). Then it reads
+and parses the body and the query and runs the first step; if any of that fails, the
+whole request goes to the full stack (its body given again), which answers as it always
+has: the errors, a bad `since`, an unknown invocation.
+
+Nothing notifies an invocation's end, a frame or a log line, so these waits are timed
+pauses between looks (20 ms growing to 250 ms, 200 ms and 500 ms): each look is one
+step in a worker thread, held only for its queries. A stopping server (asgi.py ends
+every wait) answers an await or a follow with what it last read, and cuts a stream
+short (the SDK raises rather than take the stream for complete).
+
+The result stream is sent as it is read: each read of frames (at most
+LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame) one `http.response.body` with
+`more_body`, sent only as fast as the client takes it, so a stream holds at most one
+read in memory. It ends as the thread path's ends (a final frame, its invocation ended,
+LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame), or when the client goes. An open
+stream counts as one of LAKESHORE_MAX_PARKED the whole time it is open; with none left,
+it goes to the full stack (a thread, within LAKESHORE_MAX_WAITS, or 503 `busy`). An
+await's and a follow's waits are counted as a claim's are (waits.drive_async)."""
+
+import asyncio
+import contextlib
+import functools
+import io
+import re
+
+from a2wsgi.wsgi import build_environ
+from django.core import signals
+from django.core.handlers.wsgi import get_str_from_wsgi
+from django.http import HttpHeaders, QueryDict
+from rest_framework.renderers import JSONRenderer
+
+from jobs import logs, sdk, waits, wakeup
+from jobs.api import serializers
+from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultStream
+from jobs.api.views import JobLogs
+from lakeshore_admin.api_errors import exception_handler as api_exception_handler
+from lakeshore_admin.api_errors import sdk_answer, sdk_error
+from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
+from lakeshore_admin.fastpath import allow
+from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackParser, MsgPackRenderer
+
+AWAIT = re.compile(r"^/v1/namespaces/([^/]+)/producer/await$")
+STREAM = re.compile(r"^/v1/namespaces/([^/]+)/producer/invocations/([^/]+)/result/stream$")
+LOGS = re.compile(r"^/api/v1/jobs/([^/]+)/logs/$")
+JSON_ACCEPTS = {"", "*/*", "application/*", "application/json"}
+
+
+def door_for(scope):
+    """The door that takes this request (a coroutine function), or None."""
+    method, path = scope["method"], scope["path"]
+    if method == "POST" and (found := AWAIT.match(path)):
+        return functools.partial(await_door, namespace=found.group(1))
+    if method == "GET" and (found := STREAM.match(path)):
+        return functools.partial(stream_door, namespace=found.group(1), stream=found.group(2))
+    if method == "GET" and (found := LOGS.match(path)):
+        return functools.partial(follow_door, invocation_id=found.group(1))
+    return None
+
+
+async def _full_stack(app, scope, receive, send, body: bytes | None = None):
+    """The WSGI application answers (the body, if one was read, given again)."""
+    given = coroutine(receive) if body is None else replay(body, receive)
+    return await app.wsgi(scope, given, send)
+
+
+async def _finished(app) -> None:
+    await app.run(None, signals.request_finished.send, door_for)
+
+
+def _media(environ) -> str:
+    """A GET's own content type, whatever it is: its body is never read."""
+    return environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
+
+
+# ---------------------------------------------------------------------------- await
+
+
+async def await_door(app, scope, receive, send, *, namespace):
+    environ = build_environ(scope, io.BytesIO())
+    lean = app.lean
+    allowed = lean.headers_allow(environ, MEDIA_TYPE)
+    if allowed is None:
+        return await _full_stack(app, scope, receive, send)
+    secure = lean.secure_headers(allowed[1])
+    request = await app.run(None, lean.admit_to, environ, ProducerAwait)
+    if request is None:  # refused: the full stack answers, and says why (body unread)
+        return await _full_stack(app, scope, receive, send)
+    try:
+        body = await read_all(receive)
+    except Disconnected:
+        return await _finished(app)
+    run = functools.partial(app.run, request)
+    try:
+        data = await app.run(None, parse_msgpack, environ, body)
+        sdk.check_namespace(namespace)
+        steps = sdk.await_steps(data)
+        first = await run(waits.first_step, steps)
+    except Exception:  # noqa: BLE001 - the full stack answers it as it always has
+        await _finished(app)
+        return await _full_stack(app, scope, receive, send, body)
+    try:
+        answer = await waits.drive_async(steps, run, first=first)
+    except Exception as exc:  # noqa: BLE001 - the view's error answer (a gone invocation)
+        response = await run(_sdk_error, exc, request)
+        headers = [*response.items(), ("Content-Length", str(len(response.content)))]
+        await _finished(app)
+        if response.status_code != 500:  # Django's own 500 comes without DRF's Allow
+            headers.append(("Allow", allow(ProducerAwait)))
+        return await respond(
+            send,
+            response.status_code,
+            [*headers, *lean.static_headers(), *secure],
+            response.content,
+        )
+    await _finished(app)
+    content = MsgPackRenderer().render(answer)
+    headers = [
+        ("Content-Type", MEDIA_TYPE),
+        ("Content-Length", str(len(content))),
+        *lean.static_headers(),
+        ("Allow", allow(ProducerAwait)),
+        *secure,
+    ]
+    await respond(send, 200, headers, content)
+
+
+class _Parsing:
+    """What MsgPackParser reads of a request: its declared length."""
+
+    def __init__(self, environ):
+        self.META = environ
+        self.headers = HttpHeaders(environ)
+
+
+def parse_msgpack(environ, body: bytes):
+    """The body as the SDK views' parser reads it (its errors: the full stack's)."""
+    return MsgPackParser().parse(io.BytesIO(body), MEDIA_TYPE, {"request": _Parsing(environ)})
+
+
+def _sdk_error(exc, request):
+    """An error raised after the first step, answered as an SDK view answers it."""
+    response = api_exception_handler(exc, {"request": request, "view": None})
+    if response is None:  # Django's 500 for the SDK: one line of text
+        return sdk_error(500, "server_error", "The server failed; the error was logged.")
+    return sdk_answer(response)
+
+
+# ---------------------------------------------------------------------------- result stream
+
+
+async def stream_door(app, scope, receive, send, *, namespace, stream):
+    environ = build_environ(scope, io.BytesIO())
+    lean = app.lean
+    allowed = lean.headers_allow(environ, _media(environ))
+    if allowed is None:
+        return await _full_stack(app, scope, receive, send)
+    request = await app.run(None, lean.admit_to, environ, ProducerResultStream)
+    if request is None:
+        return await _full_stack(app, scope, receive, send)
+    if not waits.parked.take():  # no room to park: a thread serves it, or says busy
+        await _finished(app)
+        return await _full_stack(app, scope, receive, send)
+    run = functools.partial(app.run, request)
+    steps = None
+    try:
+        sdk.check_namespace(namespace)
+        since = _since(environ)
+        if len(stream) > 200:
+            raise ValueError("the view refuses it")
+        steps = sdk.frame_steps(stream, since)
+        got = await run(_next, steps)
+    except Exception:  # noqa: BLE001 - the full stack answers it as it always has
+        waits.parked.release()
+        if steps is not None:
+            await run(steps.close)
+        await _finished(app)
+        return await _full_stack(app, scope, receive, send)
+    try:
+        headers = [*_stream_headers(lean), *lean.secure_headers(allowed[1])]
+        await respond_stream(send, headers, _chunks(got, steps, run, receive))
+    finally:
+        waits.parked.release()
+        await run(steps.close)
+        await _finished(app)
+
+
+def _since(environ) -> int:
+    query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
+    return int(query.get("since", "-1"))  # not a number: the view says so
+
+
+def _next(steps):
+    """The steps' next step, in a worker thread: (True, None) when they end."""
+    try:
+        return False, next(steps)
+    except StopIteration:
+        return True, None
+
+
+def _stream_headers(lean) -> list[tuple[str, str]]:
+    return [
+        ("Content-Type", STREAM_MEDIA_TYPE),
+        ("Cache-Control", "no-store"),
+        ("X-Accel-Buffering", "no"),
+        ("Allow", allow(ProducerResultStream)),
+        *lean.static_headers(),
+    ]
+
+
+class Cut(Exception):
+    """The stream stops without its end: the server is stopping (the client sees it
+    broken, not complete), or the client went."""
+
+
+async def _chunks(got, steps, run, receive):
+    """The stream's chunks (bytes), parked between them; ends when the steps end;
+    raises Cut when the server stops or the client goes."""
+    gone = asyncio.ensure_future(_disconnect(receive))
+    try:
+        done, step = got
+        while not done:
+            if gone.done():
+                raise Cut
+            if isinstance(step, waits.Wait):
+                if wakeup.listener.closing:
+                    raise Cut
+                waiting = asyncio.ensure_future(wakeup.listener.wait_async([], (), step.seconds))
+                await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    waiting.cancel()
+                    raise Cut
+                if wakeup.listener.closing:
+                    raise Cut
+            else:
+                yield b"".join(step)
+            done, step = await run(_next, steps)
+    finally:
+        gone.cancel()
+
+
+async def _disconnect(receive) -> None:
+    """Returns when the client has gone (a GET's body, empty, comes first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def respond_stream(send, headers, chunks) -> None:
+    """A streamed answer: its headers, then each chunk as it comes (`more_body`), then
+    its end; a Cut ends it with no end (the client sees the stream broken)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers],
+        }
+    )
+    try:
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except Cut:
+        return
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+# ---------------------------------------------------------------------------- log follow
+
+
+async def follow_door(app, scope, receive, send, *, invocation_id):
+    environ = build_environ(scope, io.BytesIO())
+    lean = app.lean
+    query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
+    if "follow" not in query or not _plain_json(environ, query):
+        return await _full_stack(app, scope, receive, send)
+    allowed = lean.headers_allow(environ, _media(environ))
+    if allowed is None:
+        return await _full_stack(app, scope, receive, send)
+    request = await app.run(None, lean.admit_to, environ, JobLogs)
+    if request is None:
+        return await _full_stack(app, scope, receive, send)
+    run = functools.partial(app.run, request)
+    try:
+        steps, first = await run(_follow_steps, invocation_id, query.dict())
+    except Exception:  # noqa: BLE001 - the full stack answers it as it always has
+        await _finished(app)
+        return await _full_stack(app, scope, receive, send)
+    try:
+        page = await waits.drive_async(steps, run, first=first)
+        outcome = (serializers.LogPage(page).data, 200, ())
+    except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
+        outcome = await run(lean.error, exc, request)
+    finally:
+        await _finished(app)
+    status, headers, content = lean.rendered(outcome, allowed[1], allow(JobLogs))
+    await respond(send, status, headers, content)
+
+
+def _plain_json(environ, query) -> bool:
+    """DRF would answer this read with JSONRenderer alone, as it renders by default:
+    one renderer, no `format`, and an Accept it takes as it is (no indent)."""
+    if "format" in query:
+        return False
+    if [type(renderer) for renderer in JobLogs().get_renderers()] != [JSONRenderer]:
+        return False  # DEBUG's browsable API: DRF varies on Accept
+    accepts = [part.strip() for part in environ.get("HTTP_ACCEPT", "").split(",")]
+    return all(part.lower() in JSON_ACCEPTS for part in accepts)
+
+
+def _follow_steps(invocation_id, params: dict):
+    """(the read's steps, its first step): the query checked as the view checks it."""
+    query = serializers.LogQuery(data=params)
+    query.is_valid(raise_exception=True)
+    steps = logs.read_steps(invocation_id, **query.validated_data)
+    return steps, waits.first_step(steps)
