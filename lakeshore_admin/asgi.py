@@ -1,7 +1,7 @@
 """The web server's application: ASGI, what `make run` and production serve (gunicorn's
 uvicorn workers: gunicorn_conf.py), so that an idle daemon's long-poll holds no thread.
 
-An idle daemon's claim waits up to 20 s for work. Under a threaded WSGI server each of
+An idle daemon's claim waits up to 50 s for work. Under a threaded WSGI server each of
 those waits held a thread, so a server answered at most as many idle daemons at once
 as it had threads. Here:
 
@@ -12,6 +12,7 @@ as it had threads. Here:
   database), each wait a coroutine on this event loop, holding no thread. The answers,
   headers and errors are the lean path's own.
 - POST /v1/daemon/poll, the SDK worker's poll, the same way (lakeshore_admin/asgi_sdk.py).
+- the SDK's await and result stream, and a job log's follow (lakeshore_admin/asgi_streams.py).
 - everything else (console, API, submit, heartbeats, the SDK's producer): the WSGI application
   (the lean path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per
   process (a2wsgi), as gunicorn's threads served it before.

@@ -50,7 +50,7 @@ def _exit(signum, frame):
 
 worker_class = "lakeshore_admin.gunicorn_conf.Worker"
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
-graceful_timeout = 25  # long-polls wait at most 20 s
+graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
 keepalive = 5
 wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request: address, request line, status, bytes, milliseconds.

@@ -116,7 +116,7 @@ class Lakeshore:
         base_url = f"http://127.0.0.1:{port}"
         env = {**self.env, "PORT": str(port), "LAKESHORE_BIND": "127.0.0.1"}
         command = [str(BIN / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"]
-        command += ["--access-logfile", "/dev/null"]
+        command += ["--access-logfile", os.environ.get("BENCH_ACCESS_LOG", "/dev/null")]
         name = "gunicorn.log" if app is None else "gunicorn-floor.log"
         with open(self.logs / name, "wb") as log:  # this run's
             server = subprocess.Popen(
