@@ -10,6 +10,7 @@ long-polls, default 128; started as needed)."""
 
 import os
 import signal
+import socket
 import sys
 
 from uvicorn_worker import UvicornWorker
@@ -49,6 +50,11 @@ def _exit(signum, frame):
 
 
 worker_class = "lakeshore_admin.gunicorn_conf.Worker"
+# Each worker listens on a socket of its own (SO_REUSEPORT), and the kernel spreads new
+# connections over them. On one shared socket, a worker that wakes first accepts every
+# connection waiting: when a fleet of daemons connects at once, most land on one
+# process (one core), and their long-polls stay there for good.
+reuse_port = True
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
 graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
 keepalive = 5
@@ -66,11 +72,28 @@ limit_request_field_size = 16384  # the whole "Name: value" line; Django's check
 
 def on_starting(server):
     """The master loads the settings once, before it starts workers: a bad setting stops
-    it here with its one line (lakeshore_admin/env.py), not in every worker."""
+    it here with its one line (lakeshore_admin/env.py), not in every worker. And the
+    port must be free (_port_is_free)."""
+    for address in server.cfg.bind:
+        _port_is_free(address)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     from django.conf import settings
 
     settings.LAKESHORE_TICK_SECONDS  # noqa: B018 - loads the settings
+
+
+def _port_is_free(address: str) -> None:
+    """With reuse_port a second server on the same port would share it silently: refuse
+    to start when the port is taken, as a server without it does."""
+    host, _, port = address.rpartition(":")
+    if address.startswith(("unix:", "fd://")) or not port.isdigit():
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host.strip("[]") or "0.0.0.0", int(port)))  # noqa: S104 - a probe
+        except OSError as exc:
+            sys.exit(f"cannot listen at {address}: {exc.strerror} (is another server running?)")
 
 
 def worker_exit(server, worker):

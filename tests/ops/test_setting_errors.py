@@ -6,6 +6,8 @@ one that takes any text must be listed in FREE_TEXT with the reason."""
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +191,43 @@ def test_a_bad_value_is_one_line_from_make_run(tmp_path, name):
         timeout=120,
     )
     assert_one_line(result, name, value)
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_port_another_server_holds_is_refused_in_one_line(tmp_path, taken):
+    """Each worker listens on a socket of its own (reuse_port), which would let a second
+    server share a port silently: gunicorn refuses a port in use, in one line. The
+    control: the same port, free, is served."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    if taken:
+        holder.listen()
+    else:
+        holder.close()
+    server = subprocess.Popen(
+        [str(ROOT / ".venv" / "bin" / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"],
+        cwd=ROOT,
+        env=sandbox_env(tmp_path, PORT=str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its workers too are stopped at the end
+    )
+    try:
+        if taken:
+            _, err = server.communicate(timeout=120)
+            assert server.returncode != 0
+            lines = [line for line in err.splitlines() if line.strip()]
+            assert lines == [
+                f"cannot listen at 127.0.0.1:{port}: Address already in use "
+                "(is another server running?)"
+            ], err
+        else:
+            with pytest.raises(subprocess.TimeoutExpired):
+                server.communicate(timeout=5)  # it serves
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        server.communicate(timeout=30)
+        holder.close()
