@@ -90,6 +90,8 @@ def _port_is_free(address: str) -> None:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as gunicorn binds: a port a stopped server left in TIME_WAIT is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host.strip("[]") or "0.0.0.0", int(port)))  # noqa: S104 - a probe
         except OSError as exc:
