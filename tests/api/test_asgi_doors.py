@@ -34,8 +34,9 @@ class Counting:
         return self.app(environ, start_response)
 
 
-def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
-    scope = {
+def post_scope(path, raw: bytes, *, token, content_type="application/json") -> dict:
+    """An ASGI scope of a POST of `raw` to `path` with a bearer token."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -54,6 +55,10 @@ def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
         "client": ("127.0.0.1", 5000),
         "server": ("localhost", 80),
     }
+
+
+def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
+    scope = post_scope(path, raw, token=token, content_type=content_type)
     messages = [{"type": "http.request", "body": raw, "more_body": False}]
     sent = []
 

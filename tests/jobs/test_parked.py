@@ -21,7 +21,7 @@ from jobs.wakeup import listener
 from lakeshore_admin.asgi import Application
 from lakeshore_admin.fastpath import LeanPath
 from tests import builders
-from tests.api.test_asgi_doors import Counting
+from tests.api.test_asgi_doors import Counting, post_scope
 from tests.jobs.test_long_poll import Claimer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,33 +65,11 @@ def test_daemons_waiting_past_the_heartbeat_timeout_are_renewed_together(setting
     assert parked.longest_wait() > settings.LAKESHORE_HEARTBEAT_TIMEOUT
 
 
-def _claim_scope(path, raw):
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"localhost"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(raw)).encode()),
-        ],
-        "client": ("127.0.0.1", 5000),
-        "server": ("localhost", 80),
-    }
-
-
 async def _park_then(app, daemon, token, *, leave: bool) -> list:
     """A claim that waits up to 30 s through the ASGI door; meanwhile the daemon goes
     (its connection closes) when `leave`, then a job is submitted. What it was sent."""
     raw = b'{"limit": 1, "wait": 30}'
-    scope = _claim_scope(f"/api/v1/daemons/{daemon.pk}/claim/", raw)
-    scope["headers"].append((b"authorization", f"Bearer {token}".encode()))
+    scope = post_scope(f"/api/v1/daemons/{daemon.pk}/claim/", raw, token=token)
     closed = asyncio.Event()
     body = [{"type": "http.request", "body": raw, "more_body": False}]
     sent = []
