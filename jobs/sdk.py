@@ -51,6 +51,19 @@ SDK_STATE = {
 # ---------------------------------------------------------------------------- checks
 
 
+def stream_start(namespace: str, invocation_id: str, since: str) -> int:
+    """The checks of a result stream's request: its namespace, its invocation id (at most
+    200 characters) and `since` (an integer); the frame to start after."""
+    check_namespace(namespace)
+    try:
+        start = int(since)
+    except ValueError:
+        raise Invalid(f"since must be an integer, got {since!r}.") from None
+    if len(invocation_id) > 200:
+        raise Invalid("The invocation id is longer than 200 characters.")
+    return start
+
+
 def check_namespace(namespace: str) -> None:
     if namespace != settings.LAKESHORE_SDK_NAMESPACE:
         raise NotFound(

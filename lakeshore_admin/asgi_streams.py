@@ -85,19 +85,26 @@ def _media(environ) -> str:
     return environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
 
 
+async def _admitted(app, environ, media_type, view):
+    """(request, (token, secure)) when the lean path's header checks pass and the bearer
+    token has `view`'s role, the body unread; else (None, None): the full stack answers."""
+    allowed = app.lean.headers_allow(environ, media_type)
+    if allowed is None:
+        return None, None
+    request = await app.run(None, app.lean.admit_to, environ, view)
+    return request, allowed
+
+
 # ---------------------------------------------------------------------------- await
 
 
 async def await_door(app, scope, receive, send, *, namespace):
     environ = build_environ(scope, io.BytesIO())
     lean = app.lean
-    allowed = lean.headers_allow(environ, MEDIA_TYPE)
-    if allowed is None:
-        return await _full_stack(app, scope, receive, send)
-    secure = lean.secure_headers(allowed[1])
-    request = await app.run(None, lean.admit_to, environ, ProducerAwait)
+    request, allowed = await _admitted(app, environ, MEDIA_TYPE, ProducerAwait)
     if request is None:  # refused: the full stack answers, and says why (body unread)
         return await _full_stack(app, scope, receive, send)
+    secure = lean.secure_headers(allowed[1])
     try:
         body = await read_all(receive)
     except Disconnected:
@@ -164,10 +171,7 @@ def _sdk_error(exc, request):
 async def stream_door(app, scope, receive, send, *, namespace, stream):
     environ = build_environ(scope, io.BytesIO())
     lean = app.lean
-    allowed = lean.headers_allow(environ, _media(environ))
-    if allowed is None:
-        return await _full_stack(app, scope, receive, send)
-    request = await app.run(None, lean.admit_to, environ, ProducerResultStream)
+    request, allowed = await _admitted(app, environ, _media(environ), ProducerResultStream)
     if request is None:
         return await _full_stack(app, scope, receive, send)
     if not waits.parked.take():  # no room to park: a thread serves it, or says busy
@@ -176,10 +180,8 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
     run = functools.partial(app.run, request)
     steps = None
     try:
-        sdk.check_namespace(namespace)
-        since = _since(environ)
-        if len(stream) > 200:
-            raise ValueError("the view refuses it")
+        query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
+        since = sdk.stream_start(namespace, stream, query.get("since", "-1"))
         steps = sdk.frame_steps(stream, since)
         got = await run(_next, steps)
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
@@ -195,11 +197,6 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
         waits.parked.release()
         await run(steps.close)
         await _finished(app)
-
-
-def _since(environ) -> int:
-    query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
-    return int(query.get("since", "-1"))  # not a number: the view says so
 
 
 def _next(steps):
@@ -285,10 +282,7 @@ async def follow_door(app, scope, receive, send, *, invocation_id):
     query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
     if "follow" not in query or not _plain_json(environ, query):
         return await _full_stack(app, scope, receive, send)
-    allowed = lean.headers_allow(environ, _media(environ))
-    if allowed is None:
-        return await _full_stack(app, scope, receive, send)
-    request = await app.run(None, lean.admit_to, environ, JobLogs)
+    request, allowed = await _admitted(app, environ, _media(environ), JobLogs)
     if request is None:
         return await _full_stack(app, scope, receive, send)
     run = functools.partial(app.run, request)

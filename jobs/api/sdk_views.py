@@ -25,7 +25,6 @@ from jobs import sdk
 from jobs.api.serializers import SdkSetup
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.api_errors import sdk_answer
-from lakeshore_admin.errors import Invalid
 from lakeshore_admin.msgpack_api import AlwaysMsgPack, MsgPackParser, MsgPackRenderer
 
 log = logging.getLogger(__name__)
@@ -66,14 +65,7 @@ class ProducerResultStream(SdkView):
     permission_classes = [Operate]
 
     def get(self, request, namespace, invocation_id):
-        sdk.check_namespace(namespace)
-        raw = request.query_params.get("since", "-1")
-        try:
-            since = int(raw)
-        except ValueError:
-            raise Invalid(f"since must be an integer, got {raw!r}.") from None
-        if len(invocation_id) > 200:
-            raise Invalid("The invocation id is longer than 200 characters.")
+        since = sdk.stream_start(namespace, invocation_id, request.query_params.get("since", "-1"))
         response = StreamingHttpResponse(
             sdk.open_frames(invocation_id, since), content_type=STREAM_MEDIA_TYPE
         )
