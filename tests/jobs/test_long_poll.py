@@ -4,6 +4,7 @@ every way work can appear (submit, requeue, resume, the end of a retry's back-of
 
 import threading
 import time
+import uuid
 
 import pytest
 from django.db import connection
@@ -302,8 +303,9 @@ def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
     """The drain's notification (daemon:ID) wakes its claim, which answers empty at once
     through the daemon protocol (it says draining: tests/e2e); the control is a claim
     that does not tell a draining daemon, which waits its whole wait."""
-    builders.queue(name="w")
-    daemon = builders.daemon(queues=["w"])
+    name = _own_queue()
+    builders.queue(name=name)
+    daemon = builders.daemon(queues=[name])
     answer = {}
 
     def claim(tell: bool):
@@ -326,6 +328,14 @@ def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
     assert answer[False][0] == [] and answer[False][1] >= 4
 
 
+def _own_queue() -> str:
+    """A queue name no other test uses, for a control that must wait its whole wait: the
+    listener outlives a test, and a retry's back-off an earlier test left due on a shared
+    name ("w@epoch", tests/jobs/test_dispatch_races.py) wakes that name's waiters when it
+    ends, maybe in the middle of this test."""
+    return f"own-{uuid.uuid4().hex[:12]}"
+
+
 def _heard_bump(name: str, before: int, timeout: float = 10.0) -> None:
     """Until the listener has heard `name`'s notification (its version moved)."""
     _until(lambda: wakeup.listener.snapshot([name])[0] != before, timeout)
@@ -338,8 +348,9 @@ def test_a_drain_between_the_daemons_read_and_its_wait_still_wakes_it(told):
     `heard` (where the daemon's channel stood before the read: what the API's claim
     passes) the wait sees the drain and answers at once; without it (the control) the
     notification predates the claim's snapshot, and the claim waits its whole wait."""
-    builders.queue(name="w")
-    daemon = builders.daemon(queues=["w"])
+    name = _own_queue()
+    builders.queue(name=name)
+    daemon = builders.daemon(queues=[name])
     channel = f"daemon:{daemon.pk}"
     heard = protocol.daemon_heard(daemon.pk)
     row = Daemon.objects.get(pk=daemon.pk)  # idle, as the claim read it
