@@ -36,6 +36,26 @@ def longest_wait() -> float:
     return float(CLAIM_WAIT_MAX)
 
 
+# A wait this long or longer ends at its daemon's phase (wait_ends): an idle daemon's
+# (its default is CLAIM_WAIT_MAX). Shorter ones end when they were asked to.
+PHASED_FROM = 40.0
+_GOLDEN = (5**0.5 - 1) / 2  # the ids' phases spread evenly whatever their number
+
+
+def wait_ends(daemon_id: int, wait: float, since: float) -> float:
+    """When (time.monotonic()) the wait of a claim that arrived at `since` ends. A long
+    wait ends at the last moment before since + wait at which its daemon's phase comes
+    round (daemon_id × the golden ratio, a fraction of the wait): a fleet that came up
+    together (and parked together) comes back at moments spread evenly over the wait,
+    not in one wave. A daemon's first wait may be cut short; the ones after it, sent
+    as the one before was answered, last the whole wait."""
+    end = since + wait
+    if wait < PHASED_FROM:
+        return end
+    phase = (daemon_id * _GOLDEN) % 1.0 * wait
+    return end - (end - phase) % wait
+
+
 def renew_every() -> float:
     """Seconds between renewals of parked daemons: a quarter of the heartbeat timeout,
     so a daemon between two polls at a renewal's moment is still renewed well in time

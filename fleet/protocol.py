@@ -139,6 +139,7 @@ def claim_steps(
     tell_draining: bool = False,
     recheck: Callable[[], None] | None = None,
     heard: int | None = None,
+    since: float | None = None,
 ) -> Generator[waits.Wait, bool | None, list[Invocation]]:
     """invocation_claim's steps: it yields a waits.Wait where it would sleep, and is
     sent back whether it was woken (True), its time ran out (False) or the wait was
@@ -147,11 +148,14 @@ def claim_steps(
     wait out its time. `recheck`: called when it wakes, before it looks again (the
     caller's credential, which may have been revoked while it waited, raises).
     `heard`: daemon_heard(daemon's id), taken before the caller loaded the daemon: a
-    change of the daemon's state (a drain) committed after that load wakes the wait."""
+    change of the daemon's state (a drain) committed after that load wakes the wait.
+    `since`: when (time.monotonic()) the request arrived, if the server knows: time it
+    spent queued for a thread counts in its wait. A long wait ends at its daemon's phase
+    (parked.wait_ends)."""
     rng = rng or random.Random()  # noqa: S311 - scheduling, not security
     wires = [Wire.JSON] if wires is None else wires
     wait = min(wait, parked.longest_wait())
-    deadline = time.monotonic() + wait
+    deadline = parked.wait_ends(daemon.pk, wait, time.monotonic() if since is None else since)
     fresh = True  # the caller just loaded the daemon
     while True:
         if not fresh:
@@ -356,6 +360,7 @@ def exchange_steps(
     tell_draining: bool = False,
     recheck: Callable[[], None] | None = None,
     heard: int | None = None,
+    since: float | None = None,
 ) -> Generator[waits.Wait, bool | None, dict]:
     """Report outcomes and claim more in one call: invocation_complete_batch, then
     invocation_claim, each with its own rules and transaction. Answers
@@ -387,6 +392,7 @@ def exchange_steps(
                 tell_draining=tell_draining,
                 recheck=recheck,
                 heard=heard,
+                since=since,
             )
         )
         if limit

@@ -39,6 +39,15 @@ from django.conf import settings
 from jobs import wakeup
 
 RETRY_AFTER_MAX = 30  # seconds: no refused wait is told to stay away longer
+# The key of a request's environ (its META) under which the ASGI server notes when it
+# took the request (time.monotonic()): a long-poll's wait counts from then, so time it
+# spent queued for a worker thread is not added to it (fleet/protocol.claim_steps).
+ARRIVED = "lakeshore.arrived"
+
+
+def arrived(request) -> float | None:
+    """When the server took `request`, if it noted it (ARRIVED)."""
+    return request.META.get(ARRIVED)
 
 
 class Slots:

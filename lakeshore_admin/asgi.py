@@ -25,6 +25,7 @@ import asyncio
 import functools
 import io
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from a2wsgi import WSGIMiddleware
@@ -72,6 +73,7 @@ class Application:
             path = scope["path"]
             if path.endswith(("/claim/", "/exchange/")):
                 environ = build_environ(scope, io.BytesIO())
+                environ[waits.ARRIVED] = time.monotonic()  # its wait counts from now
                 taken = self.lean.take(environ)
                 if taken is not None and taken[0] in STEPPED:
                     return await self.long_poll(environ, taken, scope, receive, send)

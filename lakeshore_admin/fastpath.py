@@ -136,7 +136,7 @@ class LeanRequest:
     request: its user, method, path and headers."""
 
     def __init__(self, environ, user, token):
-        self.environ = environ
+        self.environ = self.META = environ  # META: as a Django request names it
         self.method = environ.get("REQUEST_METHOD", "POST")  # GET: the ASGI doors' reads
         self.path = environ.get("PATH_INFO", "")
         self.user = user

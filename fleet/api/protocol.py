@@ -40,7 +40,12 @@ def claim_answer_steps(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
     claimed = yield from protocol.claim_steps(
-        daemon=daemon, tell_draining=True, recheck=_recheck(request), heard=heard, **fields
+        daemon=daemon,
+        tell_draining=True,
+        recheck=_recheck(request),
+        heard=heard,
+        since=waits.arrived(request),
+        **fields,
     )
     payload = s.ClaimedSerializer(claimed, many=True).data
     return payload, status.HTTP_200_OK, _headers(claimed, daemon)
@@ -78,7 +83,12 @@ def exchange_answer_steps(request, daemon_id, data):
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
     answer = yield from protocol.exchange_steps(
-        daemon=daemon, tell_draining=True, recheck=_recheck(request), heard=heard, **fields
+        daemon=daemon,
+        tell_draining=True,
+        recheck=_recheck(request),
+        heard=heard,
+        since=waits.arrived(request),
+        **fields,
     )
     claimed = s.ClaimedSerializer(answer["claimed"], many=True).data
     payload = {"recorded": answer["recorded"], "claimed": claimed}

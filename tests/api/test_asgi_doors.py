@@ -6,6 +6,7 @@ body DRF must parse) it hands to Django, which answers as always."""
 
 import asyncio
 import json
+import time
 
 import msgpack
 import pytest
@@ -169,3 +170,18 @@ def test_a_bad_sdk_poll_goes_to_the_full_stack_with_its_body(world):
     )
     assert django.calls == 1
     assert status == 400 and "worker_id" in body.decode()
+
+
+def test_a_claims_wait_counts_from_when_the_door_took_it(world):
+    """Every worker thread is busy for 2 s when a claim with wait 4 arrives: its first
+    step runs 2 s late, and it still answers 4 s after it was sent (the time it spent
+    queued counts in its wait), not 6 s."""
+    _, _, app, me, token, _ = world
+    busy = [app.steps.submit(time.sleep, 2) for _ in range(4)]
+    raw = json.dumps({"limit": 1, "wait": 4}).encode()
+    started = time.monotonic()
+    status, _, body = asgi_call(app, f"/api/v1/daemons/{me}/claim/", raw, token=token)
+    took = time.monotonic() - started
+    assert all(f.done() for f in busy)
+    assert (status, json.loads(body)) == (200, [])
+    assert 3.8 <= took < 5.0

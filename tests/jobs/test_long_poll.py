@@ -212,7 +212,7 @@ def test_released_waiters_answer_empty_at_once_without_another_query_and_later_w
     short = Claimer(daemon, wait=0.2)  # what a wait that runs out costs
     short.start()
     short.result()
-    waiting = Claimer(daemon, wait=60)
+    waiting = Claimer(daemon, wait=30)
     waiting.start()
     time.sleep(1)  # in its wait
     from jobs.wakeup import listener

@@ -121,3 +121,21 @@ def test_a_daemon_that_goes_while_it_waits_takes_no_work(leave):
     else:  # the control: the same claim, its daemon still there, takes the job at once
         assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200]
         assert job.state == "running" and job.daemon_id == daemon.pk
+
+
+def test_a_fleet_that_parks_together_comes_back_spread_over_the_wait():
+    """1,000 daemons send their first claim (wait 50) within one second: their waits end
+    spread evenly over the 50 s (no 5 s of it gets more than 12 %, where, ending when
+    asked, all would end in one second), none later than asked; each next claim, sent
+    as the last was answered, waits the whole 50 s. A short wait (a daemon with work
+    coming) ends when it was asked to."""
+    wait, now = 50.0, 1_000.0
+    ends = {pk: parked.wait_ends(pk, wait, now + (pk % 100) / 100) for pk in range(1, 1001)}
+    assert all(now < end <= now + (pk % 100) / 100 + wait for pk, end in ends.items())
+    bins = [0] * 10
+    for end in ends.values():
+        bins[int((end - now) // 5) % 10] += 1
+    assert max(bins) <= 120 and min(bins) >= 80, bins
+    for pk, end in ends.items():
+        assert parked.wait_ends(pk, wait, end + 0.01) == pytest.approx(end + wait)
+    assert parked.wait_ends(7, 10.0, now) == now + 10.0
