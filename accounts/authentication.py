@@ -12,31 +12,71 @@ from accounts.models import ApiToken, hash_token
 from accounts.roles import bind_token
 from accounts.throttles import BadTokenThrottle
 
+WATCHED_SECONDS = 600  # a daemon's own credential, while this process hears changes
+
 
 class _TokenCache:
     """Tokens that authenticated, with their user and roles, kept for a few seconds per
     process (LAKESHORE_TOKEN_CACHE_SECONDS): a daemon polling several times a second
     costs no token or role query. A revoked or expired token, or a disabled user, is
-    refused at most that many seconds late; unknown tokens are never kept."""
+    refused at most that many seconds late; unknown tokens are never kept.
+
+    A daemon's own credential is kept LAKESHORE_CREDENTIAL_CACHE_SECONDS, and up to
+    WATCHED_SECONDS while this process hears every change of tokens and users (`watch`:
+    jobs/wakeup.py's listener, while it is connected; the triggers of
+    accounts/migrations/0006): a change of the token (its revocation, expiry, role,
+    queues) or of its user (deactivated, its roles) drops it at once (`forget`). An
+    entry made while the listener was down, or read from the database before a change
+    was heard, keeps only the shorter time."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._entries: dict[str, tuple[float, ApiToken]] = {}
+        # digest → (until, until while watched, the watch it was made under, token)
+        self._entries: dict[str, tuple[float, float, object, ApiToken]] = {}
+        self._watch: object | None = None  # a new object each time the listener connects
+        self.changes = 0  # bumped by every forget and every change of watch
 
     def get(self, digest: str) -> ApiToken | None:
         with self._lock:
             hit = self._entries.get(digest)
-        if hit and hit[0] > time.monotonic():
-            return hit[1]
+            watch = self._watch
+        if hit is None:
+            return None
+        now = time.monotonic()
+        if now < hit[0] or (hit[2] is watch and watch is not None and now < hit[1]):
+            return hit[3]
         return None
 
-    def put(self, digest: str, token: ApiToken, ttl: float) -> None:
-        if ttl <= 0:
-            return
+    def put(
+        self, digest: str, token: ApiToken, ttl: float, *, watched: float = 0, seen=None
+    ) -> None:
+        """Keep `token` `ttl` seconds, or `watched` seconds while this process hears its
+        changes, if none was heard since `changes` was `seen` (before it was read)."""
+        now = time.monotonic()
         with self._lock:
+            watch = self._watch if seen == self.changes else None
+            if watch is None or watched <= ttl:
+                watched = 0
+            if max(ttl, watched) <= 0:
+                return
             if len(self._entries) > 10_000:
                 self._entries.clear()
-            self._entries[digest] = (time.monotonic() + ttl, token)
+            self._entries[digest] = (now + ttl, now + watched, watch, token)
+
+    def watch(self, on: bool) -> None:
+        """The listener connected (on) or lost its connection: entries made under an
+        earlier watch keep only their shorter time."""
+        with self._lock:
+            self._watch = object() if on else None
+            self.changes += 1
+
+    def forget(self, *, token_id: int | None = None, user_id: int | None = None) -> None:
+        """A token, or a user's tokens, changed: drop them."""
+        with self._lock:
+            self.changes += 1
+            for digest, entry in list(self._entries.items()):
+                if entry[3].pk == token_id or entry[3].user_id == user_id:
+                    del self._entries[digest]
 
     def clear(self) -> None:
         with self._lock:
@@ -79,6 +119,7 @@ def authenticate_token(raw: str):
     cached = token_cache.get(digest)
     if cached is not None and cached.is_usable:
         return cached.user, cached
+    seen = token_cache.changes  # before the read: a change heard after it shortens its stay
     token = ApiToken.objects.select_related("user").filter(digest=digest).first()
     if token is None:
         raise exceptions.AuthenticationFailed(
@@ -98,10 +139,11 @@ def authenticate_token(raw: str):
         # At most one write a minute per token: reads stay reads.
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    ttl = settings.LAKESHORE_TOKEN_CACHE_SECONDS
+    ttl, watched = settings.LAKESHORE_TOKEN_CACHE_SECONDS, 0
     if token.bound:  # a daemon's own credential: see LAKESHORE_CREDENTIAL_CACHE_SECONDS
         ttl = max(ttl, settings.LAKESHORE_CREDENTIAL_CACHE_SECONDS)
-    token_cache.put(digest, token, ttl)
+        watched = WATCHED_SECONDS if settings.LAKESHORE_CREDENTIAL_CACHE_SECONDS else 0
+    token_cache.put(digest, token, ttl, watched=watched, seen=seen)
     return token.user, token
 
 

@@ -21,7 +21,12 @@ RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turn
 
 A waiter may name what must be renewed while it waits (`renew`: a Renewal and a key,
 such as a daemon's liveness and its id): the listening thread renews the keys of every
-waiter at once, every `Renewal.every()` seconds, in one statement."""
+waiter at once, every `Renewal.every()` seconds, in one statement.
+
+The same channel says when a token or a user changed (`token:ID`, `user:ID`: the
+triggers of accounts/migrations/0006): the listener drops them from this process's
+token cache at once, and tells the cache while it is connected (accounts.authentication
+keeps a daemon's own credential longer while it hears those changes)."""
 
 import asyncio
 import heapq
@@ -35,11 +40,14 @@ from dataclasses import dataclass
 import psycopg
 from django.db import connection
 
+from accounts.authentication import token_cache
+
 CHANNEL = "lakeshore_work"
 FALLBACK_POLL = 1.0
 RECONNECT_DELAY = 1.0
 RELAY = 4  # coroutines one notification, or one claim that took work, wakes per queue
 STARTUP_WAIT = 5.0
+CREDENTIALS = {"token": "token_id", "user": "user_id"}  # payloads that change no queue
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +194,12 @@ class Listener:
         return soonest
 
     @property
+    def healthy(self) -> bool:
+        """Whether it is connected and listening (starting it if need be)."""
+        self._ensure_started()
+        return self._healthy
+
+    @property
     def closing(self) -> bool:
         """close_waits was called: the server is stopping (a wait that looks again on a
         timer, the SDK's await and stream, stops rather than wait again)."""
@@ -264,6 +278,10 @@ class Listener:
                 self._wake_next(name)
 
     def _receive(self, payload: str) -> None:
+        kind, _, key = payload.partition(":")
+        if kind in CREDENTIALS and key.isdigit():  # a token or a user changed
+            token_cache.forget(**{CREDENTIALS[kind]: int(key)})
+            return
         name, _, at = payload.partition("@")
         with self._cond:
             if at:
@@ -288,6 +306,7 @@ class Listener:
             return min(1.0, self._due[0][0] - now) if self._due else 1.0
 
     def _set_health(self, healthy: bool) -> None:
+        token_cache.watch(healthy)  # it hears tokens' and users' changes, or no longer
         with self._cond:
             self._healthy = healthy
             self._tried.set()
