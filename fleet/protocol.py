@@ -181,10 +181,12 @@ def claim_steps(
         if not connection.in_atomic_block:
             connection.close()  # hold no connection while waiting
         # parked: this process renews the daemon while it waits (fleet/parked.py)
-        woken = yield waits.Wait(listening, seen, left, renew=(parked.PARKED, daemon.pk))
+        woken = yield waits.Wait(
+            listening, seen, left, renew=(parked.PARKED, daemon.pk), ends_quietly=True
+        )
         if woken is None:  # no room for another wait (LAKESHORE_MAX_WAITS)
             return waits.refused(claimed, wait)
-        if not woken:
+        if not woken:  # no query from here on (ends_quietly): the answer is empty
             return []
 
 

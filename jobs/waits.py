@@ -117,6 +117,9 @@ class Wait:
     seen: tuple[int, ...]
     seconds: float
     renew: tuple[wakeup.Renewal, int] | None = None
+    # its time run out (or the waits released), the steps end with no query: drive_async
+    # runs that last step on the event loop rather than take a worker thread's turn
+    ends_quietly: bool = False
 
 
 class Gone(Exception):  # noqa: N818 - what happened, not a failure
@@ -185,7 +188,10 @@ async def drive_async(
                 parked.release()
         else:
             woken = None
-        got = await run(_step, steps, woken)
+        if woken is False and got.ends_quietly:
+            got = _step(steps, woken)  # no query (Wait.ends_quietly): no thread's turn
+        else:
+            got = await run(_step, steps, woken)
     return got[1]
 
 

@@ -101,11 +101,13 @@ class Application:
         return await asyncio.get_running_loop().run_in_executor(self.steps, call)
 
     async def long_poll(self, environ, taken, scope, receive, send):
-        """Three turns in worker threads: the token (the body unread), then the body's
-        parsing and the answer's first step, then (after a wait) its last step, which
-        ends the request."""
+        """Up to three turns in worker threads: the token (the body unread; on this
+        loop when the process keeps it), then the body's parsing and the answer's first
+        step, then (after a wait) its last step, which ends the request."""
         lean = self.lean
-        admitted = await self.run(None, lean.admit, environ, taken)
+        admitted = lean.admit_kept(environ, taken)  # a token this process keeps: no query
+        if admitted is None:
+            admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
             return await self.wsgi(scope, coroutine(receive), send)
         request, view, _ = admitted  # the answer comes as steps: STEPPED

@@ -64,7 +64,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.utils import json as drf_json
 
 from accounts import audit
-from accounts.authentication import authenticate_token
+from accounts.authentication import authenticate_token, kept_token
 from fleet.api import protocol
 from jobs.api import views
 from lakeshore_admin.api_errors import exception_handler
@@ -129,6 +129,11 @@ def _routes():
         "heartbeat": (protocol.DaemonHeartbeat, protocol.heartbeat_answer),
         "submit": (views.JobList, views.submit_answer),
     }
+
+
+def _permitted(request, view) -> bool:
+    """Whether the view's own permission classes let `request` in."""
+    return all(permission().has_permission(request, None) for permission in view.permission_classes)
 
 
 class LeanRequest:
@@ -210,10 +215,23 @@ class LeanPath:
         except Exception:  # noqa: BLE001 - refused, or the database: DRF answers it
             return None
         request = LeanRequest(environ, user, token)
-        for permission in view.permission_classes:  # the view's own
-            if not permission().has_permission(request, None):
-                return None  # DRF says 403, and why
-        return request
+        return request if _permitted(request, view) else None  # else DRF says 403, and why
+
+    def admit_kept(self, environ, taken):
+        """admit, when this process keeps the request's token (accounts.authentication.
+        kept_token) and its role may take the route: no query, so the event loop may
+        ask. Else None, and admit (in a worker thread) decides."""
+        if self._routes is None:
+            return None  # the first request is admitted in a thread, which loads them
+        kept = kept_token(environ["HTTP_AUTHORIZATION"].split()[1])
+        if kept is None:
+            return None
+        view, answer = self._routes[taken[0]]
+        request = LeanRequest(environ, *kept)
+        if not _permitted(request, view):
+            return None
+        signals.request_started.send(sender=self.__class__, environ=environ)
+        return request, view, answer
 
     def _enabled(self) -> bool:
         middleware = settings.MIDDLEWARE

@@ -11,6 +11,7 @@ import time
 import msgpack
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
+from django.db import connection
 
 from accounts.authentication import token_cache
 from jobs import services
@@ -185,3 +186,51 @@ def test_a_claims_wait_counts_from_when_the_door_took_it(world):
     assert all(f.done() for f in busy)
     assert (status, json.loads(body)) == (200, [])
     assert 3.8 <= took < 5.0
+
+
+def test_a_kept_token_without_the_role_is_still_refused_by_django(world, settings):
+    """A token this process keeps (it authenticated a moment ago) is admitted on the
+    event loop only when its role may take the route: a viewer's goes to Django, which
+    answers 403 and says why; the daemon's own kept credential is answered by the door."""
+    settings.LAKESHORE_TOKEN_CACHE_SECONDS = 60
+    django, _, app, me, token, _ = world
+    viewer = builders.token("viewer")
+    assert wsgi_raw(django, "/api/v1/queues/", b"", token=viewer, content_type="")[0] != 401
+    path, raw = f"/api/v1/daemons/{me}/claim/", json.dumps({"limit": 1}).encode()
+    django.calls = 0
+    status, _, body = asgi_call(app, path, raw, token=viewer)
+    assert status == 403 and django.calls == 1 and "role" in body.decode()
+    for _ in range(2):  # the second admitted from what the process keeps
+        assert asgi_call(app, path, raw, token=token)[0] == 200
+    assert django.calls == 1
+
+
+def test_an_idle_claims_wait_ends_without_a_worker_thread(world):
+    """A claim whose wait runs out answers from the event loop: with the one worker
+    thread busy for 3 s from just after it parked, it still answers at the end of its
+    1.5 s wait. The control: a claim woken by a submit in that time has work to take (a
+    query), so it answers only once the thread is free."""
+    django, lean, _, me, token, _ = world
+    app = Application(lean, threads=1)
+    path = f"/api/v1/daemons/{me}/claim/"
+    raw = json.dumps({"limit": 1, "wait": 1.5}).encode()
+
+    async def claim(submit: bool):
+        started = time.monotonic()
+        call = asyncio.ensure_future(asyncio.to_thread(asgi_call, app, path, raw, token=token))
+        await asyncio.sleep(0.7)  # parked by now
+        app.steps.submit(time.sleep, 3)
+        if submit:
+            await asyncio.to_thread(_submit_and_close)
+        status, _, body = await call
+        return status, len(json.loads(body)), time.monotonic() - started
+
+    status, found, took = builders.run_async(claim(submit=False))
+    assert (status, found) == (200, 0) and took < 2.5
+    status, found, took = builders.run_async(claim(submit=True))
+    assert (status, found) == (200, 1) and took >= 3.5
+
+
+def _submit_and_close():
+    services.invocation_submit(function=ECHO, queue="w")
+    connection.close()
