@@ -3,7 +3,7 @@ asyncio + httpx (no Django): the load generator of `make bench`'s "N idle daemon
 (bench/compare/fleet.py starts one or a few of these and merges what they print).
 
     python -m bench.fleet_swarm < {"base", "token", "operator", "daemons", "first",
-                                   "queue", "ramp", "start_at", "windows", "window",
+                                   "queue", "ramp", "start_file", "windows", "window",
                                    "submits"}
 
 Each daemon does what the daemon's own code does when it has nothing to run, with the
@@ -26,8 +26,9 @@ daemon's own constants and rules (imported, not copied):
   a revoked token it stops.
 
 Daemons register at random moments of the first `ramp` seconds (a fleet coming up).
-From `start_at` (time.monotonic(), which is system-wide on Linux, so the parent and
-several generators share it) come `windows` windows of `window` seconds; each event
+From `start_at`, which the parent writes to `start_file` once the whole fleet has
+registered (time.monotonic(), which is system-wide on Linux, so the parent and
+several generators share it), come `windows` windows of `window` seconds; each event
 counts in the window it happens in. `submits` jobs a window are submitted to `queue`,
 one at a time, evenly spaced, with the `operator` token, by the generator whose `first`
 daemon is 0. After the last window the daemons go on for one more wait (+ LATE), so
@@ -108,9 +109,11 @@ class Fleet:
     def __init__(self, args: dict):
         self.args = args
         self.base = args["base"]
-        self.start_at = args["start_at"]
+        self.start_at = self.end = math.inf  # until the parent says (start_file)
+        self.started = asyncio.Event()
         self.window = args["window"]
-        self.end = self.start_at + args["windows"] * self.window
+        if "start_at" in args:  # known from the start
+            self.begin(args["start_at"])
         self.windows = [Window() for _ in range(args["windows"])]
         self.warm = Window()  # before start_at (the ramp): kept apart
         self.after = Window()  # after the last window: not counted
@@ -159,11 +162,27 @@ class Fleet:
             verify=self.no_tls,
         )
 
+    async def start(self) -> None:
+        """The first window's moment, once the parent has written it (start_file: when
+        the whole fleet registered, and some)."""
+        while not self.started.is_set():
+            try:
+                with open(self.args["start_file"]) as file:
+                    self.begin(json.load(file)["start_at"])
+            except FileNotFoundError:
+                await asyncio.sleep(0.2)
+
+    def begin(self, start_at: float) -> None:
+        self.start_at = start_at
+        self.end = start_at + self.args["windows"] * self.window
+        self.started.set()
+
     async def run(self) -> dict:
         count, first = self.args["daemons"], self.args["first"]
         tasks = [asyncio.create_task(self.daemon(first + i)) for i in range(count)]
         if first == 0 and self.args["submits"]:
             tasks.append(asyncio.create_task(self.submitter()))
+        await self.start()
         await asyncio.sleep(max(0.0, self.end - time.monotonic()))
         last = self.windows[-1]
         for moment in self.renewed.values():  # silences still running at the end
@@ -359,6 +378,7 @@ class Fleet:
         every = self.window / self.args["submits"]
         body = {"function": "lakeshore.functions.echo", "queue": self.args["queue"]}
         async with self.client(self.args["operator"], connections=1) as client:
+            await self.started.wait()
             await asyncio.sleep(max(0.0, self.start_at - time.monotonic()) + every / 2)
             while time.monotonic() < self.end:
                 started = time.monotonic()

@@ -34,7 +34,8 @@ from bench.compare.systems import Lakeshore
 from bench.fleet_swarm import percentile
 
 STARTUP = 3.0  # seconds a generator process takes to import and start its daemons
-SETTLE = 10.0  # seconds after the ramp before the first window: two idle claim waits
+SETTLE = 10.0  # seconds after the whole fleet registered before the first window
+UP_WITHIN = 180.0  # seconds past the planned ramp the fleet may take to come up
 METRICS = ("cpu", "heartbeat", "liveness", "submit", "lost", "held")
 
 
@@ -45,6 +46,8 @@ class FleetResult:
     window: float  # seconds
     windows: list[dict] = field(default_factory=list)  # the merged figures, per window
     registered: int = 0
+    up_after: float = 0.0  # seconds from the first daemon's start until all had registered
+    ramp: float = 0.0  # the planned ramp (seconds)
     unclaimed: int = 0  # submitted jobs no claim answer carried
     early: int = 0  # jobs claimed before their submit's answer arrived (timed from its send)
     # Rows no daemon knew of: a register whose answer timed out (the daemon registered
@@ -86,6 +89,9 @@ class FleetResult:
             for i, w in enumerate(self.windows)
         )
         return (
+            f"the fleet was up (every daemon registered) {self.up_after:.0f} s after it "
+            f"started (the ramp planned {self.ramp:.0f} s), the first window {SETTLE:g} s "
+            "later; "
             f"{self.registered:,} registrations of {self.daemons:,} daemons "
             f"({self.processes} generator process(es)); each claims with wait "
             f"{self.claim_wait:g} s and heartbeats every {self.heartbeat_interval:g} s (the "
@@ -196,8 +202,10 @@ def run_fleet(
     generator prints, and end the fleet's daemons (terminated, with a wake-up)."""
     lakeshore.reset()
     ramp = max(5.0, daemons / ramp_per_second)
-    start_at = time.monotonic() + STARTUP + ramp + SETTLE
-    result = FleetResult(daemons, processes, window)
+    started = time.monotonic()
+    start_file = RUN_DIR / "fleet-start.json"
+    start_file.unlink(missing_ok=True)
+    result = FleetResult(daemons, processes, window, ramp=ramp)
     share = -(-daemons // processes)
     generators = []
     reaper = Reaper(lakeshore)
@@ -211,7 +219,7 @@ def run_fleet(
                 "first": first,
                 "queue": queue,
                 "ramp": ramp,
-                "start_at": start_at,
+                "start_file": str(start_file),
                 "windows": windows,
                 "window": window,
                 "submits": submits,
@@ -229,6 +237,13 @@ def run_fleet(
             generator.stdin.close()
             generators.append(generator)
         progress(f"  {daemons:,} daemons: ramp {ramp:.0f} s, then {windows} × {window:.0f} s")
+        up = _fleet_up(lakeshore, daemons, started + STARTUP + ramp + UP_WITHIN)
+        result.up_after = up - started - STARTUP
+        start_at = max(started + STARTUP + ramp, up) + SETTLE
+        written = start_file.with_suffix(".tmp")
+        written.write_text(json.dumps({"start_at": start_at}))
+        written.rename(start_file)  # the generators count their windows from it
+        progress(f"  the fleet is up after {result.up_after:.0f} s; the windows follow")
         samples = _sample(lakeshore, generators, start_at, windows, window)
         outputs = []
         for generator in generators:
@@ -249,6 +264,18 @@ def run_fleet(
     time.sleep(1)
     lakeshore.reset()
     return result
+
+
+def _fleet_up(lakeshore: Lakeshore, daemons: int, deadline: float) -> float:
+    """When (time.monotonic()) every fleet daemon has registered: the windows measure an
+    idle fleet, not one still coming up (a server slower to register than the ramp
+    would have the ramp's tail in its first window). At the deadline, whatever is up."""
+    query = "SELECT count(*) FROM queues_daemon WHERE name LIKE %s AND state <> 'terminated'"
+    while time.monotonic() < deadline:
+        if lakeshore.sql(query, ["fleet-%"])[0][0] >= daemons:
+            return time.monotonic()
+        time.sleep(0.5)
+    return time.monotonic()
 
 
 def _lost(lakeshore: Lakeshore, ids: list[int] | None = None) -> int:

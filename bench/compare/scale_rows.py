@@ -87,8 +87,9 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
     section = Section(f"{daemons:,} idle daemons", rows, prepare=prepare, key="fleet")
     section.notes.append(
         f"one fleet run: the daemons register over max(5 s, N ÷ "
-        f"{budget.fleet_ramp_per_second:g}/s), settle 10 s, then one {budget.fleet_window:.0f} "
-        "s window a round (the rounds back to back); each claims and heartbeats as the "
+        f"{budget.fleet_ramp_per_second:g}/s); 10 s after the whole fleet has registered "
+        f"(the moment is in the note below), one {budget.fleet_window:.0f} s window a round "
+        "(the rounds back to back); each claims and heartbeats as the "
         "daemon's own code says (bench/fleet_swarm.py imports its defaults and rules); "
         f"{budget.fleet_submits} jobs submitted a window, one at a time, evenly spaced, each "
         "completed by the daemon that claims it (an exchange); the reaper runs every "
