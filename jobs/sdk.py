@@ -32,6 +32,7 @@ from lakeshore import sdk_job
 from lakeshore_admin.errors import Busy, Invalid, NotFound, TooLarge
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
+LOOK_SDK = 2.0  # seconds between the looks of an await or stream that is notified
 SUBMIT_BLOCK_MAX = 20.0  # the longest a submit waits for room in a full queue
 POLL_MAX_SECONDS = 20.0
 FUNCTION_MAX = 300
@@ -252,12 +253,16 @@ def await_result(body: dict) -> dict:
 
 def await_steps(body: dict) -> waits.Steps:
     """await_result as steps (jobs/waits.py): it looks at the invocation, and yields a
-    Wait of a growing pause (20 ms to 250 ms) between looks; nothing notifies an
-    invocation's end, so each pause runs out. A wait refused (None), or a server that
-    is stopping, answers the state last read."""
+    Wait between looks. An SDK invocation's end is notified (`inv:ID`,
+    jobs/migrations/0012): it waits for that, looking again only every LOOK_SDK seconds
+    as a safety net. One of the REST API's (nothing notifies its end) is looked at after
+    a growing pause (20 ms to 250 ms). A wait refused (None), or a server that is
+    stopping, answers the state last read."""
     pk = read_invocation_id(body.get("invocation_id"))
     wait = read_number(body.get("timeout_s"), "timeout_s", default=5.0, low=0, high=3600)
     deadline = time.monotonic() + min(wait, AWAIT_MAX_SECONDS)
+    listening = [f"inv:{pk}"]
+    seen = wakeup.listener.snapshot(listening)  # before the look: no end is missed
     row = _await_row(pk)
     pause = 0.02
     while row["state"] not in TERMINAL_STATES:
@@ -265,10 +270,12 @@ def await_steps(body: dict) -> waits.Steps:
         if left <= 0:
             break
         _release_connection()
-        woken = yield waits.Wait([], (), min(pause, left))
+        look = LOOK_SDK if row["wire"] else pause
+        woken = yield waits.Wait(listening, seen, min(look, left))
         if woken is None or wakeup.listener.closing:
             break
         pause = min(pause * 1.5, 0.25)
+        seen = wakeup.listener.snapshot(listening)
         row = _await_row(pk)
     return _await_answer(row)
 
@@ -380,12 +387,12 @@ def _over(stream: str) -> bool:
 def frames(stream: str, since: int):
     """GET …/invocations/<id>/result/stream: the stored frames after `since`, then
     live ones, as bytes, one frame at a time (frame_steps, asleep in this thread
-    between looks)."""
+    between looks, woken by a frame or the invocation's end)."""
     steps = frame_steps(stream, since)
     try:
         for step in steps:
             if isinstance(step, waits.Wait):
-                time.sleep(step.seconds)
+                wakeup.listener.wait(step.queues, step.seen, step.seconds)
             else:
                 yield from step
     finally:
@@ -394,18 +401,20 @@ def frames(stream: str, since: int):
 
 def frame_steps(stream: str, since: int):
     """The stream as steps: it yields the frames of each read (a list of bytes, at
-    most LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame), or a Wait of a growing
-    pause (20 ms to 200 ms) between looks that found nothing. Ends after a final
-    frame, once the invocation is terminal with nothing newer, or after
-    LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame (a topic that nobody posts to).
-    Holds no database connection between looks."""
+    most LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame), or a Wait between looks
+    that found nothing: for a frame (`frame:STREAM`) or the invocation's end (`inv:ID`),
+    both notified (jobs/migrations/0012), looking again every LOOK_SDK seconds as a
+    safety net. Ends after a final frame, once the invocation is terminal with nothing
+    newer, or after LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame (a topic that
+    nobody posts to). Holds no database connection between looks."""
     cursor = since
     idle_limit = float(settings.LAKESHORE_SDK_STREAM_IDLE_SECONDS)
     quiet_since = time.monotonic()
-    pause = 0.02
     pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
+    listening = [f"frame:{stream}", *([f"inv:{pk}"] if pk is not None else [])]
     try:
         while True:
+            seen = wakeup.listener.snapshot(listening)  # before the look
             rows = _next_frames(stream, cursor)
             if rows:
                 ended = next((i for i, row in enumerate(rows) if row[2]), None)
@@ -415,7 +424,7 @@ def frame_steps(stream: str, since: int):
                 yield [bytes(data) for _, data, _ in rows]
                 if ended is not None:
                     return
-                quiet_since, pause = time.monotonic(), 0.02
+                quiet_since = time.monotonic()
                 continue
             if pk is not None:
                 state = Invocation.objects.filter(pk=pk).values_list("state", flat=True).first()
@@ -424,11 +433,11 @@ def frame_steps(stream: str, since: int):
                     if not ResultFrame.objects.filter(stream=stream, seq__gt=cursor).exists():
                         return
                     continue
-            if time.monotonic() - quiet_since >= idle_limit:
+            quiet = time.monotonic() - quiet_since
+            if quiet >= idle_limit:
                 return
             _release_connection()
-            yield waits.Wait([], (), pause)
-            pause = min(pause * 1.5, 0.2)
+            yield waits.Wait(listening, seen, min(LOOK_SDK, idle_limit - quiet))
     finally:
         _release_connection()
 

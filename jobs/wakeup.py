@@ -23,7 +23,13 @@ A waiter may name what must be renewed while it waits (`renew`: a Renewal and a 
 such as a daemon's liveness and its id): the listening thread renews the keys of every
 waiter at once, every `Renewal.every()` seconds, in one statement.
 
-The same channel says when a token or a user changed (`token:ID`, `user:ID`: the
+The same channel carries one-off names: `inv:ID` when an SDK invocation ends, and
+`frame:STREAM` when a result frame is written (jobs/migrations/0012), which the SDK's
+await and result stream wait on. A one-off name is kept only while someone waits on it
+(or did in the last FORGET_AFTER seconds); a notification of one nobody waits on costs
+a lookup. It wakes every waiter of that name, not a few.
+
+The same channel also says when a token or a user changed (`token:ID`, `user:ID`: the
 triggers of accounts/migrations/0006): the listener drops them from this process's
 token cache at once, and tells the cache while it is connected (accounts.authentication
 keeps a daemon's own credential longer while it hears those changes)."""
@@ -48,6 +54,8 @@ RECONNECT_DELAY = 1.0
 RELAY = 4  # coroutines one notification, or one claim that took work, wakes per queue
 STARTUP_WAIT = 5.0
 CREDENTIALS = {"token": "token_id", "user": "user_id"}  # payloads that change no queue
+ONE_OFF = ("inv", "frame")  # kinds of names of one invocation's end, one stream's frames
+FORGET_AFTER = 120.0  # seconds a one-off name nobody waits on is kept (waits are shorter)
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +90,39 @@ class Listener:
         self._renewing: dict[Renewal, Counter] = {}
         self._renewed: dict[Renewal, float] = {}  # Renewal → when it last ran (monotonic)
         self._renewals: dict[Renewal, threading.Thread] = {}  # the one running, if any
+        self._touched: dict[str, float] = {}  # one-off name → when last waited on
+        self._forgot = time.monotonic()  # when one-off names were last forgotten
 
     # ------------------------------------------------------------------ waiters
 
     def snapshot(self, queues: list[str]) -> tuple[int, ...]:
         self._ensure_started()
         with self._cond:
+            self._touch(queues)
             return tuple(self._versions.get(q, 0) for q in queues)
+
+    def _touch(self, names: list[str]) -> None:
+        """One-off names among `names` are waited on now. Under self._cond."""
+        now = None
+        for name in names:
+            if name.partition(":")[0] in ONE_OFF:
+                now = now or time.monotonic()
+                self._touched[name] = now
+                self._versions.setdefault(name, 0)
+
+    def _forget(self) -> None:
+        """Forget the one-off names nobody waited on for FORGET_AFTER seconds (every
+        half of that at most). In the listening thread."""
+        now = time.monotonic()
+        if now - self._forgot < FORGET_AFTER / 2:
+            return
+        self._forgot = now
+        with self._cond:
+            for name, at in list(self._touched.items()):
+                if now - at > FORGET_AFTER and not self._parked.get(name):
+                    del self._touched[name]
+                    self._versions.pop(name, None)
+                    self._parked.pop(name, None)
 
     def wait(self, queues: list[str], seen: tuple[int, ...], timeout: float, renew=None) -> bool:
         """Wait up to `timeout` s for work in `queues` since `seen`. True when woken
@@ -96,6 +130,7 @@ class Listener:
         Renewal, a key) renewed while it waits."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._touch(queues)
             self._renew_add(renew)
             try:
                 released = self._released
@@ -125,6 +160,7 @@ class Listener:
         with self._cond:
             if self._closing:
                 return False
+            self._touch(queues)
             if tuple(self._versions.get(q, 0) for q in queues) != seen:
                 return True
             healthy = self._healthy
@@ -282,6 +318,13 @@ class Listener:
         if kind in CREDENTIALS and key.isdigit():  # a token or a user changed
             token_cache.forget(**{CREDENTIALS[kind]: int(key)})
             return
+        if kind in ONE_OFF:  # an invocation's end, a stream's frame: all its waiters
+            with self._cond:
+                if payload in self._touched:  # else nobody waits on it
+                    self._versions[payload] = self._versions.get(payload, 0) + 1
+                    self._wake_parked(list(self._parked.pop(payload, {})), True)
+                    self._cond.notify_all()
+            return
         name, _, at = payload.partition("@")
         with self._cond:
             if at:
@@ -330,6 +373,7 @@ class Listener:
                         for note in conn.notifies(timeout=max(0.01, turn)):
                             self._receive(note.payload)
                         self._fire_due()
+                        self._forget()
             except Exception as exc:  # noqa: BLE001 - keep listening whatever happens
                 log.warning("work listener: %s; reconnecting", exc)
             self._set_health(False)

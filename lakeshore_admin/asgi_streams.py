@@ -234,7 +234,9 @@ async def _chunks(got, steps, run, receive):
             if isinstance(step, waits.Wait):
                 if wakeup.listener.closing:
                     raise Cut
-                waiting = asyncio.ensure_future(wakeup.listener.wait_async([], (), step.seconds))
+                waiting = asyncio.ensure_future(
+                    wakeup.listener.wait_async(step.queues, step.seen, step.seconds)
+                )
                 await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
                 if gone.done():
                     waiting.cancel()

@@ -1,0 +1,66 @@
+"""The SDK's await waits on the listening connection (jobs/wakeup.py): an SDK
+invocation's end is notified (`inv:ID`, jobs/migrations/0012), so a waiting await
+answers at once and looks at the invocation only every few seconds meanwhile. The
+control: an invocation of the REST API, whose end nothing notifies, is looked at again
+and again (a growing pause of 20 ms to 250 ms)."""
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from jobs import sdk, services, waits
+from jobs.models import Invocation
+from jobs.wakeup import listener
+from tests import builders
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _await_ending_at(pk: int, ends_after: float) -> tuple[dict, float, int]:
+    """Await `pk` (up to 8 s) in a thread; end it `ends_after` s later with a bare
+    UPDATE. (its answer, seconds from the end to the answer, its looks)."""
+    got = {}
+
+    def awaiting():
+        with CaptureQueriesContext(connection) as ctx:
+            got["answer"] = waits.drive(sdk.await_steps({"invocation_id": str(pk), "timeout_s": 8}))
+        got["at"] = time.monotonic()
+        got["looks"] = sum(1 for q in ctx.captured_queries if "jobs_invocation" in q["sql"])
+        connection.close()
+
+    thread = threading.Thread(target=awaiting)
+    thread.start()
+    time.sleep(ends_after)
+    Invocation.objects.filter(pk=pk).update(state="succeeded", result_blob=b"\x01")
+    ended = time.monotonic()
+    thread.join(15)
+    return got["answer"], got["at"] - ended, got["looks"]
+
+
+def test_an_sdk_await_wakes_at_its_end_and_hardly_looks_meanwhile():
+    _until(lambda: listener.healthy)
+    builders.queue(name="w")
+    job = services.invocation_submit(function="f", queue="w", wire="value", args_blob=b"x")[0]
+    answer, late, looks = _await_ending_at(job.pk, 1.0)
+    assert answer["state"] == "succeeded" and answer["result_blob"] == b"\x01"
+    assert late < 0.5  # its next look would have been 1 s after its end
+    assert looks <= 2  # the first look, and the one its end woke (no look at 2 s yet)
+
+
+def test_control_a_rest_invocations_await_looks_again_and_again():
+    builders.queue(name="w")
+    job = services.invocation_submit(function="lakeshore.functions.echo", queue="w")[0]
+    answer, late, looks = _await_ending_at(job.pk, 1.5)
+    assert answer["state"] == "succeeded"
+    assert late < 0.5  # its looks are close enough
+    assert looks >= 6
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
