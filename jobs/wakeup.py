@@ -91,6 +91,7 @@ class Listener:
         self._renewed: dict[Renewal, float] = {}  # Renewal → when it last ran (monotonic)
         self._renewals: dict[Renewal, threading.Thread] = {}  # the one running, if any
         self._touched: dict[str, float] = {}  # one-off name → when last waited on
+        self._asleep: Counter = Counter()  # name → threads waiting on it (`wait`)
         self._forgot = time.monotonic()  # when one-off names were last forgotten
 
     # ------------------------------------------------------------------ waiters
@@ -110,6 +111,11 @@ class Listener:
                 self._touched[name] = now
                 self._versions.setdefault(name, 0)
 
+    def one_offs(self) -> int:
+        """How many one-off names it keeps (waited on lately)."""
+        with self._cond:
+            return len(self._touched)
+
     def _forget(self) -> None:
         """Forget the one-off names nobody waited on for FORGET_AFTER seconds (every
         half of that at most). In the listening thread."""
@@ -119,7 +125,11 @@ class Listener:
         self._forgot = now
         with self._cond:
             for name, at in list(self._touched.items()):
-                if now - at > FORGET_AFTER and not self._parked.get(name):
+                if (
+                    now - at > FORGET_AFTER
+                    and not self._parked.get(name)
+                    and not self._asleep[name]
+                ):
                     del self._touched[name]
                     self._versions.pop(name, None)
                     self._parked.pop(name, None)
@@ -131,6 +141,7 @@ class Listener:
         deadline = time.monotonic() + timeout
         with self._cond:
             self._touch(queues)
+            self._asleep.update(queues)
             self._renew_add(renew)
             try:
                 released = self._released
@@ -148,6 +159,10 @@ class Listener:
                     self._cond.wait(left)
             finally:
                 self._renew_drop(renew)
+                self._asleep.subtract(queues)
+                for name in queues:
+                    if self._asleep[name] <= 0:
+                        del self._asleep[name]
 
     async def wait_async(
         self, queues: list[str], seen: tuple[int, ...], timeout: float, renew=None

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import sdk, services, waits
+from jobs import sdk, services, waits, wakeup
 from jobs.models import Invocation
 from jobs.wakeup import listener
 from tests import builders
@@ -64,3 +64,27 @@ def _until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_one_off_names_are_kept_only_while_waited_on(monkeypatch):
+    """Nothing unbounded: a notification of an invocation nobody waits on adds nothing,
+    and a name nobody has waited on for FORGET_AFTER is forgotten (by the listening
+    thread, within a turn of a second), while one still waited on is kept."""
+    monkeypatch.setattr(wakeup, "FORGET_AFTER", 0.5)
+    _until(lambda: listener.healthy)
+    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # earlier tests' names
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify('lakeshore_work', 'inv:987654321')")
+    time.sleep(0.3)
+    assert listener.one_offs() == 0  # nobody waits on it
+    listener.snapshot(["inv:111111111", "frame:gone-topic"])
+    assert listener.one_offs() == 2
+    kept = threading.Thread(target=listener.wait, args=(["frame:kept"], (0,), 4.0))
+    kept.start()
+    time.sleep(0.2)
+    assert listener.one_offs() == 3
+    _until(lambda: listener.one_offs() == 1, timeout=5.0)  # the two are forgotten
+    time.sleep(1.5)
+    assert listener.one_offs() == 1  # the one waited on (past FORGET_AFTER) is not
+    kept.join(10)
+    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # nor once its wait is over
