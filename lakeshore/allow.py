@@ -24,6 +24,15 @@ def parse_modules(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in (text or "").split(",") if m.strip())
 
 
+MODULES_EXPECTED = "comma-separated module names (dotted identifiers, such as my_pkg.jobs)"
+
+
+def not_modules(names) -> list[str]:
+    """The entries of LAKESHORE_ALLOWED_MODULES that are no module's name: they would
+    match no function, and every job naming the module meant would be refused."""
+    return [name for name in names if not all(p.isidentifier() for p in name.split("."))]
+
+
 def in_allowed(module: str, allowed: tuple[str, ...]) -> bool:
     """`module` is an allowed module or inside one (the prefix rule)."""
     return bool(module) and any(module == m or module.startswith(m + ".") for m in allowed)

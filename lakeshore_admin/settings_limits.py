@@ -1,7 +1,8 @@
 """The domain's own settings: the controller, retries, retention, bounds and waits
 (settings.py takes every name here; README's Settings table says what each means)."""
 
-from lakeshore_admin.env import env_list, env_number, env_str
+from lakeshore.allow import MODULES_EXPECTED, not_modules
+from lakeshore_admin.env import BadSetting, env_list, env_number, env_str
 
 LAKESHORE_TICK_SECONDS = env_number("LAKESHORE_TICK_SECONDS", 10, minimum=1)
 # How often the console's tables and signals refresh themselves.
@@ -44,6 +45,10 @@ LAKESHORE_CLAIM_MAX_BYTES = env_number("LAKESHORE_CLAIM_MAX_BYTES", 16 * 1024 * 
 # Modules (besides lakeshore.functions) whose functions the daemons that this server's
 # providers start may run. Only the server's owner sets it: no API input can widen it.
 LAKESHORE_ALLOWED_MODULES = env_list("LAKESHORE_ALLOWED_MODULES", [])
+if not_modules(LAKESHORE_ALLOWED_MODULES):
+    raise BadSetting(
+        "LAKESHORE_ALLOWED_MODULES", ",".join(LAKESHORE_ALLOWED_MODULES), MODULES_EXPECTED
+    )
 # The Python SDK's wire (dreamlake-lakeshore: /v1/namespaces/<ns>/producer/*, /v1/daemon/*).
 # This server is one namespace; any other answers 404.
 LAKESHORE_SDK_NAMESPACE = env_str("LAKESHORE_SDK_NAMESPACE", "default").strip() or "default"

@@ -1,11 +1,14 @@
 """`lakeshore daemon run` (start a daemon here) and `lakeshore daemon remove` (drop one)."""
 
+import os
 import re
 
 import click
 
+from lakeshore.allow import MODULES_EXPECTED, not_modules, parse_modules
 from lakeshore.client import Client, path
 from lakeshore.context import State, pass_client
+from lakeshore.errors import CliError
 from lakeshore.output import emit, json_option
 from lakeshore.params import NAME_MAX_LENGTH, NAME_PATTERN
 
@@ -106,6 +109,12 @@ def run(
     one invocation after another (its imports stay loaded); module-level state survives
     from one to the next until the process is replaced.
     """
+    allowed = parse_modules(os.environ.get("LAKESHORE_ALLOWED_MODULES", ""))
+    if bad := not_modules(allowed):
+        raise CliError(
+            f"LAKESHORE_ALLOWED_MODULES: {', '.join(map(repr, bad))} is not a module name; "
+            f"expected {MODULES_EXPECTED}"
+        )
     # Here, not at the top: the daemon's modules (pool, ctypes, SDK runner) would add
     # about 30 ms to every lakeshore command.
     from lakeshore.worker.daemon import Worker, stderr_log

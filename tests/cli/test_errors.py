@@ -106,3 +106,16 @@ def test_it_refuses_an_unreadable_auth_file(isolated_config, fake_api):
     result = fake_api.run("queues", "ls")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: cannot read {isolated_config}")
+
+
+def test_a_daemon_with_a_misspelt_allowed_module_does_not_start(fake_api, monkeypatch):
+    """`my-jobs` can be no module's name: every job naming the module meant would be
+    refused later, one by one. The daemon says so and does not start (no request)."""
+    monkeypatch.setenv("LAKESHORE_ALLOWED_MODULES", "my_jobs, my-jobs")
+    result = fake_api.run("daemon", "run", "--queues", "py")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "error: LAKESHORE_ALLOWED_MODULES: 'my-jobs' is not a module name; expected "
+        "comma-separated module names (dotted identifiers, such as my_pkg.jobs)\n"
+    )
+    assert fake_api.requests == []

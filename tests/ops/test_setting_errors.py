@@ -42,12 +42,12 @@ BAD_TEXT = {
     "LAKESHORE_PGDATA": "/proc/lakeshore/pg",
     "CSRF_TRUSTED_ORIGINS": "admin.example.com",
     "LAKESHORE_PUBLIC_URL": "127.0.0.1:8080",
+    "LAKESHORE_ALLOWED_MODULES": "my_jobs,my-jobs",
 }
 FREE_TEXT = {
     "DJANGO_SECRET_KEY": "any text is a key",
     "ALLOWED_HOSTS": "host names and patterns; a wrong one refuses requests (400), as Django does",
     "LAKESHORE_SDK_NAMESPACE": "any name; other namespaces answer 404",
-    "LAKESHORE_ALLOWED_MODULES": "module names; one that does not import fails the jobs using it",
     "LAKESHORE_BROKER_URL": "kombu's URLs; the worker says which it cannot reach",
     "LAKESHORE_BIND": "an address; gunicorn says when it cannot listen there",
 }
