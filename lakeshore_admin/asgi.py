@@ -7,15 +7,19 @@ as it had threads. Here:
 
 - POST /api/v1/daemons/ID/claim/ and …/exchange/, when the lean path takes them
   (lakeshore_admin/fastpath.py: its checks of the request line and headers): the token
-  and role are checked in a worker thread, the body is read only then, and the answer
-  runs as steps (jobs/waits.py): each step in a worker thread (they touch the
-  database), each wait a coroutine on this event loop, holding no thread. The answers,
-  headers and errors are the lean path's own.
+  and role are checked (on this loop when the process keeps the token, else in a
+  worker thread), the body is read only then, and the answer runs as steps
+  (jobs/waits.py): each step in a worker thread (they touch the database), each wait a
+  coroutine on this event loop, holding no thread. The answers, headers and errors are
+  the lean path's own.
+- a submit (POST /api/v1/jobs/), a daemon's heartbeat and completion, when the lean
+  path takes them: the same admission, then the answer in one worker-thread turn,
+  without the WSGI bridge's turns.
 - POST /v1/daemon/poll, the SDK worker's poll, the same way (lakeshore_admin/asgi_sdk.py).
 - the SDK's await and result stream, and a job log's follow (lakeshore_admin/asgi_streams.py).
-- everything else (console, API, submit, heartbeats, the SDK's producer): the WSGI application
-  (the lean path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per
-  process (a2wsgi), as gunicorn's threads served it before.
+- everything else (console, API, the SDK's producer): the WSGI application (the lean
+  path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per process
+  (a2wsgi), as gunicorn's threads served it before.
 
 A server stopping (SIGTERM, SIGINT, SIGQUIT) ends every parked wait at once: its claim
 answers empty, and the daemon claims again (from another server, or this one when it is
@@ -54,6 +58,8 @@ from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE
 
 STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
+# the paths the lean path may take (lakeshore_admin/fastpath.LeanPath.take decides)
+LEAN_ENDINGS = ("/claim/", "/exchange/", "/complete/", "/heartbeat/", "/api/v1/jobs/")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 
 
@@ -71,12 +77,14 @@ class Application:
             return await self.lifespan(receive, send)
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
-            if path.endswith(("/claim/", "/exchange/")):
+            if path.endswith(LEAN_ENDINGS):  # the daemon protocol, a submit
                 environ = build_environ(scope, io.BytesIO())
-                environ[waits.ARRIVED] = time.monotonic()  # its wait counts from now
+                environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
                 taken = self.lean.take(environ)
                 if taken is not None and taken[0] in STEPPED:
                     return await self.long_poll(environ, taken, scope, receive, send)
+                if taken is not None:
+                    return await self.lean_answer(environ, taken, scope, receive, send)
             elif path == sdk_door.POLL_PATH:
                 environ = build_environ(scope, io.BytesIO())
                 if self.lean.headers_allow(environ, MEDIA_TYPE) is not None:
@@ -133,6 +141,31 @@ class Application:
         status, headers, content = lean.rendered(outcome, secure, allow(view))
         await respond(send, status, headers, content)
 
+    async def lean_answer(self, environ, taken, scope, receive, send):
+        """What the lean path answers (a submit, a heartbeat, a completion), without the
+        WSGI bridge: the token on this loop when the process keeps it (else in a worker
+        thread, the body unread), the body read here, the answer in one worker-thread
+        turn, the response sent from here."""
+        lean = self.lean
+        admitted = lean.admit_kept(environ, taken)
+        if admitted is None:
+            admitted = await self.run(None, lean.admit, environ, taken)
+        if admitted is None:  # refused: Django answers, and says why (the body unread)
+            return await self.wsgi(scope, coroutine(receive), send)
+        request, view, answer = admitted
+        route, args, secure = taken
+        try:
+            body = await read_all(receive)
+        except Disconnected:
+            await self.run(None, signals.request_finished.send, Application)
+            return
+        environ["wsgi.input"] = io.BytesIO(body)
+        outcome = await self.run(None, _answer_once, lean, request, answer, args, environ)
+        if outcome is TO_DJANGO:  # DRF's parser answers it
+            return await self.wsgi(scope, replay(body, receive), send)
+        status, headers, content = lean.rendered(outcome, secure, allow(view))
+        await respond(send, status, headers, content)
+
     def answered(self, request, answer_steps, args, environ):
         """The request's outcome, (payload, status, extra headers), as steps: its body
         read, then the answer's steps, its errors answered as the lean path's; or
@@ -160,6 +193,16 @@ class Application:
                 self.steps.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _answer_once(lean, request, answer, args, environ):
+    """The lean path's outcome of a request whose body is in `environ` (its errors
+    answered as the API's views answer them), or TO_DJANGO; the request ends here."""
+    data = read_body(environ)
+    if data is TO_DJANGO:
+        signals.request_finished.send(sender=Application)
+        return TO_DJANGO
+    return lean.outcome(request, lambda: answer(request, *args, data))
 
 
 def _release_waits_on_stop() -> None:

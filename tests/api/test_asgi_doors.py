@@ -234,3 +234,24 @@ def test_an_idle_claims_wait_ends_without_a_worker_thread(world):
 def _submit_and_close():
     services.invocation_submit(function=ECHO, queue="w")
     connection.close()
+
+
+def test_a_submit_a_heartbeat_and_a_completion_answer_as_the_lean_path(world):
+    """Without the WSGI bridge, and the same answers: a submit (an operator's token), a
+    daemon's heartbeat and completion, an error, and a body only DRF may parse."""
+    django, lean, app, me, token, _ = world
+    operator = builders.token("operator")
+    submit = {"function": ECHO, "queue": "w", "args": [1]}
+    raw = json.dumps(submit).encode()
+    door = asgi_call(app, "/api/v1/jobs/", raw, token=operator)
+    full = call(lean, "/api/v1/jobs/", submit, token=operator)
+    assert django.calls == 0 and door[0] == full[0] == 201
+    assert _normal(door[1]).keys() == _normal(full[1]).keys()
+    assert json.loads(door[2]).keys() == full[2].keys() and json.loads(door[2])["queue"] == "w"
+    door, full = _json_both(world, f"/api/v1/daemons/{me}/heartbeat/", {"held": []})
+    assert door == full and door[0] == 200
+    bad = {"invocation": "1", "attempt": 1, "state": "nope"}
+    door, full = _json_both(world, f"/api/v1/daemons/{me}/complete/", bad)
+    assert door == full and door[0] == 400
+    status, _, _ = asgi_call(app, "/api/v1/jobs/", b"{not json", token=operator)
+    assert status == 400 and django.calls == 1  # DRF's parser says why
