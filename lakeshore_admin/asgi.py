@@ -87,8 +87,9 @@ class Application:
                     return await self.lean_answer(environ, taken, scope, receive, send)
             elif path == sdk_door.POLL_PATH:
                 environ = build_environ(scope, io.BytesIO())
-                if self.lean.headers_allow(environ, MEDIA_TYPE) is not None:
-                    return await sdk_door.poll(self, environ, scope, receive, send)
+                if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
+                    secure = allowed[1]
+                    return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
         if scope["type"] == "http" and (door := streams_door.door_for(scope)) is not None:
             return await door(self, scope, receive, send)  # the SDK's await and stream, a follow
         return await self.wsgi(scope, coroutine(receive), send)

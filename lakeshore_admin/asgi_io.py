@@ -2,6 +2,11 @@
 a request's body, giving it again to the WSGI application, answering."""
 
 import asyncio
+import io
+
+from django.http import HttpHeaders
+
+from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackParser
 
 
 class Disconnected(Exception):
@@ -64,3 +69,16 @@ def replay(body: bytes, receive):
         return await receive()
 
     return replay
+
+
+class _Parsing:
+    """What MsgPackParser reads of a request: its declared length."""
+
+    def __init__(self, environ):
+        self.META = environ
+        self.headers = HttpHeaders(environ)
+
+
+def parse_msgpack(environ, body: bytes):
+    """A msgpack body as the SDK views' parser reads it (its errors: the full stack's)."""
+    return MsgPackParser().parse(io.BytesIO(body), MEDIA_TYPE, {"request": _Parsing(environ)})

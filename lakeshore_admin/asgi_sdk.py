@@ -13,20 +13,25 @@ view does (fleet/api/sdk_worker.py): any error would end the SDK's worker."""
 
 import asyncio
 import functools
-import io
 import logging
 
 from django.core import signals
 from django.db import InterfaceError, OperationalError
-from django.http import HttpHeaders
 
 from fleet import sdk_worker
 from fleet.api.sdk_worker import DaemonPoll
 from jobs import waits
 from lakeshore_admin.api_errors import sdk_error
-from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
+from lakeshore_admin.asgi_io import (
+    Disconnected,
+    coroutine,
+    parse_msgpack,
+    read_all,
+    replay,
+    respond,
+)
 from lakeshore_admin.fastpath import allow
-from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackParser, MsgPackRenderer
+from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
 POLL_PATH = "/v1/daemon/poll"
 PAUSE_ON_DATABASE_ERROR = 1.0  # seconds, as the view pauses
@@ -34,15 +39,7 @@ PAUSE_ON_DATABASE_ERROR = 1.0  # seconds, as the view pauses
 log = logging.getLogger("jobs.api.sdk_views")  # where the view logs
 
 
-class _Parsing:
-    """What MsgPackParser reads of a request: its declared length."""
-
-    def __init__(self, environ):
-        self.META = environ
-        self.headers = HttpHeaders(environ)
-
-
-async def poll(app, environ, scope, receive, send):
+async def poll(app, environ, scope, receive, send, *, secure: bool):
     lean = app.lean
     request = await app.run(None, lean.admit_to, environ, DaemonPoll)
     if request is None:  # refused: the full stack answers, and says why (body unread)
@@ -55,7 +52,7 @@ async def poll(app, environ, scope, receive, send):
     run = functools.partial(app.run, request)
     steps = None
     try:
-        data = await app.run(None, _parse, environ, body)
+        data = await app.run(None, parse_msgpack, environ, body)
         steps = sdk_worker.poll_steps(data, user=request.user, token=request.auth)
         first = await run(waits.first_step, steps)
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
@@ -76,16 +73,14 @@ async def poll(app, environ, scope, receive, send):
         await app.run(None, signals.request_finished.send, poll)
     if status == 500:
         headers = [(k, v) for k, v in payload.items()]
-        return await respond(send, 500, [*headers, *lean.static_headers()], payload.content)
+        headers = [*headers, *lean.static_headers(), *lean.secure_headers(secure)]
+        return await respond(send, 500, headers, payload.content)
     content = MsgPackRenderer().render(payload)
     headers = [
         ("Content-Type", MEDIA_TYPE),
         ("Content-Length", str(len(content))),
         *lean.static_headers(),
         ("Allow", allow(DaemonPoll)),
+        *lean.secure_headers(secure),  # HSTS over HTTPS, as SecurityMiddleware adds it
     ]
     await respond(send, status, headers, content)
-
-
-def _parse(environ, body: bytes):
-    return MsgPackParser().parse(io.BytesIO(body), MEDIA_TYPE, {"request": _Parsing(environ)})

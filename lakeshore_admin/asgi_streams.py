@@ -39,7 +39,7 @@ import re
 from a2wsgi.wsgi import build_environ
 from django.core import signals
 from django.core.handlers.wsgi import get_str_from_wsgi
-from django.http import HttpHeaders, QueryDict
+from django.http import QueryDict
 from rest_framework.renderers import JSONRenderer
 
 from jobs import logs, sdk, waits, wakeup
@@ -48,9 +48,16 @@ from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultS
 from jobs.api.views import JobLogs
 from lakeshore_admin.api_errors import exception_handler as api_exception_handler
 from lakeshore_admin.api_errors import sdk_answer, sdk_error
-from lakeshore_admin.asgi_io import Disconnected, coroutine, read_all, replay, respond
+from lakeshore_admin.asgi_io import (
+    Disconnected,
+    coroutine,
+    parse_msgpack,
+    read_all,
+    replay,
+    respond,
+)
 from lakeshore_admin.fastpath import allow
-from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackParser, MsgPackRenderer
+from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
 AWAIT = re.compile(r"^/v1/namespaces/([^/]+)/producer/await$")
 STREAM = re.compile(r"^/v1/namespaces/([^/]+)/producer/invocations/([^/]+)/result/stream$")
@@ -142,19 +149,6 @@ async def await_door(app, scope, receive, send, *, namespace):
         *secure,
     ]
     await respond(send, 200, headers, content)
-
-
-class _Parsing:
-    """What MsgPackParser reads of a request: its declared length."""
-
-    def __init__(self, environ):
-        self.META = environ
-        self.headers = HttpHeaders(environ)
-
-
-def parse_msgpack(environ, body: bytes):
-    """The body as the SDK views' parser reads it (its errors: the full stack's)."""
-    return MsgPackParser().parse(io.BytesIO(body), MEDIA_TYPE, {"request": _Parsing(environ)})
 
 
 def _sdk_error(exc, request):

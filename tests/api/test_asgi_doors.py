@@ -59,8 +59,10 @@ def post_scope(path, raw: bytes, *, token, content_type="application/json") -> d
     }
 
 
-def asgi_call(app, path, raw: bytes, *, token, content_type="application/json"):
+def asgi_call(app, path, raw: bytes, *, token, content_type="application/json", https=False):
     scope = post_scope(path, raw, token=token, content_type=content_type)
+    if https:
+        scope = {**scope, "scheme": "https", "server": ("localhost", 443)}
     messages = [{"type": "http.request", "body": raw, "more_body": False}]
     sent = []
 
@@ -255,3 +257,25 @@ def test_a_submit_a_heartbeat_and_a_completion_answer_as_the_lean_path(world):
     assert door == full and door[0] == 400
     status, _, _ = asgi_call(app, "/api/v1/jobs/", b"{not json", token=operator)
     assert status == 400 and django.calls == 1  # DRF's parser says why
+
+
+def test_the_sdk_poll_over_https_carries_hsts_as_the_full_stack(world, settings):
+    settings.SECURE_HSTS_SECONDS = 600
+    django, _, app, _, _, token = world
+    raw = msgpack.packb({"worker_id": "host-01", "timeout_s": 0, "queue": "w"})
+    door = asgi_call(app, "/v1/daemon/poll", raw, token=token, content_type=MSGPACK, https=True)
+    assert django.calls == 0 and door[0] == 200
+    https = {"wsgi.url_scheme": "https", "SERVER_PORT": "443"}
+    full_stack = Counting()  # its SecurityMiddleware reads the setting as it is made
+    status, headers, _ = call(
+        full_stack,
+        "/v1/daemon/poll",
+        raw=raw,
+        token=token,
+        content_type=MSGPACK,
+        extra=https,
+        decode=False,
+    )
+    assert status == 200
+    assert door[1]["Strict-Transport-Security"] == _normal(headers)["Strict-Transport-Security"]
+    assert door[1]["Strict-Transport-Security"].startswith("max-age=600")
