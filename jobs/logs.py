@@ -254,18 +254,22 @@ def read_steps(
     wait: float = FOLLOW_MAX_SECONDS,
     invocation: Invocation | None = None,
 ) -> waits.Steps:
-    """read as steps (jobs/waits.py): a follow that finds no new line yields a Wait of a
-    growing pause (50 ms to 500 ms) between looks (nothing notifies a line), and stops
-    waiting when a wait is refused or the server is stopping."""
+    """read as steps (jobs/waits.py): a follow that finds no new line yields a Wait
+    between looks: woken by the next line shipped (`log:ID`, notified:
+    jobs/migrations/0013), looking again after a growing pause (50 ms to 500 ms) for the
+    attempt's end, which is not notified; it stops waiting when a wait is refused or
+    the server is stopping."""
     invocation = invocation or services.invocation_get(invocation_id, fields=_READ_FIELDS)
     attempt = _attempt(invocation, attempt)
+    listening = [f"log:{invocation.pk}"]
+    seen = wakeup.listener.snapshot(listening) if follow else ()  # before the look
     log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
     if tail is not None:
         offset = max(0, (log.lines if log else 0) - tail)
     answer = _page(invocation, attempt, log, offset, limit, stream, since)
     if follow and not answer["lines"] and not answer["finished"]:
         deadline = time.monotonic() + min(wait, FOLLOW_MAX_SECONDS)
-        yield from _until_more(invocation.pk, attempt, answer["next_offset"], deadline)
+        yield from _until_more(invocation.pk, attempt, answer["next_offset"], deadline, seen)
         invocation.refresh_from_db(fields=["state", "attempts"])
         log = JobLog.objects.filter(invocation_id=invocation.pk, attempt=attempt).first()
         answer = _page(invocation, attempt, log, answer["next_offset"], limit, stream, since)
@@ -295,17 +299,19 @@ def attempt_over(invocation: Invocation, attempt: int) -> bool:
     return not (invocation.state == InvocationState.RUNNING and attempt == invocation.attempts)
 
 
-def _until_more(pk: int, attempt: int, offset: int, deadline: float) -> waits.Steps:
+def _until_more(pk: int, attempt: int, offset: int, deadline: float, seen) -> waits.Steps:
     """Until the log has a line past `offset` or the attempt is over; no database
-    connection held while waiting."""
+    connection held while waiting. `seen`: the log's channel before the last look."""
     pause = 0.05
+    listening = [f"log:{pk}"]
     while (left := deadline - time.monotonic()) > 0:
         if not connection.in_atomic_block:
             connection.close()
-        woken = yield waits.Wait([], (), min(pause, left))
+        woken = yield waits.Wait(listening, seen, min(pause, left))
         if woken is None or wakeup.listener.closing:
             return
         pause = min(pause * 1.5, 0.5)
+        seen = wakeup.listener.snapshot(listening)
         lines = (
             JobLog.objects.filter(invocation_id=pk, attempt=attempt)
             .values_list("lines", flat=True)

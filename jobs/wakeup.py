@@ -25,9 +25,10 @@ waiter at once, every `Renewal.every()` seconds, in one statement.
 
 The same channel carries one-off names: `inv:ID` when an SDK invocation ends, and
 `frame:STREAM` when a result frame is written (jobs/migrations/0012), which the SDK's
-await and result stream wait on. A one-off name is kept only while someone waits on it
-(or did in the last FORGET_AFTER seconds); a notification of one nobody waits on costs
-a lookup. It wakes every waiter of that name, not a few.
+await and result stream wait on, and `log:ID` when an invocation's log gains lines
+(jobs/migrations/0013), which a log's follow waits on. A one-off name is kept only
+while someone waits on it (or did in the last FORGET_AFTER seconds); a notification of
+one nobody waits on costs a lookup. It wakes every waiter of that name, not a few.
 
 The same channel also says when a token or a user changed (`token:ID`, `user:ID`: the
 triggers of accounts/migrations/0006): the listener drops them from this process's
@@ -54,7 +55,7 @@ RECONNECT_DELAY = 1.0
 RELAY = 4  # coroutines one notification, or one claim that took work, wakes per queue
 STARTUP_WAIT = 5.0
 CREDENTIALS = {"token": "token_id", "user": "user_id"}  # payloads that change no queue
-ONE_OFF = ("inv", "frame")  # kinds of names of one invocation's end, one stream's frames
+ONE_OFF = ("inv", "frame", "log")  # one invocation's end, a stream's frames, a log's lines
 FORGET_AFTER = 120.0  # seconds a one-off name nobody waits on is kept (waits are shorter)
 
 log = logging.getLogger(__name__)

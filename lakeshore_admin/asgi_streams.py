@@ -15,11 +15,14 @@ and parses the body and the query and runs the first step; if any of that fails,
 whole request goes to the full stack (its body given again), which answers as it always
 has: the errors, a bad `since`, an unknown invocation.
 
-Nothing notifies an invocation's end, a frame or a log line, so these waits are timed
-pauses between looks (20 ms growing to 250 ms, 200 ms and 500 ms): each look is one
-step in a worker thread, held only for its queries. A stopping server (asgi.py ends
-every wait) answers an await or a follow with what it last read, and cuts a stream
-short (the SDK raises rather than take the stream for complete).
+These waits are parked on the listening connection (jobs/wakeup.py): an SDK
+invocation's end, a result frame and a log's next line are notified and wake them at
+once; between, they look again after a pause (every 2 s for what is notified; 20 ms
+growing to 250 ms for the end of a REST API invocation, 500 ms for the end of a
+follow's attempt): each look is one step in a worker thread, held only for its
+queries. A stopping server (asgi.py ends every wait) answers an await or a follow with
+what it last read, and cuts a stream short (the SDK raises rather than take the stream
+for complete).
 
 The result stream is sent as it is read: each read of frames (at most
 LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame) one `http.response.body` with
