@@ -123,8 +123,13 @@ class FleetResult:
             "cpu": f"{requests / seconds:,.0f} requests a second (polls, heartbeats, "
             f"submits), about {per_request:.1f} ms of server CPU each; {refused:,} of the "
             "polls were refused a wait (Retry-After) and came back",
-            "heartbeat": f"heartbeats took p50 "
-            f"{_ms(statistics.median(_p50s(w, 'beat_p50')))} with {load}",
+            "heartbeat": (
+                f"heartbeats took p50 {_ms(statistics.median(_p50s(w, 'beat_p50')))} with {load}"
+                if any(x["beats"] for x in w)
+                else f"no daemon sent one: each idle daemon's poll renewed it "
+                f"({sum(x['skipped'] for x in w):,} heartbeats skipped, the daemon's rule); "
+                "see liveness for how fresh the server saw them"
+            ),
             "liveness": f"the oldest heartbeat {max(x['oldest'] for x in w):.1f} s; gaps "
             f"between a daemon's answered polls p50 "
             f"{statistics.median(_p50s(w, 'gap_p50')):.1f} s, the longest "
