@@ -115,16 +115,20 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
 def kept_token(raw: str):
     """(user, token) when this process keeps `raw` (token_cache) and it may still be
     used; else None. No query: an event loop may ask."""
-    kept = token_cache.get(hash_token(raw))
+    return _kept(hash_token(raw))
+
+
+def _kept(digest: str):
+    kept = token_cache.get(digest)
     return (kept.user, kept) if kept is not None and kept.is_usable else None
 
 
 def authenticate_token(raw: str):
     """(user, token) for a bearer token, or AuthenticationFailed saying why. DRF's
     authentication above and the lean path (lakeshore_admin/fastpath.py) both ask here."""
-    if (kept := kept_token(raw)) is not None:
-        return kept
     digest = hash_token(raw)
+    if (kept := _kept(digest)) is not None:
+        return kept
     seen = token_cache.changes  # before the read: a change heard after it shortens its stay
     token = ApiToken.objects.select_related("user").filter(digest=digest).first()
     if token is None:

@@ -27,7 +27,14 @@ from django.db.models import BinaryField, F, Func
 from django.db.models.functions import Substr
 
 from jobs import services, waits, wakeup
-from jobs.models import TERMINAL_STATES, Invocation, InvocationState, ResultFrame, Wire
+from jobs.models import (
+    SDK_WIRES,
+    TERMINAL_STATES,
+    Invocation,
+    InvocationState,
+    ResultFrame,
+    Wire,
+)
 from lakeshore import sdk_job
 from lakeshore_admin.errors import Busy, Invalid, NotFound, TooLarge
 
@@ -270,7 +277,7 @@ def await_steps(body: dict) -> waits.Steps:
         if left <= 0:
             break
         _release_connection()
-        look = LOOK_SDK if row["wire"] else pause
+        look = LOOK_SDK if row["wire"] in SDK_WIRES else pause  # SDK_WIRES: notified
         woken = yield waits.Wait(listening, seen, min(look, left))
         if woken is None or wakeup.listener.closing:
             break

@@ -28,7 +28,8 @@ The same channel carries one-off names: `inv:ID` when an SDK invocation ends, an
 await and result stream wait on, and `log:ID` when an invocation's log gains lines
 (jobs/migrations/0013), which a log's follow waits on. A one-off name is kept only
 while someone waits on it (or did in the last FORGET_AFTER seconds); a notification of
-one nobody waits on costs a lookup. It wakes every waiter of that name, not a few.
+one nobody waits on costs a lookup; at most ONE_OFF_MAX are kept (past it, a waiter
+finds its end by its own looks). It wakes every waiter of that name, not a few.
 
 The same channel also says when a token or a user changed (`token:ID`, `user:ID`: the
 triggers of accounts/migrations/0006): the listener drops them from this process's
@@ -57,6 +58,9 @@ STARTUP_WAIT = 5.0
 CREDENTIALS = {"token": "token_id", "user": "user_id"}  # payloads that change no queue
 ONE_OFF = ("inv", "frame", "log")  # one invocation's end, a stream's frames, a log's lines
 FORGET_AFTER = 120.0  # seconds a one-off name nobody waits on is kept (waits are shorter)
+# One-off names kept at most: past it a new name is not followed, and its waiter finds
+# its end by its own looks (every few seconds), as if nothing were notified.
+ONE_OFF_MAX = 100_000
 
 log = logging.getLogger(__name__)
 
@@ -104,13 +108,17 @@ class Listener:
             return tuple(self._versions.get(q, 0) for q in queues)
 
     def _touch(self, names: list[str]) -> None:
-        """One-off names among `names` are waited on now. Under self._cond."""
+        """One-off names among `names` are waited on now (up to ONE_OFF_MAX of them).
+        Under self._cond."""
         now = None
         for name in names:
-            if name.partition(":")[0] in ONE_OFF:
-                now = now or time.monotonic()
-                self._touched[name] = now
-                self._versions.setdefault(name, 0)
+            if name.partition(":")[0] not in ONE_OFF:
+                continue
+            if name not in self._touched and len(self._touched) >= ONE_OFF_MAX:
+                continue  # its waiter looks for itself
+            now = now or time.monotonic()
+            self._touched[name] = now
+            self._versions.setdefault(name, 0)
 
     def one_offs(self) -> int:
         """How many one-off names it keeps (waited on lately)."""

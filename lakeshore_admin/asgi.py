@@ -81,10 +81,8 @@ class Application:
                 environ = build_environ(scope, io.BytesIO())
                 environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
                 taken = self.lean.take(environ)
-                if taken is not None and taken[0] in STEPPED:
-                    return await self.long_poll(environ, taken, scope, receive, send)
                 if taken is not None:
-                    return await self.lean_answer(environ, taken, scope, receive, send)
+                    return await self.lean_door(environ, taken, scope, receive, send)
             elif path == sdk_door.POLL_PATH:
                 environ = build_environ(scope, io.BytesIO())
                 if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
@@ -109,46 +107,16 @@ class Application:
 
         return await asyncio.get_running_loop().run_in_executor(self.steps, call)
 
-    async def long_poll(self, environ, taken, scope, receive, send):
-        """Up to three turns in worker threads: the token (the body unread; on this
-        loop when the process keeps it), then the body's parsing and the answer's first
-        step, then (after a wait) its last step, which ends the request."""
+    async def lean_door(self, environ, taken, scope, receive, send):
+        """What the lean path answers, without the WSGI bridge. The token is checked
+        first, the body unread: on this loop when the process keeps the token, else in
+        a worker thread. Then the body is read here, and the answer runs: a claim's or an
+        exchange's as steps (a turn in a worker thread for its first step, its wait on
+        this loop, its last step in a thread unless the wait ran out: answered), any
+        other (a submit, a heartbeat, a completion) in one worker-thread turn. The
+        response is sent from here."""
         lean = self.lean
         admitted = lean.admit_kept(environ, taken)  # a token this process keeps: no query
-        if admitted is None:
-            admitted = await self.run(None, lean.admit, environ, taken)
-        if admitted is None:  # refused: Django answers, and says why (the body unread)
-            return await self.wsgi(scope, coroutine(receive), send)
-        request, view, _ = admitted  # the answer comes as steps: STEPPED
-        route, args, secure = taken
-        try:
-            body = await read_all(receive)
-        except Disconnected:
-            await self.run(None, signals.request_finished.send, Application)
-            return
-        environ["wsgi.input"] = io.BytesIO(body)
-        steps = self.answered(request, STEPPED[route], args, environ)
-        gone = gone_when_closed(receive)
-        try:
-            outcome = await waits.drive_async(
-                steps, functools.partial(self.run, request), gone=gone
-            )
-        except waits.Gone:  # the daemon went while it waited: nobody to answer
-            return
-        finally:
-            gone.cancel()
-        if outcome is TO_DJANGO:  # DRF's parser answers it
-            return await self.wsgi(scope, replay(body, receive), send)
-        status, headers, content = lean.rendered(outcome, secure, allow(view))
-        await respond(send, status, headers, content)
-
-    async def lean_answer(self, environ, taken, scope, receive, send):
-        """What the lean path answers (a submit, a heartbeat, a completion), without the
-        WSGI bridge: the token on this loop when the process keeps it (else in a worker
-        thread, the body unread), the body read here, the answer in one worker-thread
-        turn, the response sent from here."""
-        lean = self.lean
-        admitted = lean.admit_kept(environ, taken)
         if admitted is None:
             admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
@@ -161,11 +129,27 @@ class Application:
             await self.run(None, signals.request_finished.send, Application)
             return
         environ["wsgi.input"] = io.BytesIO(body)
-        outcome = await self.run(None, _answer_once, lean, request, answer, args, environ)
+        if route in STEPPED:
+            try:
+                outcome = await self.long_poll(request, STEPPED[route], args, environ, receive)
+            except waits.Gone:  # the daemon went while it waited: nobody to answer
+                return
+        else:
+            outcome = await self.run(None, _answer_once, lean, request, answer, args, environ)
         if outcome is TO_DJANGO:  # DRF's parser answers it
             return await self.wsgi(scope, replay(body, receive), send)
         status, headers, content = lean.rendered(outcome, secure, allow(view))
         await respond(send, status, headers, content)
+
+    async def long_poll(self, request, answer_steps, args, environ, receive):
+        """A claim's or an exchange's outcome: its steps driven on this loop, closed
+        where they wait if the client goes (waits.Gone)."""
+        steps = self.answered(request, answer_steps, args, environ)
+        gone = gone_when_closed(receive)
+        try:
+            return await waits.drive_async(steps, functools.partial(self.run, request), gone=gone)
+        finally:
+            gone.cancel()
 
     def answered(self, request, answer_steps, args, environ):
         """The request's outcome, (payload, status, extra headers), as steps: its body

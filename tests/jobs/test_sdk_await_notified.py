@@ -88,3 +88,19 @@ def test_one_off_names_are_kept_only_while_waited_on(monkeypatch):
     assert listener.one_offs() == 1  # the one waited on (past FORGET_AFTER) is not
     kept.join(10)
     _until(lambda: listener.one_offs() == 0, timeout=5.0)  # nor once its wait is over
+
+
+def test_one_off_names_have_a_bound(monkeypatch):
+    """Past ONE_OFF_MAX names a new one is not followed (an await of it finds its end by
+    its own looks); the names already followed still are."""
+    monkeypatch.setattr(wakeup, "ONE_OFF_MAX", 2)
+    monkeypatch.setattr(wakeup, "FORGET_AFTER", 0.5)
+    _until(lambda: listener.healthy)
+    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # earlier tests' names
+    listener.snapshot(["inv:1", "inv:2", "inv:3"])
+    assert listener.one_offs() == 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify('lakeshore_work', 'inv:3')")
+        cursor.execute("SELECT pg_notify('lakeshore_work', 'inv:2')")
+    _until(lambda: listener.snapshot(["inv:2"]) == (1,))
+    assert listener.snapshot(["inv:3"]) == (0,) and listener.one_offs() == 2
