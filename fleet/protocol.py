@@ -190,6 +190,19 @@ def claim_steps(
             return []
 
 
+def _none_queued(names: list[str]) -> bool:
+    """Whether none of these queues holds a queued row: known without a query when this
+    process found them empty and heard of nothing queued there since (an idle fleet's
+    polls), else one indexed read (whose answer it keeps: jobs/wakeup.note_empty)."""
+    if wakeup.listener.known_empty(names):
+        return True
+    mark = wakeup.listener.empty_mark(names)
+    if claiming.any_queued(names):
+        return False
+    wakeup.listener.note_empty(names, mark)
+    return True
+
+
 def daemon_heard(daemon_id) -> int:
     """Where the daemon's own channel (`daemon:ID`: a drain, its end) stands now: taken
     before its row is read, a claim's wait then wakes for any change committed after."""
@@ -217,7 +230,7 @@ def _claim_once(
         # a busy daemon idle, in touch's own statement, and renews one whose heartbeat is
         # as old as a renewal's turn; while it waits, the renewal keeps it (parked.py).
         names = [q if isinstance(q, str) else q.name for q in queues]
-        if not claiming.any_queued(names):
+        if _none_queued(names):
             if daemons.idle_owed(daemon, parking=True):
                 daemons.touch(daemon.pk)
             hooks.point("claim.probed_empty")

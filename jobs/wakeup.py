@@ -19,6 +19,12 @@ notification wakes only the RELAY that waited longest, not all of them (each wou
 a claim, and all but one would find nothing); a claim that takes work wakes the next
 RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turns.
 
+Because every queued row notifies its queue, a look that found a queue empty stays true
+until its queue's version moves: the process keeps it (note_empty) while the listener
+stays connected, and an idle daemon's next poll skips the look (known_empty: a fleet of
+idle daemons costs no query for work between submits). A row committed but not yet
+heard of wakes the wait like any notification; losing the connection forgets them all.
+
 A waiter may name what must be renewed while it waits (`renew`: a Renewal and a key,
 such as a daemon's liveness and its id): the listening thread renews the keys of every
 waiter at once, every `Renewal.every()` seconds, in one statement.
@@ -54,6 +60,7 @@ CHANNEL = "lakeshore_work"
 FALLBACK_POLL = 1.0
 RECONNECT_DELAY = 1.0
 RELAY = 4  # coroutines one notification, or one claim that took work, wakes per queue
+EMPTY_MAX = 100_000  # queues whose emptiness a process keeps (past it: looked up each time)
 STARTUP_WAIT = 5.0
 CREDENTIALS = {"token": "token_id", "user": "user_id"}  # payloads that change no queue
 ONE_OFF = ("inv", "frame", "log")  # one invocation's end, a stream's frames, a log's lines
@@ -98,6 +105,9 @@ class Listener:
         self._touched: dict[str, float] = {}  # one-off name → when last waited on
         self._asleep: Counter = Counter()  # name → threads waiting on it (`wait`)
         self._forgot = time.monotonic()  # when one-off names were last forgotten
+        # queue → (generation, version) at which a look found no queued row (note_empty)
+        self._empty: dict[str, tuple[int, int]] = {}
+        self._generation = 0  # bumped whenever the listener connects or loses its connection
 
     # ------------------------------------------------------------------ waiters
 
@@ -119,6 +129,36 @@ class Listener:
             now = now or time.monotonic()
             self._touched[name] = now
             self._versions.setdefault(name, 0)
+
+    # ------------------------------------------------------------------ known empty
+
+    def empty_mark(self, queues: list[str]):
+        """Where `queues` stand, taken before a look for queued rows (note_empty)."""
+        with self._cond:
+            return self._generation, tuple(self._versions.get(q, 0) for q in queues)
+
+    def note_empty(self, queues: list[str], mark) -> None:
+        """A look that began after `mark` (empty_mark) found no queued row in `queues`.
+        Kept only while the listener stays connected: a row queued since notifies its
+        queue (the triggers of jobs/0004), which moves it past the mark."""
+        generation, versions = mark
+        with self._cond:
+            if not self._healthy or generation != self._generation:
+                return  # connected or lost since the mark: a notification may be lost
+            for name, version in zip(queues, versions, strict=True):
+                if name not in self._empty and len(self._empty) >= EMPTY_MAX:
+                    continue  # its claims look for themselves
+                self._empty[name] = (generation, version)
+
+    def known_empty(self, queues: list[str]) -> bool:
+        """Whether each of `queues` was found with no queued row (note_empty) and
+        nothing was queued in it since: a long-poll's claim then need not look. A row
+        committed but not yet heard of wakes the wait, as any notification does."""
+        with self._cond:
+            if not self._healthy or not queues:
+                return False
+            mark = self._generation
+            return all(self._empty.get(q) == (mark, self._versions.get(q, 0)) for q in queues)
 
     def one_offs(self) -> int:
         """How many one-off names it keeps (waited on lately)."""
@@ -376,6 +416,8 @@ class Listener:
         token_cache.watch(healthy)  # it hears tokens' and users' changes, or no longer
         with self._cond:
             self._healthy = healthy
+            self._generation += 1
+            self._empty.clear()  # notifications may have been missed: look again
             self._tried.set()
             if not healthy:
                 self._cond.notify_all()  # waiters switch to polling now

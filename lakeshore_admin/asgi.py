@@ -154,8 +154,10 @@ class Application:
     def answered(self, request, answer_steps, args, environ):
         """The request's outcome, (payload, status, extra headers), as steps: its body
         read, then the answer's steps, its errors answered as the lean path's; or
-        TO_DJANGO. The request ends (request_finished) in the thread of the last step,
-        or when the steps are closed."""
+        TO_DJANGO. No request_finished: its receivers give back the calling thread's
+        database connections, which each step's turn in a worker thread does (run),
+        and the last step of a wait that ran out runs on the event loop, which holds
+        none."""
         try:
             data = read_body(environ)
             if data is TO_DJANGO:
@@ -164,8 +166,6 @@ class Application:
             return payload, status, tuple(headers[0].items()) if headers else ()
         except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
             return self.lean.error(exc, request)
-        finally:
-            signals.request_finished.send(sender=Application)
 
     async def lifespan(self, receive, send):
         while True:

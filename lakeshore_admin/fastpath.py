@@ -41,8 +41,9 @@ lean path off, and tests/api/test_fastpath_contract.py fails until it is listed;
 same test turns on each of Django's security settings and compares the headers.
 
 It sends Django's request_started and request_finished signals, so database
-connections go back to the pool as after any request, and it keeps the request where
-the audit trail reads who acts.
+connections go back to the pool as after any request (the ASGI door gives back a worker
+thread's after each turn instead, and sends none on its event loop: asgi.py), and it
+keeps the request where the audit trail reads who acts.
 LAKESHORE_LEAN_PATH=0 turns it off. Under ASGI (asgi.py) everything takes the full
 stack."""
 
@@ -220,7 +221,10 @@ class LeanPath:
     def admit_kept(self, environ, taken):
         """admit, when this process keeps the request's token (accounts.authentication.
         kept_token) and its role may take the route: no query, so the event loop may
-        ask. Else None, and admit (in a worker thread) decides."""
+        ask. Else None, and admit (in a worker thread) decides. It sends no
+        request_started: its receivers tidy the calling thread's database connections,
+        and the event loop has none (each worker-thread turn gives its own back:
+        lakeshore_admin/asgi.Application.run)."""
         if self._routes is None:
             return None  # the first request is admitted in a thread, which loads them
         kept = kept_token(environ["HTTP_AUTHORIZATION"].split()[1])
@@ -230,7 +234,6 @@ class LeanPath:
         request = LeanRequest(environ, *kept)
         if not _permitted(request, view):
             return None
-        signals.request_started.send(sender=self.__class__, environ=environ)
         return request, view, answer
 
     def _enabled(self) -> bool:

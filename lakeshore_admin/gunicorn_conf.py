@@ -59,9 +59,9 @@ timeout = 60  # a worker silent this long is restarted (requests are bounded wel
 graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
 keepalive = 5
 wsgi_app = "lakeshore_admin.asgi:application"
-# One line per request: address, request line, status, bytes, milliseconds.
+# One line per request, written by uvicorn's worker in its own form (address, request
+# line, status) through gunicorn's access log: gunicorn's access_log_format is not used.
 accesslog = "-"
-access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms'
 errorlog = "-"
 # Above Django's own header limits (lakeshore_admin/middleware.py), so that Django
 # answers an oversized header with its JSON error first.
