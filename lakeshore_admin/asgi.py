@@ -30,7 +30,6 @@ import functools
 import io
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from a2wsgi import WSGIMiddleware
 from a2wsgi.wsgi import build_environ
@@ -56,6 +55,7 @@ from lakeshore_admin.asgi_io import (
 )
 from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE
+from lakeshore_admin.threads import HotFirstExecutor
 
 STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
 # the paths the lean path may take (lakeshore_admin/fastpath.LeanPath.take decides)
@@ -69,8 +69,10 @@ class Application:
 
     def __init__(self, lean, threads: int):
         self.lean = lean
-        self.steps = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-step")
+        self.steps = HotFirstExecutor(threads, thread_name_prefix="lakeshore-step")
         self.wsgi = WSGIMiddleware(lean, workers=threads)
+        # its pool too hands each request to the thread that finished last (threads.py)
+        self.wsgi.executor = HotFirstExecutor(threads, thread_name_prefix="WSGI")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":

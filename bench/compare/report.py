@@ -260,9 +260,14 @@ PROFILED = [
     "this server and client with a durable commit; the rest is Lakeshore's request path "
     "(its token, validation, rules, model and 20-field answer, Django's pooled connection "
     "and request signals: in process 1.6 million instructions a submit against the "
-    "floor's 0.7 million). An idle long-poll costs about 3.1–3.5 ms of server CPU per "
-    "answered wait, most of it the request itself in gunicorn and three round trips "
-    "(daemon, claim, commit).",
+    "floor's 0.7 million). An idle long-poll cost about 3.1–3.5 ms of server CPU per "
+    "answered wait under gunicorn's threads (three round trips: daemon, claim, commit); "
+    "parked on the event loop it costs about 1.9 ms, one round trip (its daemon's row): "
+    "a process that found the daemon's queues empty and has heard of nothing queued "
+    "there since does not look again (jobs/wakeup.known_empty), and its worker threads "
+    "take calls hot first (the thread that finished last: lakeshore_admin/threads.py; "
+    "the idle thread that waited longest, as before, made 5,000 idle daemons cost 9 % "
+    "more).",
     "- **End to end**: the daemon claimed only for free slots, so each slot sat idle for a "
     "round trip after every short job (one daemon × 8 slots: 290 jobs/s). Its claim loop "
     "now runs on a thread of its own and, while jobs run under 0.1 s, claims ahead (as many "
