@@ -1,11 +1,12 @@
 """The web process's worker threads (lakeshore_admin/asgi.py): a pool that hands each
 call to the thread that went idle last.
 
-concurrent.futures.ThreadPoolExecutor wakes whichever idle thread its queue wakes,
-which on Linux is the one idle longest: once a burst (a fleet registering) has started
-its 128 threads, every call after it runs on a cold thread (its stack, its Django
-connection handler, its caches out of the CPU's caches), in turn. With 5,000 idle
-daemons polling, the same server spent 9 % less CPU with 8 threads than with 128. Here
+concurrent.futures.ThreadPoolExecutor hands each call to whichever idle thread its
+queue wakes: once a burst (a fleet registering) had started its 128 threads, a steady
+load after it ran on all of them in turn (a fleet run's worker-thread CPU was spread
+evenly over the 128), each call on a cold thread (its stack, its Django connection
+handler, out of the CPU's caches). With 5,000 idle daemons polling, the same server
+spent 9 % less CPU with 8 threads than with 128. Here
 the thread that finished last takes the next call, so a steady load keeps running on
 the few threads it needs, and a burst still has all of them."""
 

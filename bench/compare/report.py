@@ -266,8 +266,8 @@ PROFILED = [
     "a process that found the daemon's queues empty and has heard of nothing queued "
     "there since does not look again (jobs/wakeup.known_empty), and its worker threads "
     "take calls hot first (the thread that finished last: lakeshore_admin/threads.py; "
-    "the idle thread that waited longest, as before, made 5,000 idle daemons cost 9 % "
-    "more).",
+    "with the pool as before, which ran a steady load over all 128 threads in turn, "
+    "5,000 idle daemons cost 8–9 % more).",
     "- **End to end**: the daemon claimed only for free slots, so each slot sat idle for a "
     "round trip after every short job (one daemon × 8 slots: 290 jobs/s). Its claim loop "
     "now runs on a thread of its own and, while jobs run under 0.1 s, claims ahead (as many "

@@ -10,14 +10,12 @@ import time
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import protocol
-from fleet.models import Daemon
 from jobs import services, wakeup
 from jobs.transitions import claiming
 from tests import builders
+from tests.jobs.test_long_poll import Claimer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,34 +23,17 @@ ECHO = "lakeshore.functions.echo"
 listener = wakeup.listener
 
 
-class Poll(threading.Thread):
-    """An idle daemon's long-poll claim on its own thread and connection, counting the
-    queries it sends."""
-
-    def __init__(self, daemon, wait):
-        super().__init__()
-        self.daemon, self.wait = daemon, wait
-        self.claimed = self.queries = self.error = None
-        self.took = None
+class Poll(Claimer):
+    """A Claimer (its queries: the claim's own) that says how long the claim took and
+    answers the ids it claimed."""
 
     def run(self):
-        try:
-            daemon = Daemon.objects.get(pk=self.daemon.pk)
-            started = time.monotonic()
-            with CaptureQueriesContext(connection) as ctx:
-                self.claimed = protocol.invocation_claim(daemon=daemon, wait=self.wait)
-            self.took = time.monotonic() - started
-            self.queries = len(ctx.captured_queries)
-        except BaseException as exc:  # noqa: BLE001 - asserted by the test
-            self.error = exc
-        finally:
-            connection.close()
+        started = time.monotonic()
+        super().run()
+        self.took = time.monotonic() - started
 
     def result(self):
-        self.join(60)
-        assert not self.is_alive(), "the poll never returned"
-        assert self.error is None, self.error
-        return [i.pk for i in self.claimed]
+        return [i.pk for i in super().result()]
 
 
 def _poll(daemon, wait):
