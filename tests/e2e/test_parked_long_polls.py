@@ -88,9 +88,13 @@ async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) 
         await asyncio.sleep(WAIT / 2)  # every claim is parked by now
         seen["threads"] = _threads(server)
         submitted = time.monotonic()
-        job = await client.post(
-            "/api/v1/jobs/", json={"function": ECHO, "queue": "idle"}, headers=headers
-        )
+        # the submit comes from another client, on a connection of its own: a pooled one
+        # a refused claim gave back may reach the server's keep-alive limit (5 s) while the
+        # 1,000 claims keep this loop busy, and the server would close it under the request
+        async with httpx.AsyncClient(base_url=base, timeout=WAIT + 30) as submitter:
+            job = await submitter.post(
+                "/api/v1/jobs/", json={"function": ECHO, "queue": "idle"}, headers=headers
+            )
         assert job.status_code == 201, job.text
         answers = []
         for done in asyncio.as_completed(tasks):
