@@ -18,6 +18,14 @@ def long_poll(wait: float) -> float:
     return max(TIMEOUT_SECONDS, wait + LONG_POLL_MARGIN)
 
 
+# Seconds an idle kept-alive connection may be used again: under the server's own keep-alive (5 s,
+# lakeshore_admin/gunicorn_conf.py), so that a request never goes out on a connection the
+# server is closing at that moment (the request would fail, and a daemon retry it).
+KEEPALIVE_EXPIRY = 4.0
+LIMITS = httpx.Limits(
+    max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY
+)
+
 MAX_PAGES = 10_000
 RETRY_AFTER_MAX = 300.0  # seconds: a longer Retry-After is read as this
 
@@ -41,6 +49,7 @@ class Client:
                 base_url=self.server + API_PREFIX,
                 headers=headers,
                 timeout=TIMEOUT_SECONDS,
+                limits=LIMITS,
                 transport=transport,
             )
         except (httpx.InvalidURL, ValueError) as exc:

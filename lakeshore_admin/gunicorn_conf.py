@@ -57,7 +57,7 @@ worker_class = "lakeshore_admin.gunicorn_conf.Worker"
 reuse_port = True
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
 graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
-keepalive = 5
+keepalive = 5  # seconds; lakeshore/client.py lets an idle connection go sooner
 wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request, written by uvicorn's worker in its own form (address, request
 # line, status) through gunicorn's access log: gunicorn's access_log_format is not used.

@@ -1,0 +1,47 @@
+"""The CLI's and the daemon's client (lakeshore/client.py) stops using an idle kept-alive
+connection before the server closes it (5 s, lakeshore_admin/gunicorn_conf.py): a
+request sent on a connection the server is closing at that moment fails, and a daemon
+would log the server as unreachable and retry. Against `make run`'s own server."""
+
+import os
+import time
+
+import pytest
+
+from lakeshore.client import KEEPALIVE_EXPIRY, Client
+from lakeshore_admin import gunicorn_conf
+from tests.e2e.servers import free_port, gunicorn
+from tests.e2e.test_burst import _database_url
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _client_port(response) -> int:
+    """The client's end of the connection the response came on."""
+    return response.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+
+def test_an_idle_connection_is_let_go_before_the_server_closes_it(tmp_path):
+    server_keeps = gunicorn_conf.keepalive
+    assert server_keeps - 1 >= KEEPALIVE_EXPIRY
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+        "DATABASE_URL": _database_url(),
+        "LAKESHORE_VAR_DIR": str(tmp_path),
+        "LAKESHORE_STATIC_FROM_FINDERS": "1",
+        "LAKESHORE_WEB_WORKERS": "1",
+        "PORT": str(free_port()),
+    }
+    with gunicorn(tmp_path, env) as (base, _):
+        client = Client(base, token=None)
+        first = _client_port(client.send("GET", f"{base}/healthz"))
+        # the control: a connection idle a second is used again (keep-alive works)
+        time.sleep(1)
+        again = _client_port(client.send("GET", f"{base}/healthz"))
+        assert again == first
+        # idle past the client's expiry, still within the server's: a new connection
+        time.sleep((KEEPALIVE_EXPIRY + server_keeps) / 2)
+        later = client.send("GET", f"{base}/healthz")
+        assert later.status_code == 200
+        assert _client_port(later) != again
