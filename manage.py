@@ -2,11 +2,11 @@
 import os
 import sys
 
+from django.core.management import execute_from_command_line
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
-    from django.core.management import execute_from_command_line
-
     execute_from_command_line(sys.argv)
 
 

@@ -6,4 +6,5 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts and API tokens"
 
     def ready(self):
-        from accounts import schema  # noqa: F401  (registers the OpenAPI auth scheme)
+        # registers the OpenAPI auth scheme; in ready(): it needs the app registry
+        from accounts import schema  # noqa: F401, PLC0415

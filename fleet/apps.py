@@ -9,4 +9,4 @@ class FleetConfig(AppConfig):
         # The drivers register themselves in fleet.driver_base.DRIVERS as they load (as
         # Django's admin modules do), so that the daemon lifecycle can reach them
         # without importing them: they import it (a cycle otherwise).
-        from fleet import drivers  # noqa: F401
+        from fleet import drivers  # noqa: F401, PLC0415

@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 BATCH_SIZE = 5000
 
 
-# Written out like the SQL in jobs/transitions/; tests/jobs/test_retention.py checks that
-# no foreign key with a database constraint points at either table.
+# Written out like the SQL in jobs/transitions/; tests/jobs/test_retention_cutoffs.py checks
+# that no foreign key with a database constraint points at either table.
 _INVOCATIONS_SQL = """
 WITH doomed AS MATERIALIZED (
     SELECT id FROM jobs_invocation

@@ -59,7 +59,7 @@ def run(payload: dict) -> dict:
     if payload.get("wire") == "envelope":  # the Python SDK's: its own exec contract
         # Here, not at the top: msgpack and the SDK's loader would cost every JSON job's
         # process their import time.
-        from lakeshore import sdk_job
+        from lakeshore import sdk_job  # noqa: PLC0415
 
         return sdk_job.run_envelope(payload, allowed=allowed, timeout=None)
     module_name, _, attr = function.rpartition(".")
@@ -232,7 +232,7 @@ def _become_subreaper() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        import ctypes  # here: Linux only, and only in the daemon's job processes
+        import ctypes  # noqa: PLC0415 - Linux only, and only in job processes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):

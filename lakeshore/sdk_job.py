@@ -61,7 +61,7 @@ def describe(envelope: bytes) -> dict:
     """The envelope's function: {"kind": "ref"|"pickle", "module", "qualname"}. Only
     the outer map is read (the arguments are nested bin). ValueError when the bytes are
     not an Envelope (a bare value). The server reads submits with it too (jobs/sdk.py)."""
-    import msgpack  # comes with the SDK: the CLI alone does not need it
+    import msgpack  # noqa: PLC0415 - comes with the SDK: the CLI alone does without
 
     if count_objects(envelope, ENVELOPE_OBJECTS_MAX) > ENVELOPE_OBJECTS_MAX:
         raise ValueError("more objects than an SDK Envelope holds: a bare value")

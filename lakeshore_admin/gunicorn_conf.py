@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 
+from django.conf import settings
 from uvicorn_worker import UvicornWorker
 
 from lakeshore_admin import metrics
@@ -77,8 +78,6 @@ def on_starting(server):
     for address in server.cfg.bind:
         _port_is_free(address)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
-    from django.conf import settings
-
     settings.LAKESHORE_TICK_SECONDS  # noqa: B018 - loads the settings
 
 

@@ -1,5 +1,6 @@
 """One settings file, read from the environment (see README for the variables)."""
 
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -234,8 +235,6 @@ LAKESHORE_LEAN_PATH = env_bool("LAKESHORE_LEAN_PATH", True)
 # DRF's notation: "600/min", "20/s". Unset: no rate limit.
 LAKESHORE_API_RATE = env_str("LAKESHORE_API_RATE").strip() or None
 if LAKESHORE_API_RATE:
-    import re
-
     if not re.fullmatch(r"[1-9]\d*/(s|sec|second|m|min|minute|h|hour|d|day)", LAKESHORE_API_RATE):
         raise BadSetting(
             "LAKESHORE_API_RATE", LAKESHORE_API_RATE, "a rate like '600/min' or '20/s', or nothing"

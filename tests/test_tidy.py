@@ -6,7 +6,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
+from django.conf import settings
+
+from lakeshore_admin import embedded_db
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +29,6 @@ def makefile_step(text: str) -> str:
 
 
 def server_running(pgdata: Path) -> bool:
-    import psutil
-
     try:
         pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
         return psutil.Process(pid).name() == "postgres"
@@ -39,8 +41,6 @@ def test_the_migration_check_leaves_no_server_of_its_own(tmp_path):
     """Run the step as `make test` does, in a shell without the test settings. Where a
     server of its own would go (var/pg under a fresh LAKESHORE_VAR_DIR), none may be
     left running; the tests' server (which pytest stops at the end) must still run."""
-    from django.conf import settings
-
     if settings.EMBEDDED_PGDATA is None:
         pytest.skip("DATABASE_URL is set: the step starts no embedded server at all")
     step = makefile_step("makemigrations --check")
@@ -65,8 +65,6 @@ def test_the_migration_check_leaves_no_server_of_its_own(tmp_path):
         assert server_running(settings.EMBEDDED_PGDATA), "the step stopped the tests' server"
     finally:
         if server_running(var / "pg"):  # started by the step under test: ours to stop
-            from lakeshore_admin import embedded_db
-
             embedded_db.stop(var / "pg")
 
 

@@ -16,16 +16,23 @@ import io
 import os
 import time
 
+import django
+
+django.setup()  # run as a script (python -m): the settings come from the environment
+from django.conf import settings  # noqa: E402 - the models need django.setup() first
+from django.db import connection  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from bench.compare.lines import serve  # noqa: E402
+from fleet import controller, daemons  # noqa: E402
+from fleet.models import Daemon, DaemonState, Provider  # noqa: E402
+from queues.models import Queue, QueueEvent  # noqa: E402
+
 PREFIX = "tick-"
 
 
 class Probes:
     def tick_setup(self, queues: int, daemons: int) -> None:
-        from django.utils import timezone
-
-        from fleet.models import Daemon, DaemonState, Provider
-        from queues.models import Queue
-
         self.tick_cleanup()
         provider = Provider.objects.create(name=f"{PREFIX}sim", kind=Provider.Kind.SIMULATED)
         per_queue = max(1, daemons // queues)
@@ -50,18 +57,11 @@ class Probes:
         )
 
     def tick(self) -> dict:
-        from fleet import controller
-
         started = time.perf_counter()
         outcome = controller.tick()
         return {"seconds": time.perf_counter() - started, "outcome": outcome}
 
     def tick_cleanup(self) -> None:
-        from django.db import connection
-
-        from fleet.models import Provider
-        from queues.models import Queue, QueueEvent
-
         QueueEvent.objects.filter(queue__name__startswith=PREFIX).delete()
         with connection.cursor() as cursor:  # 10,000 rows nothing refers to: no ORM collector
             cursor.execute(
@@ -73,18 +73,14 @@ class Probes:
         Provider.objects.filter(name=f"{PREFIX}sim").delete()
 
     def tick_seconds(self) -> dict:
-        from django.conf import settings
-
         return {"seconds": settings.LAKESHORE_TICK_SECONDS}
 
     def reap(self) -> dict:
-        from fleet.daemons import reap
-
-        return reap()
+        return daemons.reap()
 
     def claim_kinds(self, seconds: float) -> dict:
         os.environ["BENCH_CLAIM_SECONDS"] = str(seconds)
-        from bench import queue_bench
+        from bench import queue_bench  # noqa: PLC0415 - it reads BENCH_CLAIM_SECONDS as it loads
 
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
@@ -94,11 +90,6 @@ class Probes:
 
 
 def main() -> None:
-    import django
-
-    django.setup()
-    from bench.compare.lines import serve
-
     serve(Probes())
 
 

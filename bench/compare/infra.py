@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 import psutil
 import psycopg
 
+from lakeshore_admin import embedded_db
+
 ROOT = Path(__file__).resolve().parents[2]
 VAR = ROOT / "var"
 PGDATA = VAR / "pg-bench"  # the bench's own PostgreSQL server
@@ -77,15 +79,11 @@ class Postgres:
         self.started_here = False
 
     def start(self) -> None:
-        from lakeshore_admin import embedded_db
-
         self.started_here = not (self.pgdata / "postmaster.pid").exists()
         self.base_url = embedded_db.database_url(self.pgdata)
 
     def stop(self) -> None:
         if self.started_here:
-            from lakeshore_admin import embedded_db
-
             embedded_db.stop(self.pgdata)
 
     def url(self, database: str) -> str:

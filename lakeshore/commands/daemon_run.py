@@ -117,7 +117,7 @@ def run(
         )
     # Here, not at the top: the daemon's modules (pool, ctypes, SDK runner) would add
     # about 30 ms to every lakeshore command.
-    from lakeshore.worker.daemon import Worker, stderr_log
+    from lakeshore.worker.daemon import Worker, stderr_log  # noqa: PLC0415
 
     state = ctx.find_object(State) or State()
     worker = Worker(

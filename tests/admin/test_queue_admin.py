@@ -1,8 +1,12 @@
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from fleet.models import Provider
 from jobs.models import Invocation
-from queues.models import Queue
+from jobs.services import invocation_submit
+from queues.models import Queue, QueueEvent
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -147,8 +151,6 @@ def test_every_admin_page_opens(staff, url):
 
 
 def test_each_object_page_opens(staff):
-    from queues.models import QueueEvent
-
     queue = builders.queue(name="eval", elasticity_spec={"kind": "fixed", "min": 1})
     provider = builders.provider(name="gpu")
     daemon = builders.daemon(queues=["eval"])
@@ -168,8 +170,6 @@ def test_each_object_page_opens(staff):
 
 
 def test_it_kills_queued_invocations_with_an_action(staff):
-    from jobs.services import invocation_submit
-
     inv, _ = invocation_submit(function="lakeshore.functions.echo")
     response = staff.post(
         "/admin/jobs/invocation/", {"action": "kill", "_selected_action": [inv.pk]}
@@ -190,8 +190,6 @@ def test_it_drops_daemons_with_an_action(staff):
 
 
 def test_it_refuses_credentials_in_a_providers_config(staff):
-    from fleet.models import Provider
-
     response = staff.post(
         "/admin/fleet/provider/add/",
         {"name": "gpu", "kind": "simulated", "description": "", "config": '{"api_key": "x"}'},
@@ -219,9 +217,6 @@ def test_it_refuses_credentials_in_a_providers_config(staff):
     ],
 )
 def test_admin_lists_cost_the_same_queries_for_1_and_50_rows(staff, url, make):
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     def count():
         with CaptureQueriesContext(connection) as ctx:
             assert staff.get(url).status_code == 200

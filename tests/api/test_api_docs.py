@@ -12,6 +12,7 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.staticfiles import finders
+from playwright.sync_api import expect
 
 from accounts.roles import grant
 from tests import builders
@@ -187,8 +188,6 @@ def browser_type_launch_args(browser_type_launch_args):
 def test_both_pages_render_in_a_browser_from_this_server_alone_within_its_csp(
     page, live_server, public
 ):
-    from playwright.sync_api import expect
-
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
     never_sent = set()  # what the page's Content-Security-Policy stopped in the browser

@@ -2,6 +2,8 @@
 `lakeshore export`."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.models import AuditEvent
 from fleet.models import Provider
@@ -474,9 +476,6 @@ def test_the_schema_documents_apply_and_export(operator):
 
 
 def _export_queries(client) -> int:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     with CaptureQueriesContext(connection) as ctx:
         assert client.get(EXPORT).status_code == 200
     return len(ctx.captured_queries)

@@ -14,8 +14,11 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
+from accounts.authentication import token_cache
 from jobs import sdk, services, waits, wakeup
 from jobs.models import Invocation
+from lakeshore_admin.asgi import Application
+from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 from tests.api.test_asgi_doors import Counting, _normal, _title
 from tests.jobs.test_logs import running_job, ship
@@ -137,10 +140,6 @@ def wsgi_call(app, method, path, *, token, query="", raw=b"", content_type=MSGPA
 
 @pytest.fixture
 def world():
-    from accounts.authentication import token_cache
-    from lakeshore_admin.asgi import Application
-    from lakeshore_admin.fastpath import LeanPath
-
     token_cache.clear()
     django = Counting()
     app = Application(LeanPath(django), threads=4)

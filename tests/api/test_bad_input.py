@@ -1,13 +1,24 @@
 """Bad input gets an error that says what happened, never a 500: JSON nested too deeply,
 oversized headers, a Host not in ALLOWED_HOSTS, a body too large."""
 
+import http.client
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
+from django import forms
+from django.conf import settings as django_settings
 from django.core.exceptions import SuspiciousOperation
 from django.test import RequestFactory
 
-from lakeshore_admin.parsers import json_depth
+from lakeshore_admin.api_errors import bad_request
+from lakeshore_admin.parsers import DepthLimitedJSONFormField, json_depth
 from tests.api.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
@@ -186,8 +197,6 @@ def test_a_form_body_over_10_mb_gets_a_413_page(client):
 
 
 def test_other_bad_requests_say_bad_request():
-    from lakeshore_admin.api_errors import bad_request
-
     factory = RequestFactory()
     response = bad_request(factory.get("/api/v1/queues/"), SuspiciousOperation("odd"))
     assert_error(response, 400, "invalid", says=["Bad request"])
@@ -210,16 +219,6 @@ GUNICORN_LIMITS = [
 @pytest.fixture
 def gunicorn(tmp_path):
     """Start gunicorn (threads, as in production) on a free port with the given flags."""
-    import os
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-    from pathlib import Path
-
-    from django.conf import settings
-
     started = []
 
     def start(*flags: str) -> int:
@@ -229,8 +228,8 @@ def gunicorn(tmp_path):
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         env["DJANGO_SETTINGS_MODULE"] = "lakeshore_admin.settings_test"
         env["LAKESHORE_VAR_DIR"] = str(tmp_path / "var")
-        if settings.EMBEDDED_PGDATA is not None:
-            env["LAKESHORE_TEST_PGDATA"] = str(settings.EMBEDDED_PGDATA)
+        if django_settings.EMBEDDED_PGDATA is not None:
+            env["LAKESHORE_TEST_PGDATA"] = str(django_settings.EMBEDDED_PGDATA)
         command = [
             str(Path(sys.executable).with_name("gunicorn")),
             "lakeshore_admin.wsgi:application",
@@ -267,8 +266,6 @@ def gunicorn(tmp_path):
 
 
 def raw_get(port: int, path: str, headers: dict[str, str]):
-    import http.client
-
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         connection.request("GET", path, headers=headers)
@@ -302,9 +299,6 @@ def test_behind_gunicorn_with_its_defaults_it_answers_itself(gunicorn):
 
 def test_the_form_field_refuses_deep_json_as_a_form_error():
     """For Django admin's JSON fields (a RecursionError there today: see the report)."""
-    from django import forms
-
-    from lakeshore_admin.parsers import DepthLimitedJSONFormField
 
     class ConfigForm(forms.Form):
         config = DepthLimitedJSONFormField()

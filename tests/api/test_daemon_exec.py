@@ -5,8 +5,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
-from fleet import protocol
-from fleet.models import DaemonCommand
+from fleet import daemons, protocol
+from fleet.models import Daemon, DaemonCommand
 from jobs import services
 from jobs.models import Invocation
 from tests import builders
@@ -26,8 +26,6 @@ def running():
     robot = APIClient()
     robot.credentials(**builders.auth(builders.token("daemon", username="robot")))
     answer = builders.register(robot, {"name": "w1", "queues": ["train"]}).json()
-    from fleet.models import Daemon
-
     daemon = Daemon.objects.get(pk=answer["id"])
     inv, _ = services.invocation_submit(function="lakeshore.functions.sleep", queue="train")
     claimed = robot.post(f"/api/v1/daemons/{daemon.pk}/claim/", {"limit": 1}, format="json")
@@ -128,8 +126,6 @@ def test_a_job_that_is_not_running_there_says_where_it_is(operator, running):
 
 
 def test_a_finished_job_or_an_ended_daemon_is_refused(operator, running):
-    from fleet import daemons
-
     daemon, inv, _ = running
     protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
     finished = operator.post(exec_url(daemon), {"verb": "kill", "job": inv.pk}, format="json")

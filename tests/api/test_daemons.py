@@ -6,7 +6,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from fleet.api.serializers import DaemonSerializer
 from fleet.models import Daemon, DaemonState
+from jobs.models import Invocation
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.api.shapes import DAEMON_KEYS
@@ -221,9 +223,6 @@ def test_it_runs_the_same_number_of_queries_for_1_and_50_daemons(operator):
 def test_a_daemon_loaded_without_the_list_query_still_shows_what_it_runs():
     """The serializer reads the current invocation itself for a daemon that was not
     loaded through Daemon.objects.for_list() (which annotates it)."""
-    from fleet.api.serializers import DaemonSerializer
-    from jobs.models import Invocation
-
     daemon = builders.daemon(state=DaemonState.BUSY)
     Invocation.objects.create(function="m.f", state="succeeded", daemon=daemon)
     running = Invocation.objects.create(function="m.f", state="running", daemon=daemon)

@@ -3,6 +3,7 @@ healthy connection, and a connection whose backend the server ended is replaced,
 lent. The server really ends it (pg_terminate_backend)."""
 
 import contextlib
+import os
 import time
 
 import psycopg
@@ -109,8 +110,6 @@ def test_a_connection_idle_for_long_gets_the_full_check(make_pool, stock_checks,
 def test_a_connection_past_descriptor_1024_is_checked_without_a_round_trip(make_pool, stock_checks):
     """A gunicorn worker serving hundreds of daemons holds that many sockets, so its
     database connections get descriptors past 1024 (where select() cannot look)."""
-    import os
-
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         pool = make_pool(check=dbpool.check)

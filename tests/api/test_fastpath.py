@@ -9,10 +9,12 @@ import json
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
-from django.db import OperationalError
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
 
 from accounts.authentication import token_cache
 from fleet import protocol
+from fleet.models import Daemon
 from jobs import services
 from lakeshore_admin.fastpath import LeanPath
 from tests import builders
@@ -159,8 +161,6 @@ def test_an_unknown_daemon_and_another_tokens_daemon_answer_the_same(world):
 
 def test_a_gone_daemon_gets_the_same_409(world):
     _, _, me, daemon, _ = world
-    from fleet.models import Daemon
-
     Daemon.objects.filter(pk=me).update(state="terminated")
     lean, full = both(world, f"/api/v1/daemons/{me}/exchange/", {"limit": 1}, token=daemon)
     assert lean == full
@@ -319,9 +319,6 @@ def test_it_can_be_turned_off(world, settings):
 
 def test_it_costs_the_queries_the_full_stack_costs(world):
     """The same answer function behind both doors: no query more (or fewer) either way."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     django, lean, me, daemon, operator = world
     call(django, f"/api/v1/daemons/{me}/claim/", {}, token=daemon)  # warm: the queue's row
     for _ in range(3):  # a backlog behind both claims: the same work either way

@@ -6,6 +6,7 @@ import json
 import pytest
 from django.db import OperationalError
 
+from queues.models import QueueQuerySet
 from tests.api.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +39,6 @@ def test_a_batch_over_10000_is_refused(operator):
 
 
 def test_a_database_outage_answers_503_json(operator, monkeypatch):
-    from queues.models import QueueQuerySet
-
     def down(self, *args, **kwargs):
         raise OperationalError("connection to server on socket failed")
 

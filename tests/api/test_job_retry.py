@@ -8,6 +8,8 @@ from django.db import connection
 
 from jobs import services
 from jobs.models import Invocation
+from lakeshore_admin import hooks
+from queues import services as queue_services
 from tests import builders
 from tests.api.assertions import assert_error
 
@@ -79,8 +81,6 @@ def test_retry_needs_the_operator_role_and_an_existing_invocation(operator, view
 
 
 def test_a_retry_is_admitted_like_a_submit(operator, gpu):
-    from queues import services as queue_services
-
     old = _ended("failed")
     queue_services.queue_transition(name="gpu", action="drain")
     response = operator.post(f"/api/v1/jobs/{old.pk}/retry/")
@@ -93,8 +93,6 @@ def test_a_retry_is_admitted_like_a_submit(operator, gpu):
 def test_a_retry_that_comes_while_another_is_inserting_waits_and_is_refused():
     """The second retry arrives after the first checked and before it inserted: it waits
     for the first one's row lock, then sees its retry."""
-    from lakeshore_admin import hooks
-
     builders.queue(name="gpu")
     old = _ended("failed")
     outcomes = {}

@@ -4,9 +4,9 @@ and raw sbatch arguments or scripts are refused. No cluster needed here."""
 
 import pytest
 
-from fleet import slurm
+from fleet import controller, slurm
 from fleet.driver_base import ProviderError
-from fleet.models import Provider
+from fleet.models import Daemon, Provider
 from queues.models import Queue
 from tests import builders
 from tests.api.assertions import assert_error
@@ -165,9 +165,6 @@ def test_missing_slurm_commands_fail_with_an_install_hint(monkeypatch):
 def test_a_tick_without_the_slurm_commands_records_nothing_but_the_failed_launch(
     monkeypatch,
 ):
-    from fleet import controller
-    from fleet.models import Daemon
-
     monkeypatch.setenv("PATH", "/nonexistent")
     builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
     queue = _queue(elasticity_spec={"kind": "fixed", "min": 1})

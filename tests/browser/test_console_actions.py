@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from accounts.roles import grant
-from fleet import protocol
+from fleet import controller, protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -70,8 +70,6 @@ def test_bulk_cancel_counts_first_and_cancels_only_that_queue(operator, live_ser
 
 
 def test_the_chart_switches_between_the_hour_and_the_day_in_place(operator, live_server):
-    from fleet import controller
-
     builders.queue(name="train")
     services.invocation_submit(function="a.b", queue="train")
     controller.tick()  # a sample

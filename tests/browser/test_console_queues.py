@@ -3,6 +3,7 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from accounts.roles import grant
+from queues.models import Queue
 from queues.services import queue_transition
 from tests import builders
 
@@ -46,8 +47,6 @@ def test_htmx_comes_from_this_server(logged_in, live_server):
 
 
 def test_an_operator_drains_a_queue_from_its_page(page, live_server):
-    from queues.models import Queue
-
     get_user_model().objects.create_superuser("root", "", "a-long-test-password")
     builders.queue(name="training-h100")
     page.goto(f"{live_server.url}/")

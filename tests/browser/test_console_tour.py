@@ -3,6 +3,7 @@ At 390 px nothing may scroll sideways (no element wider than the viewport outsid
 that scrolls by itself). Screenshots go to LAKESHORE_SCREENSHOTS (`make screenshots`:
 docs/tour, which the README links), else to the test's temporary folder."""
 
+import contextlib
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -12,11 +13,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounts.services import token_create
-from fleet import protocol
+from fleet import controller, protocol
 from jobs import services as job_services
 from jobs.models import Invocation
 from queues import services
-from queues.models import QueueEvent
+from queues.models import QueueEvent, QueueSample
 from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -94,8 +95,6 @@ def world():
     services.queue_transition(name="eval", action="pause")
     token_create(username="ci-bot", role="operator", name="nightly evaluation pipeline")
     token_create(username="robots", role="daemon", queues=["training-h100", "eval"])
-    from queues.models import QueueSample
-
     minute = now.replace(second=0, microsecond=0)
     QueueSample.objects.bulk_create(
         QueueSample(
@@ -110,12 +109,8 @@ def world():
         )  # fmt: skip
         for m in range(1, 60)
     )  # an hour of history behind the chart
-    try:
-        from fleet import controller
-
+    with contextlib.suppress(Exception):  # the tour goes on without a chart
         controller.tick()  # the samples behind the charts
-    except Exception:  # noqa: BLE001, S110 - the tour goes on without a chart
-        pass
     return {"queue": "training-h100", "failed": failed.pk}
 
 

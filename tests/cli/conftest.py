@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from accounts.services import token_create
 from tests.cli.fakes import FakeApi
 
 BIN = Path(sys.executable).parent
@@ -52,8 +53,6 @@ class Shell:
 
 @pytest.fixture
 def operator_token():
-    from accounts.services import token_create
-
     _, raw = token_create(username="alice", role="operator")
     return raw
 

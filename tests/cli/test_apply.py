@@ -9,6 +9,7 @@ import yaml
 
 from fleet.models import Provider
 from queues.models import Queue
+from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -124,8 +125,6 @@ def test_prune_deletes_what_the_file_does_not_declare(sh, workdir):
 
 @pytest.mark.parametrize("dry_run", [" --dry-run", ""])
 def test_a_prune_refused_prints_the_whole_plan_with_the_refusal(sh, workdir, dry_run):
-    from tests import builders
-
     builders.queue(name="busy")
     first = builders.daemon(queues=["busy"], name="d-one")
     second = builders.daemon(queues=["busy"], name="d-two")
@@ -161,8 +160,6 @@ def test_a_prune_refused_prints_the_whole_plan_with_the_refusal(sh, workdir, dry
 
 
 def test_a_refused_plan_with_json_prints_the_apis_answer(sh, workdir):
-    from tests import builders
-
     builders.queue(name="busy")
     builders.daemon(queues=["busy"])
     write(workdir, LAKESHORE_YAML)

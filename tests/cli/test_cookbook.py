@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.utils import timezone
+
+from queues.models import Queue, QueueEvent
+from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -127,8 +131,6 @@ class TestLs:
         assert list(rows(sh("lakeshore queues ls --state archived").stdout)) == ["eval"]
 
     def test_it_follows_the_servers_pages(self, sh):
-        from tests import builders
-
         names = [f"q-{n:03}" for n in range(105)]  # the server's page is 100 rows
         for name in names:
             builders.queue(name)
@@ -143,8 +145,6 @@ class TestLs:
 
 class TestShow:
     def test_it_shows_a_queue_and_its_members(self, sh, cookbook_queues):
-        from tests import builders
-
         builders.daemon(queues=["training-h100"], name="gpu-1")
         result = sh("lakeshore queues show training-h100")
         lines = result.stdout.splitlines()
@@ -221,8 +221,6 @@ class TestRm:
         assert "eval" not in rows(sh("lakeshore queues ls").stdout)
 
     def test_it_refuses_while_daemons_are_bound_unless_forced(self, sh, cookbook_queues):
-        from tests import builders
-
         builders.daemon(queues=["eval", "training-h100"], name="bound-1")
         result = sh("lakeshore queues rm eval", exit=1)
         assert result.stderr.startswith("error: Queue 'eval' still has 1 bound daemon(s): bound-1")
@@ -235,10 +233,6 @@ class TestRm:
 class TestEvents:
     @pytest.fixture
     def decisions(self, cookbook_queues):
-        from django.utils import timezone
-
-        from queues.models import Queue, QueueEvent
-
         queue = Queue.objects.get(name="training-h100")
         common = {"queue": queue, "at": timezone.now(), "daemons": 2, "busy": 2}
         QueueEvent.objects.create(
@@ -299,8 +293,6 @@ class TestProvidersAndDaemons:
         assert "training-h100" in result.stderr
 
     def test_daemon_list_and_show(self, sh):
-        from tests import builders
-
         daemon = builders.daemon(queues=[], name="default-worker")
         result = sh("lakeshore daemon list")
         assert header(result.stdout) == [

@@ -7,6 +7,7 @@ import pytest
 
 from jobs import services
 from jobs.models import Invocation
+from queues.services import queue_transition
 from tests import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -153,8 +154,6 @@ def test_jobs_submit_then_show(sh):
 
 
 def test_jobs_submit_into_a_draining_queue_is_refused(sh):
-    from queues.services import queue_transition
-
     builders.queue(name="eval")
     queue_transition(name="eval", action="drain")
     result = sh("lakeshore jobs submit lakeshore.functions.echo --queue eval", exit=1)

@@ -1,7 +1,11 @@
 """How failures reach the user: `error: ...` on stderr, exit 1, never a traceback."""
 
-import httpx
+import socket
 
+import httpx
+from click.testing import CliRunner
+
+from lakeshore.cli import cli
 from tests.cli.fakes import FakeApi
 
 
@@ -83,12 +87,6 @@ def test_it_says_how_to_start_an_unreachable_server():
 
 def test_it_reports_a_real_refused_connection(tmp_path):
     """No mock: the real httpx transport against a closed port."""
-    import socket
-
-    from click.testing import CliRunner
-
-    from lakeshore.cli import cli
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -6,6 +6,7 @@ The ledger is a text file the test reads: one line per event, appended in one wr
 (O_APPEND), `start <pid> <time> overlap=<pids>`, `end <pid> <time>`, `grandchild <pid>`."""
 
 import os
+import signal
 import subprocess
 import time
 
@@ -71,8 +72,6 @@ def environment() -> dict:
 
 def ignores_term(ledger: str, seconds: float) -> None:
     """Ignores SIGTERM (and SIGINT), records `start <pid>`, then sleeps."""
-    import signal
-
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _append(ledger, f"start {os.getpid()} {time.time():.6f} overlap=")

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 
 STATE = None  # module-level state: what a warm pool process keeps between invocations
@@ -63,8 +64,6 @@ def leave_orphan(path: str) -> int:
 
 
 def leave_thread(seconds: float) -> int:
-    import threading
-
     threading.Thread(target=time.sleep, args=(seconds,)).start()
     return os.getpid()
 

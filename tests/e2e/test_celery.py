@@ -7,11 +7,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
+from queues.models import QueueEvent
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 
@@ -24,8 +26,6 @@ if os.environ.get("LAKESHORE_TEST_REDIS_URL"):  # .ci/run starts a Redis server
 
 
 def _database_url() -> str:
-    from django.db import connection
-
     db = connection.settings_dict
     if str(db["HOST"]).startswith("/"):
         return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
@@ -88,8 +88,6 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
 
 @pytest.mark.parametrize("broker", BROKERS)
 def test_beat_runs_the_elasticity_controller(tmp_path, broker):
-    from queues.models import QueueEvent
-
     builders.provider(name="sim", kind="simulated")
     builders.queue(name="train", provider="sim", elasticity_spec={"kind": "fixed", "min": 2})
     worker = _start_worker(tmp_path, broker)

@@ -2,15 +2,20 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
+from accounts.authentication import token_cache
+from accounts.models import ApiToken
 from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
@@ -172,8 +177,6 @@ def test_daemon_remove_stops_the_daemon_and_kills_its_work(live_server, tmp_path
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -181,8 +184,6 @@ def _free_port() -> int:
 
 def _serve(port: int, tmp_path):
     """A real web server process on the test database (runserver, no reloader)."""
-    from django.db import connection
-
     db = connection.settings_dict
     if str(db["HOST"]).startswith("/"):  # the embedded server's unix socket
         url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
@@ -202,7 +203,6 @@ def _serve(port: int, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    import urllib.request
 
     def up():
         try:
@@ -256,9 +256,6 @@ def test_a_daemon_whose_token_is_revoked_stops_cleanly(live_server, tmp_path, se
     daemon may send its next claim before the provider's SIGTERM reaches it: the 401
     (code token_revoked) means "stop", not a crash. Seen in CI: before the code, the
     daemon died with exit 1 on that claim."""
-    from accounts.authentication import token_cache
-    from accounts.models import ApiToken
-
     settings.LAKESHORE_TOKEN_CACHE_SECONDS = 0  # the revocation holds from the next request
     builders.queue(name="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
@@ -279,8 +276,6 @@ def test_the_daemon_speaks_with_its_own_credential_not_the_token_it_started_with
 ):
     """`lakeshore daemon run` registers with its token, then switches to the credential
     the server answers: the token it started with may not act as it."""
-    from accounts.models import ApiToken
-
     builders.queue(name="e2e")
     inv, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")

@@ -2,6 +2,7 @@
 the rows it made, run work, and leave when the controller scales down."""
 
 import pytest
+from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
 from fleet import controller
@@ -33,8 +34,6 @@ def local_provider(live_server, settings, tmp_path):
 def services_status(name: str) -> dict:
     """What `lakeshore providers show NAME` prints from: the API's status (it may be
     served by another process than the one that started the daemons)."""
-    from rest_framework.test import APIClient
-
     client = APIClient()
     client.credentials(**builders.auth(builders.token("viewer")))
     return client.get(f"/api/v1/providers/{name}/").json()["status"]
@@ -79,7 +78,7 @@ def test_a_daemon_it_starts_runs_the_python_sdks_calls_too(local_provider, setti
     """The controller's fleet serves both kinds of job: an @dls.udf call submitted with
     the real SDK runs on a daemon the local provider started."""
     dls = pytest.importorskip("dreamlake.lakeshore")
-    from tests.sdk import sdk_udfs
+    from tests.sdk import sdk_udfs  # noqa: PLC0415 - needs the optional dreamlake SDK: after the importorskip
 
     settings.LAKESHORE_ALLOWED_MODULES = ["tests.sdk"]  # the server owner's word
     queue = builders.queue(name="gpu", provider="here", elasticity_spec={"kind": "fixed", "min": 1})

@@ -12,6 +12,7 @@ import pytest
 from fleet import protocol
 from jobs import services
 from jobs.models import Invocation
+from queues import services as queue_services
 from queues.models import QueueKind
 from tests import builders
 
@@ -185,8 +186,6 @@ def test_it_serves_queues_in_the_daemons_order(limit):
 
 
 def test_it_dispatches_nothing_from_paused_or_archived_queues():
-    from queues import services as queue_services
-
     builders.queue(name="held")
     (inv,) = _submit("held", [0])
     daemon = builders.daemon(queues=["held"])
@@ -199,8 +198,6 @@ def test_it_dispatches_nothing_from_paused_or_archived_queues():
 
 
 def test_a_draining_queue_still_dispatches_what_it_admitted():
-    from queues import services as queue_services
-
     builders.queue(name="d")
     (inv,) = _submit("d", [0])
     queue_services.queue_transition(name="d", action="drain")

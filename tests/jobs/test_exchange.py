@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from django.db import OperationalError, connection
+from rest_framework.test import APIClient
 
 from fleet import daemons, protocol
 from fleet.models import Daemon
@@ -260,8 +261,6 @@ def test_a_failed_outcome_with_attempts_left_is_requeued_and_can_be_claimed_back
 
 def test_a_token_acts_only_for_its_own_daemon(world):
     me, held, queued = world
-    from rest_framework.test import APIClient
-
     other = APIClient(SERVER_NAME="localhost")
     other.credentials(**builders.auth(builders.token("daemon")))
     response = _exchange(other, me, outcomes=_report(held), limit=1)
@@ -271,8 +270,6 @@ def test_a_token_acts_only_for_its_own_daemon(world):
 
 def test_a_viewer_may_not_exchange(world):
     me, held, queued = world
-    from rest_framework.test import APIClient
-
     viewer = APIClient(SERVER_NAME="localhost")
     viewer.credentials(**builders.auth(builders.token("viewer")))
     assert _exchange(viewer, me, limit=1).status_code == 403

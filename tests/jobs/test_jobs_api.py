@@ -4,6 +4,7 @@ import time
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
 
 from fleet import protocol
 from jobs import services
@@ -321,8 +322,6 @@ def test_bulk_cancel_touches_only_queued_rows(operator):
 
 
 def test_a_daemon_token_acts_only_for_its_own_daemon(daemon_client):
-    from rest_framework.test import APIClient
-
     builders.queue(name="a")
     mine = builders.register(daemon_client, {"name": "gpu-1", "queues": ["a"]}).json()
     other = APIClient(SERVER_NAME="localhost")

@@ -2,15 +2,19 @@
 each costs, and that what it skips (a transaction, a queue lookup) changes no rule."""
 
 import ast
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
+from jobs.transitions import states
+from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
 from queues import services as queue_services
 from tests import builders
@@ -120,8 +124,6 @@ def test_the_slow_path_still_answers_what_the_fast_one_cannot():
 
 
 def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_daemon():
-    from django.utils import timezone
-
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
@@ -165,8 +167,6 @@ def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
 
 
 def test_negative_control_without_the_state_check_the_paused_queue_dispatches(monkeypatch):
-    from jobs.transitions import states
-
     builders.queue(name="p")
     daemon = builders.daemon(queues=["p"])
     queue_services.queue_transition(name="p", action="pause")
@@ -179,8 +179,6 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
     """Claims and touch commit together: an error after the claim statement (the
     database going away, say) leaves the work queued, not held by a daemon that never
     got the answer."""
-    from lakeshore_admin import hooks
-
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"])
     invocation, _ = services.invocation_submit(function=ECHO, queue="w")
@@ -200,10 +198,6 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
 
 
 def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
@@ -222,8 +216,6 @@ def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
 
 
 def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
-    from django.utils import timezone
-
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     for n in range(10):

@@ -9,11 +9,15 @@ import uuid
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from fleet import daemons, protocol
 from fleet.models import Daemon
 from jobs import services, waits, wakeup
 from jobs.models import Invocation
+from jobs.wakeup import listener
+from lakeshore_admin import hooks
+from queues.services import queue_transition
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -148,8 +152,6 @@ def test_a_waiting_claim_wakes_when_its_retry_back_off_ends(settings):
 
 
 def test_a_waiting_claim_wakes_when_its_paused_queue_resumes():
-    from queues.services import queue_transition
-
     builders.queue(name="w")
     queue_transition(name="w", action="pause")
     inv, _ = services.invocation_submit(function=ECHO, queue="w")
@@ -216,8 +218,6 @@ def test_released_waiters_answer_empty_at_once_without_another_query_and_later_w
     waiting = Claimer(daemon, wait=30)
     waiting.start()
     time.sleep(1)  # in its wait
-    from jobs.wakeup import listener
-
     listener.release_waiters()
     waiting.join(10)
     assert not waiting.is_alive(), "a released wait kept waiting"
@@ -252,10 +252,6 @@ def test_work_queued_between_the_look_and_the_wait_wakes_it():
     """A long-poll looks (nothing queued), then waits; a submit in between is not
     missed: the wait's snapshot was taken before the look. Forced: the submit runs in
     the gap (negative control: a snapshot taken after the look sleeps out the wait)."""
-    from django.utils import timezone
-
-    from lakeshore_admin import hooks
-
     builders.queue(name="gap")
     # its heartbeat is fresh: an idle long-poll that has nothing to rewrite
     daemon = builders.daemon(queues=["gap"], last_heartbeat_at=timezone.now())
@@ -332,7 +328,7 @@ def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
 def _own_queue() -> str:
     """A queue name no other test uses, for a control that must wait its whole wait: the
     listener outlives a test, and a retry's back-off an earlier test left due on a shared
-    name ("w@epoch", tests/jobs/test_dispatch_races.py) wakes that name's waiters when it
+    name ("w@epoch", tests/jobs/test_dispatch_races_reports.py) wakes that name's waiters when it
     ends, maybe in the middle of this test."""
     return f"own-{uuid.uuid4().hex[:12]}"
 

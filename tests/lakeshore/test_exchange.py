@@ -10,6 +10,8 @@ import time
 import httpx
 import pytest
 
+from jobs import services
+from jobs.models import Invocation
 from lakeshore.client import Client
 from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
@@ -18,6 +20,7 @@ from lakeshore.worker.calls import Stopped
 from lakeshore.worker.claiming import WIRES
 from lakeshore.worker.daemon import Worker
 from lakeshore.worker.reporting import Outcome, Reporter
+from tests import builders
 
 
 def _outcome(n: int, state: str = "succeeded", daemon_id: str = "7") -> Outcome:
@@ -336,10 +339,6 @@ class Counting(httpx.BaseTransport):
 def _serve(live_server, transport: Counting, jobs: int, concurrency: int):
     """A daemon (in this process, on a thread of its own) runs `jobs` echo invocations
     queued before it starts; answers its log lines once it stopped."""
-    from jobs import services
-    from jobs.models import Invocation
-    from tests import builders
-
     builders.queue(name="x")
     ids = [
         services.invocation_submit(function="lakeshore.functions.echo", queue="x", args=[n])[0].pk

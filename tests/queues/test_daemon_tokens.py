@@ -6,7 +6,9 @@ from accounts.models import ApiToken
 from accounts.services import token_create
 from fleet import daemons, registration
 from fleet import services as fleet_services
+from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
+from queues.models import QueueEvent
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -75,9 +77,6 @@ def test_it_revokes_every_daemon_token_of_a_removed_provider(pool):
 
 
 def test_a_provider_that_fails_to_stop_a_daemon_says_so_in_the_audit_trail(pool, monkeypatch):
-    from fleet.driver_base import DRIVERS
-    from queues.models import QueueEvent
-
     def refuse(*, daemon):
         raise RuntimeError("the cloud said no")
 

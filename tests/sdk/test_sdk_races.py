@@ -5,6 +5,7 @@ import threading
 
 import msgpack
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from fleet import registration
@@ -49,8 +50,6 @@ def test_two_first_polls_of_one_worker_id_at_once_make_one_daemon():
 
 
 def _user():
-    from django.contrib.auth import get_user_model
-
     return get_user_model().objects.create_user("sdk-owner")
 
 

@@ -3,14 +3,18 @@ only that token acks it or writes its result stream, and a late ack after the le
 moved to another token changes nothing. Streams are bounded in frames and bytes, and
 reads of them in bytes. Each attack has a negative control with the rule before."""
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.services import token_create
 from fleet import sdk_worker
 from fleet.models import Daemon
 from jobs import sdk
-from jobs.models import Invocation, InvocationState, ResultFrame
+from jobs.models import Invocation, InvocationState, ResultFrame, ResultStream
+from jobs.retention import retention_sweep
 from jobs.transitions import rescue
 from tests import builders
 from tests.sdk.test_sdk_rules import ENVELOPE, SUBMIT, _call
@@ -172,13 +176,6 @@ def test_the_holder_renews_its_lease_with_a_chunk(world):
 
 
 def test_a_streams_totals_go_with_its_frames_at_retention(settings):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from jobs.models import ResultStream
-    from jobs.retention import retention_sweep
-
     operator = builders.token("operator")
     _post("/v1/daemon/result-chunk", {"invocation_id": "old", "seq": 0, "bytes": b"x"}, operator)
     _post("/v1/daemon/result-chunk", {"invocation_id": "new", "seq": 0, "bytes": b"x"}, operator)

@@ -6,6 +6,7 @@ with the install command, where Slurm's daemons are not installed."""
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +43,6 @@ class Cluster:
 
     def cancel_all(self) -> None:
         """Cancel every job and wait until squeue lists none (up to 15 s)."""
-        import time
-
         ids = list(self.jobs())
         if ids:
             self.run("scancel", *ids, check=False)

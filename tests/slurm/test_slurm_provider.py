@@ -14,6 +14,7 @@ from django.utils import timezone
 from accounts.models import ApiToken
 from fleet import controller
 from fleet.models import Daemon
+from fleet.services import provider_status
 from jobs import services
 from jobs.models import Invocation
 from queues.models import Queue, QueueEvent
@@ -317,8 +318,6 @@ def test_an_instance_type_maps_onto_the_jobs_resources(hpc, slurm_cluster):
 def test_a_server_without_slurm_conf_says_how_to_point_it_at_the_cluster(
     slurm_cluster, monkeypatch
 ):
-    from fleet.services import provider_status
-
     monkeypatch.delenv("SLURM_CONF", raising=False)
     provider = builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
     status = provider_status(provider)

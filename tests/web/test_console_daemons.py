@@ -1,9 +1,11 @@
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.roles import grant
 from fleet import protocol
@@ -69,10 +71,6 @@ def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
 
 
 def test_it_shows_every_job_a_daemon_runs_and_its_heartbeat_relative_with_the_time(client):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     viewer = _login(client, "viewer")
     daemon = builders.daemon(name="gpu-8", queues=[])
     jobs = [services.invocation_submit(function=f"a.job{i}")[0] for i in range(3)]

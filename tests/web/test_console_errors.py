@@ -6,9 +6,12 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
+from django.template import loader
 from django.test import RequestFactory
 
 from accounts.roles import grant
+from queues import services
+from queues.views import server_error
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -87,8 +90,6 @@ def _raise(exc):
 
 
 def test_a_server_error_is_a_console_page(viewer, monkeypatch):
-    from queues import services
-
     builders.queue(name="train")
     monkeypatch.setattr(services, "queue_stats", _raise(RuntimeError("boom")))
 
@@ -102,8 +103,6 @@ def test_a_server_error_is_a_console_page(viewer, monkeypatch):
 
 
 def test_a_server_error_under_the_api_stays_json(client, monkeypatch):
-    from queues import services
-
     builders.queue(name="train")
     monkeypatch.setattr(services, "queue_stats", _raise(RuntimeError("boom")))
     client.raise_request_exception = False
@@ -115,8 +114,6 @@ def test_a_server_error_under_the_api_stays_json(client, monkeypatch):
 
 
 def test_the_500_page_needs_no_database_and_no_user(django_assert_num_queries):
-    from queues.views import server_error
-
     with django_assert_num_queries(0):
         response = server_error(RequestFactory().get("/queues/train/"))
     assert response.status_code == 500
@@ -124,10 +121,6 @@ def test_the_500_page_needs_no_database_and_no_user(django_assert_num_queries):
 
 
 def test_a_500_page_that_cannot_render_falls_back_to_plain_html(monkeypatch):
-    from django.template import loader
-
-    from queues.views import server_error
-
     monkeypatch.setattr(loader, "render_to_string", _raise(RuntimeError("template broke")))
     response = server_error(RequestFactory().get("/"))
     assert response.status_code == 500
@@ -135,8 +128,6 @@ def test_a_500_page_that_cannot_render_falls_back_to_plain_html(monkeypatch):
 
 
 def test_a_permission_refused_elsewhere_is_the_console_403_page(viewer, monkeypatch):
-    from queues import services
-
     builders.queue(name="train")
     monkeypatch.setattr(services, "queue_stats", _raise(PermissionDenied("Not on Sundays.")))
 

@@ -1,6 +1,7 @@
 """/jobs/<id>/: everything about one job, with Kill and Retry for operators."""
 
 import html
+import re
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from accounts.roles import grant
 from fleet import protocol
+from fleet.models import DaemonCommand
 from jobs import services
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
 from tests import builders
@@ -206,8 +208,6 @@ def test_a_busy_queue_s_pace_is_read_from_its_newest_finishes_only(viewer, monke
     mine, _ = services.invocation_submit(function="a.b", queue="train")
     with CaptureQueriesContext(connection) as ctx:
         body = viewer.get(f"/jobs/{mine.pk}/").content.decode()
-    import re
-
     pace = float(re.search(r"the queue finished ([\d.]+) a minute", body).group(1))
     assert 9.0 < pace <= 10.0  # from the newest 5 (5 in 30 s and a moment), not all 20
     assert not any("COUNT(" in q["sql"] and "finished_at" in q["sql"] for q in ctx.captured_queries)
@@ -222,8 +222,6 @@ def _running_on_a_daemon():
 
 
 def test_an_operator_stops_a_running_job_on_its_daemon(operator):
-    from fleet.models import DaemonCommand
-
     daemon, inv = _running_on_a_daemon()
     page = operator.get(f"/jobs/{inv.pk}/").content.decode()
     assert "Stop on daemon" in page and f"Stop job {inv.pk} on daemon {daemon.pk}?" in page

@@ -1,10 +1,14 @@
+import re
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from accounts.roles import grant
-from jobs import services
+from jobs import services, views
 from jobs.models import Invocation
 from tests import builders
 
@@ -95,10 +99,6 @@ def _operator(client):
 
 
 def test_it_filters_by_function_prefix_id_and_time(alice):
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     a = Invocation.objects.create(function="train.step")
     b = Invocation.objects.create(function="eval.run")
     Invocation.objects.filter(pk=b.pk).update(created_at=timezone.now() - timedelta(days=3))
@@ -114,8 +114,6 @@ def test_it_filters_by_function_prefix_id_and_time(alice):
 
 
 def test_it_pages_both_ways_and_keeps_the_filter(alice):
-    import re
-
     Invocation.objects.bulk_create([Invocation(function=f"a.job{i:03d}") for i in range(120)])
     Invocation.objects.create(function="other.x")
     first = alice.get("/jobs/?function=a.").content.decode()
@@ -130,8 +128,6 @@ def test_it_pages_both_ways_and_keeps_the_filter(alice):
 
 
 def test_an_operator_cancels_the_queued_of_the_filtered_queue_after_a_count(client):
-    from jobs.models import Invocation as Inv
-
     operator = _operator(client)
     builders.queue(name="train")
     for _ in range(3):
@@ -142,15 +138,13 @@ def test_an_operator_cancels_the_queued_of_the_filtered_queue_after_a_count(clie
     assert 'hx-confirm="Cancel 3 queued invocation(s) of queue train?' in page
     body = operator.post("/jobs/bulk-cancel/", {"queue": "train"}, follow=True).content.decode()
     assert "Cancelled 3 queued invocation(s) of queue train." in body
-    assert Inv.objects.filter(queue="train", state="killed").count() == 3
+    assert Invocation.objects.filter(queue="train", state="killed").count() == 3
     other.refresh_from_db()
     assert other.state == "queued"  # only the filtered queue
     assert "Cancel 3 queued" not in operator.get("/jobs/").content.decode()  # no queue filter
 
 
 def test_the_bulk_cancel_count_is_bounded_on_a_big_backlog(client, monkeypatch):
-    from jobs import views
-
     monkeypatch.setattr(views, "CANCEL_COUNT_CAP", 5)
     operator = _operator(client)
     builders.queue(name="train")

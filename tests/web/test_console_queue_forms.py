@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from accounts.roles import grant
+from queues import services
 from queues.models import Queue
 from tests import builders
 
@@ -237,8 +238,6 @@ def test_an_operator_edits_a_queue(operator):
 
 
 def test_an_edit_sends_only_what_changed(operator, monkeypatch):
-    from queues import services
-
     seen = []
     real = services.queue_patch
     monkeypatch.setattr(

@@ -10,9 +10,10 @@ from rest_framework.test import APIClient
 
 from accounts.roles import grant
 from jobs.models import Invocation
+from jobs.services import invocation_submit
 from queues.models import QueueSample
 from queues.services import queue_transition
-from queues.views import QueueList
+from queues.views import QueueList, short_age
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -38,8 +39,6 @@ def test_it_lists_queues_with_members_and_elasticity(alice):
     )
     builders.daemon(queues=["training-h100"])
     builders.queue(name="retired-queue")
-    from queues.services import queue_transition
-
     queue_transition(name="retired-queue", action="archive")
     body = alice.get("/").content.decode()
     assert "training-h100" in body and "pool-with-threshold 2..16 @0.7" in body
@@ -49,8 +48,6 @@ def test_it_lists_queues_with_members_and_elasticity(alice):
 
 def test_an_htmx_request_gets_only_the_table(alice):
     builders.queue(name="retired-queue")
-    from queues.services import queue_transition
-
     queue_transition(name="retired-queue", action="archive")
     response = alice.get(
         "/?state=archived", headers={"HX-Request": "true", "HX-Target": "queue-table"}
@@ -132,9 +129,6 @@ def invocation(queue: str, state: str = "queued", **fields) -> Invocation:
 
 
 def test_a_paused_queue_shows_what_it_holds(alice):
-    from jobs.services import invocation_submit
-    from queues.services import queue_transition
-
     builders.queue(name="held")
     queue_transition(name="held", action="pause")
     for i in range(30):
@@ -223,8 +217,6 @@ def test_the_htmx_table_carries_the_backlog_too(alice):
     [(0, "0 s"), (59, "59 s"), (60, "1 min"), (3599, "59 min"), (7200, "2 h"), (90000, "1 d")],
 )
 def test_ages_read_short(seconds, shown):
-    from queues.views import short_age
-
     assert short_age(timedelta(seconds=seconds)) == shown
 
 

@@ -9,6 +9,8 @@ from accounts.models import ApiToken
 from accounts.roles import grant
 from accounts.services import token_create
 from fleet.models import Daemon
+from jobs import services
+from jobs.models import Invocation
 from lakeshore_admin import urls
 from queues.models import Queue
 from tests import builders
@@ -39,8 +41,6 @@ POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/", "/
 
 @pytest.fixture
 def world():
-    from jobs import services
-
     builders.queue(name="train")
     job, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="train")
     token, _ = token_create(username="ci-bot", role="operator")
@@ -59,8 +59,6 @@ def login(client, role: str | None = None, **flags):
 
 
 def assert_unchanged(world):
-    from jobs.models import Invocation
-
     assert Queue.objects.get(name="train").state == "active"
     assert Daemon.objects.get(pk=world["daemon"]).state == "idle"
     assert Invocation.objects.get(pk=world["job"]).state == "queued"

@@ -2,6 +2,7 @@
 through which door (API, CLI, console, Django admin), next to the controller's
 decisions, in one timeline across queues."""
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -11,9 +12,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from accounts.models import AuditEvent
+from accounts.models import ApiToken, AuditEvent
 from accounts.roles import grant
+from accounts.services import token_create
 from fleet import services as fleet_services
+from fleet.daemons import daemon_drop
 from jobs import services as job_services
 from queues import services
 from queues.models import QueueEvent
@@ -34,8 +37,6 @@ def _last() -> AuditEvent:
 
 
 def _api(name: str, agent: str = "python-httpx/0.28") -> APIClient:
-    from accounts.services import token_create
-
     _, raw = token_create(username=name, role="operator")
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}", HTTP_USER_AGENT=agent)
@@ -99,8 +100,6 @@ def test_each_operator_action_is_recorded():
     job_services.invocation_bulk_cancel(queue="train", reason="too many")
     job_services.invocation_retry(invocation_id=job.pk)
     daemon = builders.daemon(queues=["train"])
-    from fleet.daemons import daemon_drop
-
     daemon_drop(daemon=daemon)
     fleet_services.provider_create(name="here", kind="simulated")
     services.queue_delete(name="train", force=True)
@@ -170,8 +169,6 @@ def test_the_timeline_pages_by_cursor_without_gaps_or_repeats(viewer):
     first = viewer.get("/events/")
     seen = first.content.decode().count('<tr class="event-')
     assert seen == 50
-    import re
-
     older = re.search(r'href="(/events/\?after=[^"]+)"[^>]*>Older', first.content.decode())
     second = viewer.get(older.group(1)).content.decode()
     assert second.count('<tr class="event-') == 16  # 60 + 5 pauses + the queue's creation
@@ -203,9 +200,6 @@ def test_actions_outlive_their_queue(viewer):
 
 
 def test_tokens_made_and_revoked_by_people_are_recorded_a_provider_s_own_are_not(client):
-    from accounts.models import ApiToken
-    from accounts.services import token_create
-
     token, _ = token_create(username="ci-bot", role="operator", name="ci")
     assert (_last().action, _last().summary) == ("token.create", "operator token for ci-bot (ci)")
     before = AuditEvent.objects.count()
@@ -218,8 +212,6 @@ def test_tokens_made_and_revoked_by_people_are_recorded_a_provider_s_own_are_not
 
 
 def test_dropping_a_daemon_that_already_ended_records_nothing():
-    from fleet.daemons import daemon_drop
-
     daemon = builders.daemon(name="gpu-1")
     daemon_drop(daemon=daemon)
     daemon_drop(daemon=daemon)  # nothing left to do

@@ -1,4 +1,6 @@
 import pytest
+from django.db.backends.utils import CursorWrapper
+from django.db.utils import OperationalError
 
 pytestmark = pytest.mark.django_db
 
@@ -11,8 +13,6 @@ def test_it_answers_ok_when_the_database_answers(client):
 
 def test_it_answers_ok_when_the_database_does_not(client, monkeypatch):
     """Liveness only: a database outage is /readyz's business (tests/web/test_readyz.py)."""
-    from django.db.backends.utils import CursorWrapper
-    from django.db.utils import OperationalError
 
     def broken(self, sql, params=None):
         raise OperationalError("connection refused")

@@ -1,8 +1,12 @@
 """/readyz: 200 when the database answers, 503 when not, and never a word about why
 (no exception text, socket path or host) to an anonymous caller."""
 
+from pathlib import Path
+
 import pytest
 from django.db import connection
+from django.db.backends.utils import CursorWrapper
+from django.db.utils import OperationalError
 
 pytestmark = pytest.mark.django_db
 
@@ -20,9 +24,6 @@ def test_it_needs_no_login(client):
 
 
 def test_it_answers_503_and_nothing_more_when_a_query_fails(client, monkeypatch):
-    from django.db.backends.utils import CursorWrapper
-    from django.db.utils import OperationalError
-
     secret = f'connection to server on socket "{connection.settings_dict.get("HOST")}" failed'
 
     def broken(self, sql, params=None):
@@ -37,7 +38,6 @@ def test_it_answers_503_and_nothing_more_when_a_query_fails(client, monkeypatch)
 def test_it_answers_503_when_no_connection_can_be_made(client, monkeypatch):
     """The realistic outage: the server is gone, so connecting fails (the message would
     name the socket path or host)."""
-    from django.db.utils import OperationalError
 
     def refuse(*args, **kwargs):
         raise OperationalError(f"could not connect to {connection.settings_dict.get('HOST')}")
@@ -52,8 +52,6 @@ def test_it_answers_503_when_no_connection_can_be_made(client, monkeypatch):
 
 
 def test_healthz_stays_up_while_readyz_is_not(client, monkeypatch):
-    from django.db.utils import OperationalError
-
     def refuse(*args, **kwargs):
         raise OperationalError("down")
 
@@ -63,8 +61,6 @@ def test_healthz_stays_up_while_readyz_is_not(client, monkeypatch):
 
 
 def test_make_run_waits_for_readiness_not_liveness():
-    from pathlib import Path
-
     run = (Path(__file__).resolve().parents[2] / "scripts" / "run.py").read_text()
     wait = run[run.index("def wait_healthy") :].split("\ndef ", 1)[0]
     assert "/readyz" in wait and "/healthz" not in wait

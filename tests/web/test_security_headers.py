@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import override_settings
 
@@ -122,8 +123,6 @@ def production_env(tmp_path, **extra) -> dict[str, str]:
         DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
         ALLOWED_HOSTS="lakeshore.example.com",
     )
-    from django.conf import settings
-
     if settings.EMBEDDED_PGDATA is not None:
         env["LAKESHORE_PGDATA"] = str(settings.EMBEDDED_PGDATA)
     env.update(extra)

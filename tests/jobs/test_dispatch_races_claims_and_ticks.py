@@ -1,20 +1,23 @@
 """Races the dispatch core must win, each forced into its worst interleaving with a
 hook (lakeshore_admin.hooks) and a second connection, with a negative control showing
-that the old way loses."""
+that the old way loses: a claim against a drop, a heartbeat, a second claim of the same
+daemon and a scale-down; the reaper's rescue of what the old claim stranded; a
+controller tick that fails after its launch."""
 
 import contextlib
 import threading
+import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
-from rest_framework.test import APIClient
 
+from accounts.models import ApiToken
 from fleet import controller, daemons, protocol
+from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from jobs.transitions import completion
 from lakeshore_admin import hooks
 from tests import builders
 
@@ -141,8 +144,6 @@ class _BehindTheClaim:
 def _wait_until_blocked_on_a_lock(timeout: float = 10.0):
     """Until another backend of this database waits on a lock (the drop, queued behind
     the claim's lock on the daemon's row)."""
-    import time
-
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
         while time.monotonic() < deadline:
@@ -257,9 +258,6 @@ def _minted_token_for(daemon):
 
 
 def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(settings):
-    from accounts.models import ApiToken
-    from fleet.driver_base import DRIVERS
-
     local = DRIVERS["local"]
     builders.provider(name="here", kind="local")
     queue = builders.queue(
@@ -287,8 +285,6 @@ def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(
 
 
 def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
-    from fleet.driver_base import DRIVERS
-
     local = DRIVERS["local"]
     builders.provider(name="here", kind="local")
     queue = builders.queue(
@@ -302,133 +298,6 @@ def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
     finally:
         local._start = real_start
     assert started == list(Daemon.objects.filter(queues=["grow"]).values_list("pk", flat=True))
-
-
-# ---------------------------------------------------------------------------- completion
-
-
-def test_a_completion_retried_after_a_lost_response_is_recorded_once(daemon_client):
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function=ECHO, queue="w")
-    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
-    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
-    report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [1]}
-
-    first = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
-    stored = Invocation.objects.get(pk=inv.pk)
-    retry = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
-
-    assert first.status_code == retry.status_code == 200
-    assert retry.json() == first.json()
-    again = Invocation.objects.get(pk=inv.pk)
-    assert (again.state, again.finished_at, again.result) == (
-        "succeeded",
-        stored.finished_at,
-        [1],
-    )
-
-
-def test_a_retried_failure_report_is_recorded_once_even_after_its_requeue(daemon_client, settings):
-    settings.LAKESHORE_RETRY_BACKOFF = 60
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
-    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
-    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
-    report = {"invocation": inv.pk, "attempt": 1, "state": "failed", "error": "boom"}
-
-    first = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
-    retry = daemon_client.post(f"/api/v1/daemons/{me['id']}/complete/", report, format="json")
-
-    assert first.status_code == retry.status_code == 200
-    inv.refresh_from_db()
-    assert (inv.state, inv.attempts, inv.error) == ("queued", 1, "boom")
-
-
-def test_another_daemon_or_attempt_still_gets_409_claim_stale(daemon_client):
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function=ECHO, queue="w")
-    them = APIClient(SERVER_NAME="localhost")
-    them.credentials(**builders.auth(builders.token("daemon")))
-    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
-    other = builders.register(them, {"name": "e", "queues": ["w"]}).json()
-    daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {"limit": 1}, format="json")
-    report = {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": 1}
-
-    theirs = them.post(f"/api/v1/daemons/{other['id']}/complete/", report, format="json")
-    wrong_attempt = daemon_client.post(
-        f"/api/v1/daemons/{me['id']}/complete/", {**report, "attempt": 2}, format="json"
-    )
-
-    assert (theirs.status_code, theirs.json()["error"]["code"]) == (409, "claim_stale")
-    assert (wrong_attempt.status_code, wrong_attempt.json()["error"]["code"]) == (
-        409,
-        "claim_stale",
-    )
-    assert Invocation.objects.get(pk=inv.pk).state == "running"
-
-
-def test_the_daemon_learns_why_it_may_not_claim_from_the_code(daemon_client):
-    builders.queue(name="w")
-    me = builders.register(daemon_client, {"name": "d", "queues": ["w"]}).json()
-    Daemon.objects.filter(pk=me["id"]).update(state="lost")
-    lost = daemon_client.post(f"/api/v1/daemons/{me['id']}/claim/", {}, format="json")
-    Daemon.objects.filter(pk=me["id"]).update(state="terminated")
-    gone = daemon_client.post(f"/api/v1/daemons/{me['id']}/heartbeat/", format="json")
-    assert (lost.status_code, lost.json()["error"]["code"]) == (409, "daemon_lost")
-    assert (gone.status_code, gone.json()["error"]["code"]) == (409, "daemon_terminated")
-
-
-# ---------------------------------------------------------------------------- back-off
-
-
-def test_a_failed_attempt_waits_its_back_off_before_it_can_be_claimed_again(settings):
-    settings.LAKESHORE_RETRY_BACKOFF = 20
-    settings.LAKESHORE_RETRY_BACKOFF_MAX = 300
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
-    daemon = builders.daemon(queues=["w"])
-    protocol.invocation_claim(daemon=daemon)
-    protocol.invocation_complete(
-        daemon=daemon, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
-    )
-    inv.refresh_from_db()
-    wait = (inv.scheduled_at - inv.created_at).total_seconds()
-    assert inv.state == "queued" and 10 <= wait <= 21  # 20 s × a jitter in [0.5, 1)
-
-    assert protocol.invocation_claim(daemon=daemon) == []
-    Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)  # its time has come
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv.pk]
-
-
-def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
-    settings.LAKESHORE_RETRY_BACKOFF = 10
-    settings.LAKESHORE_RETRY_BACKOFF_MAX = 25
-    builders.queue(name="w")
-    inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=5)
-    daemon = builders.daemon(queues=["w"])
-    waits = []
-    for attempt in (1, 2, 3):
-        Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)
-        protocol.invocation_claim(daemon=daemon)
-        with transaction.atomic():
-            completion.complete(
-                daemon_id=daemon.pk,
-                invocation_id=inv.pk,
-                attempt=attempt,
-                outcome="failed",
-                result=None,
-                error="x",
-            )
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT extract(epoch FROM scheduled_at - now()) FROM jobs_invocation "
-                    "WHERE id = %s",
-                    [inv.pk],
-                )
-                waits.append(cursor.fetchone()[0])
-    assert 5 <= waits[0] < 10  # 10 × [0.5, 1)
-    assert 10 <= waits[1] < 20  # 20 × [0.5, 1)
-    assert 12.5 <= waits[2] < 25  # 40, capped at 25
 
 
 def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
