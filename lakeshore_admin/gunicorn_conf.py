@@ -9,6 +9,7 @@ default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the pa
 long-polls, default 128; started as needed)."""
 
 import os
+import resource
 import signal
 import socket
 import sys
@@ -28,6 +29,10 @@ try:
     loglevel = log_level("LAKESHORE_WEB_LOG_LEVEL", loglevel, "WARNING").lower()
 except BadSetting as exc:  # gunicorn would print a traceback under its own words
     sys.exit(str(exc))
+
+
+OPEN_FILES_MAX = 1_048_576  # the soft limit of open files is raised to this at most
+OPEN_FILES_LOW = 8192  # below this a large fleet would not fit: say so at start
 
 
 class Worker(UvicornWorker):
@@ -58,7 +63,10 @@ worker_class = "lakeshore_admin.gunicorn_conf.Worker"
 reuse_port = True
 timeout = 60  # a worker silent this long is restarted (requests are bounded well below)
 graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
-keepalive = 5  # seconds; lakeshore/client.py lets an idle connection go sooner
+# Seconds an idle connection is kept: longer than clients keep one (httpx's default, the
+# Python SDK's, 5 s; lakeshore/client.py 4 s), so the client always lets go first and
+# never sends a request on a connection the server is closing at that moment.
+keepalive = 20
 wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request, written by uvicorn's worker in its own form (address, request
 # line, status) through gunicorn's access log: gunicorn's access_log_format is not used.
@@ -73,12 +81,36 @@ limit_request_field_size = 16384  # the whole "Name: value" line; Django's check
 
 def on_starting(server):
     """The master loads the settings once, before it starts workers: a bad setting stops
-    it here with its one line (lakeshore_admin/env.py), not in every worker. And the
-    port must be free (_port_is_free)."""
+    it here with its one line (lakeshore_admin/env.py), not in every worker. The port
+    must be free (_port_is_free), and the workers may open many files (_open_files)."""
     for address in server.cfg.bind:
         _port_is_free(address)
+    if warning := _open_files():
+        server.log.warning(warning)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
     settings.LAKESHORE_TICK_SECONDS  # noqa: B018 - loads the settings
+
+
+def _open_files() -> str | None:
+    """Each parked long-poll holds a socket, so a worker serving a large fleet needs
+    thousands of descriptors, past the usual soft limit of 1,024. Raise the soft limit
+    to the hard one (which only the administrator sets: systemd's default is 524,288)
+    for the workers this master starts. A warning when it stays low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES_MAX if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_MAX)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < OPEN_FILES_LOW:
+        return (
+            f"open files are limited to {soft} a process (hard limit {hard}): each worker "
+            f"can hold fewer than {soft} daemons' long-polls at once. Raise the hard limit "
+            "(LimitNOFILE= in a systemd unit, ulimit -Hn)"
+        )
+    return None
 
 
 def _port_is_free(address: str) -> None:

@@ -2,10 +2,12 @@
 that need it, on a free port, against the test database."""
 
 import contextlib
+import resource
 import socket
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -21,11 +23,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz", app: str | None = None):
+def gunicorn(
+    tmp_path: Path,
+    env: dict,
+    *,
+    ready: str = "/healthz",
+    app: str | None = None,
+    open_files: int | None = None,
+):
     """Starts gunicorn with `env` (which must hold PORT), waits until `ready` answers
     200 (fails the test with its log after 30 s), yields (base URL, process), and stops
     it at the end. `app` ("module:name") serves a WSGI application instead of the
-    configuration's ASGI one, on gunicorn's threaded worker."""
+    configuration's ASGI one, on gunicorn's threaded worker. `open_files`: the soft limit
+    of open files it starts with (as a shell's `ulimit -Sn`)."""
     log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [
@@ -38,6 +48,7 @@ def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz", app: str | N
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=None if open_files is None else partial(_soft_open_files, open_files),
     )
     base = f"http://127.0.0.1:{env['PORT']}"
     try:
@@ -57,3 +68,9 @@ def gunicorn(tmp_path: Path, env: dict, *, ready: str = "/healthz", app: str | N
             proc.terminate()
         proc.wait(30)
         log.close()
+
+
+def _soft_open_files(limit: int) -> None:
+    resource.setrlimit(
+        resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    )
