@@ -18,9 +18,10 @@ def long_poll(wait: float) -> float:
     return max(TIMEOUT_SECONDS, wait + LONG_POLL_MARGIN)
 
 
-# Seconds an idle kept-alive connection may be used again: under the server's own keep-alive (5 s,
-# lakeshore_admin/gunicorn_conf.py), so that a request never goes out on a connection the
-# server is closing at that moment (the request would fail, and a daemon retry it).
+# Seconds an idle kept-alive connection may be used again: well under a server's own
+# keep-alive (ours keeps one 20 s, lakeshore_admin/gunicorn_conf.py; a proxy in front may
+# keep it 5 s), so that a request never goes out on a connection the server is closing
+# at that moment (the request would fail, and a daemon retry it).
 KEEPALIVE_EXPIRY = 4.0
 LIMITS = httpx.Limits(
     max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY
