@@ -19,6 +19,7 @@ from uvicorn_worker import UvicornWorker
 
 from lakeshore_admin import metrics
 from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
+from lakeshore_admin.http_protocol import Protocol
 
 try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
@@ -36,10 +37,11 @@ OPEN_FILES_LOW = 8192  # below this a large fleet would not fit: say so at start
 
 
 class Worker(UvicornWorker):
-    """uvicorn's worker for gunicorn, with the fast loop and parser, and the app's
-    lifespan (asgi.py: a stop ends the parked long-polls at once)."""
+    """uvicorn's worker for gunicorn, with the fast loop and parser (a request's head due
+    within the keep-alive: http_protocol.py), and the app's lifespan (asgi.py: a stop
+    ends the parked long-polls at once)."""
 
-    CONFIG_KWARGS = {"loop": "uvloop", "http": "httptools", "lifespan": "on"}
+    CONFIG_KWARGS = {"loop": "uvloop", "http": Protocol, "lifespan": "on"}
 
     def init_signals(self) -> None:
         """A stop signal ends the worker with SystemExit, not the signal's default
@@ -65,7 +67,8 @@ timeout = 60  # a worker silent this long is restarted (requests are bounded wel
 graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
 # Seconds an idle connection is kept: longer than clients keep one (httpx's default, the
 # Python SDK's, 5 s; lakeshore/client.py 4 s), so the client always lets go first and
-# never sends a request on a connection the server is closing at that moment.
+# never sends a request on a connection the server is closing at that moment. A request's
+# line and headers are due within it too (http_protocol.py).
 keepalive = 20
 wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request, written by uvicorn's worker in its own form (address, request

@@ -73,7 +73,11 @@ def _threads(server: psutil.Process) -> int:
 
 async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) -> dict:
     headers = {"Authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=DAEMONS + 10, max_keepalive_connections=DAEMONS + 10)
+    # Each claim on a connection of its own, closed after its answer, as 1,000 daemons'
+    # own clients would: in one pool, every answer's release makes httpx look at each
+    # connection kept idle (one poll call each), and with the server keeping them 20 s
+    # that took the test's loop seconds, counted in the claims' times.
+    limits = httpx.Limits(max_connections=DAEMONS + 10, max_keepalive_connections=0)
     seen = {"threads": 0, "claimed": None}
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=WAIT + 30) as client:
 
