@@ -2,6 +2,7 @@
 that need it, on a free port, against the test database."""
 
 import contextlib
+import os
 import resource
 import socket
 import subprocess
@@ -12,8 +13,34 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def database_url() -> str:
+    """The test database, as DATABASE_URL names it to a server process."""
+    db = connection.settings_dict
+    host = db["HOST"] or ""
+    if host.startswith("/"):  # a unix socket (the embedded server)
+        return f"postgresql://{db['USER']}@/{db['NAME']}?host={host}"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgresql://{db['USER']}{password}@{host}{port}/{db['NAME']}"
+
+
+def environment(var: Path, **settings: str) -> dict:
+    """The environment of `make run`'s server on the test database, its files under
+    `var`, on a free port (PORT), with `settings` (LAKESHORE_… = value) over it."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
+        "DATABASE_URL": database_url(),
+        "LAKESHORE_VAR_DIR": str(var),
+        "LAKESHORE_STATIC_FROM_FINDERS": "1",
+        "PORT": str(free_port()),
+        **settings,
+    }
 
 
 def free_port() -> int:

@@ -12,8 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import database_url, free_port, gunicorn
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKERS = ["filesystem://"]
@@ -25,7 +24,7 @@ def environment(tmp_path: Path, *, broker: str, tick_seconds: int, port: int) ->
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "LAKESHORE_DB_POOL_MAX": "6",
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
         "LAKESHORE_STATIC_FROM_FINDERS": "1",

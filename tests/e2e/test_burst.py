@@ -3,7 +3,6 @@ claim long-polls. No 5xx, /healthz answers 200 throughout, and every request rig
 after is answered normally. Runs `make run`'s gunicorn configuration against the test
 database; prints p50/p99 and requests/s."""
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 from django.db import connection
 
 from tests import builders
-from tests.e2e.servers import free_port, gunicorn
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,29 +25,9 @@ TOTAL = 240
 WAIT = 15.0
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    host = db["HOST"] or ""
-    if host.startswith("/"):  # a unix socket (the embedded server)
-        return f"postgresql://{db['USER']}@/{db['NAME']}?host={host}"
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgresql://{db['USER']}{password}@{host}{port}/{db['NAME']}"
-
-
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_DB_POOL_MAX": "12",
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "PORT": str(port),
-    }
-    with gunicorn(tmp_path, env) as (base, _):
+    with gunicorn(tmp_path, environment(tmp_path, LAKESHORE_DB_POOL_MAX="12")) as (base, _):
         yield base
 
 

@@ -7,7 +7,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from fleet import protocol
@@ -15,6 +14,7 @@ from fleet.models import Daemon
 from jobs import services
 from queues.models import QueueEvent
 from tests import builders
+from tests.e2e.servers import database_url
 from tests.e2e.test_daemon import _wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -25,17 +25,10 @@ if os.environ.get("LAKESHORE_TEST_REDIS_URL"):  # .ci/run starts a Redis server
     BROKERS.append(os.environ["LAKESHORE_TEST_REDIS_URL"])
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    if str(db["HOST"]).startswith("/"):
-        return f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 def _start_worker(tmp_path, broker):
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
         "LAKESHORE_TICK_SECONDS": "1",

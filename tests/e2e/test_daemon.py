@@ -11,7 +11,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from accounts.authentication import token_cache
@@ -21,6 +20,7 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from tests import builders
+from tests.e2e.servers import database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -184,14 +184,9 @@ def _free_port() -> int:
 
 def _serve(port: int, tmp_path):
     """A real web server process on the test database (runserver, no reloader)."""
-    db = connection.settings_dict
-    if str(db["HOST"]).startswith("/"):  # the embedded server's unix socket
-        url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST']}"
-    else:
-        url = f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
     env = {
         **os.environ,
-        "DATABASE_URL": url,
+        "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
     }

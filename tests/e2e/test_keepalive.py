@@ -5,7 +5,6 @@ server as unreachable and retry). The CLI's and the daemon's client
 (lakeshore/client.py) lets go after 4 s, httpx's default (the SDK's) after 5 s, and
 the server keeps one 20 s. Against `make run`'s own server."""
 
-import os
 import time
 
 import httpx
@@ -13,8 +12,7 @@ import pytest
 
 from lakeshore.client import KEEPALIVE_EXPIRY, Client
 from lakeshore_admin import gunicorn_conf
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,16 +25,7 @@ def _client_port(response) -> int:
 def test_an_idle_connection_is_let_go_before_the_server_closes_it(tmp_path):
     server_keeps = gunicorn_conf.keepalive
     assert server_keeps >= 2 * max(KEEPALIVE_EXPIRY, httpx.Limits().keepalive_expiry)
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_WEB_WORKERS": "1",
-        "PORT": str(free_port()),
-    }
-    with gunicorn(tmp_path, env) as (base, _):
+    with gunicorn(tmp_path, environment(tmp_path, LAKESHORE_WEB_WORKERS="1")) as (base, _):
         client = Client(base, token=None)
         first = _client_port(client.send("GET", f"{base}/healthz"))
         # the control: a connection idle a second is used again (keep-alive works)

@@ -32,8 +32,7 @@ from lakeshore_admin import metrics
 from queues.models import MetricTotal, QueueEvent
 from tests import builders
 from tests.e2e import stack
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import database_url, free_port, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -48,7 +47,7 @@ def _env(tmp_path) -> dict:
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "LAKESHORE_DB_POOL_MAX": "6",
         "LAKESHORE_VAR_DIR": str(tmp_path),
         "LAKESHORE_STATIC_FROM_FINDERS": "1",

@@ -6,7 +6,6 @@ instead of failing to accept them. Against `make run`'s own server, started unde
 soft limit of 1,024."""
 
 import asyncio
-import os
 import resource
 import subprocess
 import sys
@@ -15,8 +14,7 @@ import psutil
 import pytest
 
 from tests import builders
-from tests.e2e.servers import ROOT, free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import ROOT, environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,
@@ -53,15 +51,7 @@ def test_a_worker_holds_more_connections_than_a_soft_limit_of_1024(tmp_path):
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 4 * CONNECTIONS:
         pytest.skip(f"the hard limit of open files here is {hard}")
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_WEB_WORKERS": "1",
-        "PORT": str(free_port()),
-    }
+    env = environment(tmp_path, LAKESHORE_WEB_WORKERS="1")
     with gunicorn(tmp_path, env, open_files=SOFT) as (_, proc):
         workers = psutil.Process(proc.pid).children()
         limits = [worker.rlimit(psutil.RLIMIT_NOFILE)[0] for worker in workers]

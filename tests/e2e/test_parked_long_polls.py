@@ -9,7 +9,6 @@ served before (gunicorn's gthread worker): there every waiting claim holds a thr
 past LAKESHORE_MAX_WAITS a process refuses the rest with Retry-After."""
 
 import asyncio
-import os
 import resource
 import time
 
@@ -21,8 +20,7 @@ from django.utils import timezone
 
 from fleet.models import Daemon, DaemonState
 from tests import builders
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,17 +36,12 @@ ECHO = "lakeshore.functions.echo"
 
 
 def _environment(tmp_path) -> dict:
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_DB_POOL_MAX": "12",
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_WEB_WORKERS": str(WORKERS),
-        "LAKESHORE_WEB_THREADS": str(THREADS),
-        "PORT": str(free_port()),
-    }
+    return environment(
+        tmp_path,
+        LAKESHORE_DB_POOL_MAX="12",
+        LAKESHORE_WEB_WORKERS=str(WORKERS),
+        LAKESHORE_WEB_THREADS=str(THREADS),
+    )
 
 
 def _daemons() -> list[int]:

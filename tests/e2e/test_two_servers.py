@@ -6,7 +6,6 @@ the other's. The negative controls: a daemon of another queue is not woken, and 
 its whole wait; a server's counts are not in the other's scrape before it flushes.
 (The controller ticking once whichever beat fires: tests/queues/test_beat_once.py.)"""
 
-import os
 import re
 import threading
 import time
@@ -21,8 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs.models import Invocation
 from jobs.transitions.states import TERMINAL
 from tests import builders
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,16 +35,7 @@ WAKE_BOUND = 1.0  # seconds (the bench measures the latency: bench/results/lates
 
 def _environment(var) -> dict:
     var.mkdir()
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_DB_POOL_MAX": "8",
-        "LAKESHORE_VAR_DIR": str(var),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_WEB_WORKERS": "1",
-        "PORT": str(free_port()),
-    }
+    return environment(var, LAKESHORE_DB_POOL_MAX="8", LAKESHORE_WEB_WORKERS="1")
 
 
 def _claim(base: str, token: str, daemon_id: int, out: dict) -> None:

@@ -11,7 +11,6 @@ Against `make run`'s server, its keep-alive shortened to 2 s (GUNICORN_CMD_ARGS)
 import asyncio
 import contextlib
 import json
-import os
 import time
 
 import pytest
@@ -19,8 +18,7 @@ from django.db import connection
 from django.utils import timezone
 
 from tests import builders
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -32,16 +30,9 @@ HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 def server(tmp_path_factory, django_db_setup):
     """One server for the module, on the test database (django_db_setup made it)."""
     tmp_path = tmp_path_factory.mktemp("slow-head")
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_WEB_WORKERS": "1",
-        "GUNICORN_CMD_ARGS": f"--keep-alive {KEEP:g}",
-        "PORT": str(free_port()),
-    }
+    env = environment(
+        tmp_path, LAKESHORE_WEB_WORKERS="1", GUNICORN_CMD_ARGS=f"--keep-alive {KEEP:g}"
+    )
     with gunicorn(tmp_path, env) as (base, _):
         yield int(env["PORT"]), base
 

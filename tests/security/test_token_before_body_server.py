@@ -12,7 +12,6 @@ msgpack control sends 2 MiB bodies: 16 × 10 MiB would take about 12 GiB of a sh
 machine. Run with -s for the figures."""
 
 import contextlib
-import os
 import statistics
 import threading
 import time
@@ -21,8 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.servers import free_port, gunicorn
-from tests.e2e.test_burst import _database_url
+from tests.e2e.servers import environment, gunicorn
 from tests.security.test_token_before_body import json_bomb, msgpack_bomb
 
 pytestmark = [
@@ -109,16 +107,7 @@ def at_once(base: str, path: str, content_type: str, body: bytes) -> list[tuple[
 def measure(tmp_path, kind: str, *, control: bool) -> float:
     """MiB the server's RSS rose by under AT_ONCE bad-token requests with a bomb."""
     lean, path, content_type, bomb, control_app, control_size = KINDS[kind]
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
-        "DATABASE_URL": _database_url(),
-        "LAKESHORE_DB_POOL_MAX": "12",
-        "LAKESHORE_VAR_DIR": str(tmp_path),
-        "LAKESHORE_STATIC_FROM_FINDERS": "1",
-        "LAKESHORE_LEAN_PATH": lean,
-        "PORT": str(free_port()),
-    }
+    env = environment(tmp_path, LAKESHORE_DB_POOL_MAX="12", LAKESHORE_LEAN_PATH=lean)
     body = bomb(control_size if control else 10 * MIB)
     with gunicorn(tmp_path, env, app=control_app if control else None) as (base, proc):
         for _ in range(2):  # warm: every thread, connection and code path in both workers

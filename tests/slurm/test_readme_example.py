@@ -14,7 +14,7 @@ import pytest
 from fleet.models import Daemon
 from jobs.models import Invocation
 from tests import builders
-from tests.e2e.test_celery import _database_url
+from tests.e2e.servers import database_url
 from tests.slurm.test_slurm_provider import _ours, _wait_for
 
 pytestmark = [
@@ -43,7 +43,7 @@ def test_the_readme_example_works_as_printed(slurm_cluster, live_server, tmp_pat
     assert len(commands) >= 5, commands
     env = {
         **os.environ,
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
         "LAKESHORE_PUBLIC_URL": live_server.url,

@@ -29,12 +29,13 @@ from django.db import InterfaceError, OperationalError, connection
 from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs.models import Invocation
 from tests import builders
+from tests.e2e.servers import database_url
 from tests.soak.chaos import Chaos, Reaper
 from tests.soak.daemon_thread import CLAIM_LIMIT, QUEUE, SINGLE_EVERY, DaemonThread
 from tests.soak.database_restart import restart_database
 from tests.soak.http_calls import REFUSED
 from tests.soak.ledger import Shared
-from tests.soak.web_server import DB_POOL_MAX, HEARTBEAT_TIMEOUT, WEB_WORKERS, Server, database_url
+from tests.soak.web_server import DB_POOL_MAX, HEARTBEAT_TIMEOUT, WEB_WORKERS, Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.django_db(transaction=True)]
 
@@ -53,7 +54,7 @@ SEED = int(os.environ.get("LAKESHORE_SOAK_SEED") or random.randrange(1_000_000))
 @pytest.fixture
 def server(transactional_db, tmp_path):
     """gunicorn on the test database; stopped before the test's tables are flushed."""
-    web = Server(tmp_path, database_url(connection.settings_dict))
+    web = Server(tmp_path, database_url())
     web.start()
     try:
         yield web

@@ -25,16 +25,6 @@ WEB_WORKERS = 2
 DB_POOL_MAX = 12  # per web process
 
 
-def database_url(db: dict) -> str:
-    """The test database as a DATABASE_URL for the server (tests/e2e/test_burst.py)."""
-    host = db["HOST"] or ""
-    if host.startswith("/"):  # a unix socket (the embedded server)
-        return f"postgresql://{db['USER']}@/{db['NAME']}?host={host}"
-    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    port = f":{db['PORT']}" if db.get("PORT") else ""
-    return f"postgresql://{db['USER']}{password}@{host}{port}/{db['NAME']}"
-
-
 _ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) [^"]*" (?P<status>\d{3}) ')
 
 
