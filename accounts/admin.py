@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 
 from accounts.models import ApiToken
-from accounts.services import token_revoke
+from accounts.services import token_revoke, tokens_visible_to
 
 
 @admin.register(ApiToken)
@@ -36,9 +36,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False  # the secret must be shown once: use `manage.py create_token`
 
-    @admin.action(description="Revoke the selected tokens")
-    def revoke(self, request, queryset):
+    def get_queryset(self, request):
+        """The tokens accounts/services.py lets this user see: every one for an
+        administrator (staff with view, add and change), only its own for other staff."""
+        return tokens_visible_to(request.user)
 
+    @admin.action(description="Revoke the selected tokens", permissions=["change"])
+    def revoke(self, request, queryset):
         for token in queryset:
-            token_revoke(token)
+            token_revoke(actor=request.user, token=token)
         self.message_user(request, f"Revoked {queryset.count()} token(s).", messages.SUCCESS)

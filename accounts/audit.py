@@ -216,5 +216,6 @@ def known_actions() -> list[str]:
         "queue.archive", "queue.unarchive", "queue.remove", "provider.create",
         "provider.patch", "provider.remove", "daemon.drop", "job.kill", "job.retry",
         "jobs.bulk_cancel", "token.create", "token.revoke",
+        "role.grant",
     ]  # fmt: skip
     return [*EventAction.values, *operator]

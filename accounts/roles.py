@@ -38,6 +38,12 @@ def may_hold(user, role: str) -> bool:
     return role in _implied(user_roles(user))
 
 
+def acts_with(user, role: str) -> bool:
+    """Whether `role` is within what this request's user may do now (its token's role
+    and its own): a token of `role` made by it gives nothing above its own."""
+    return role in _implied(roles_of(user))
+
+
 def roles_of(user) -> set[str]:
     if user is None or not user.is_authenticated:
         return set()

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from accounts import audit, services
 from accounts.console import console_view
 from accounts.filters import EventFilter, TokenFilter
-from accounts.models import ApiToken, AuditEvent
+from accounts.models import AuditEvent
 from accounts.roles import can_operate
 from fleet.models import Daemon
 from lakeshore_admin.console import after_action, back_url
@@ -82,17 +82,6 @@ class EventList(ConsoleListView):
         return {"queue-names": list(names[:500])}
 
 
-def sees_every_token(user) -> bool:
-    """An admin: a user Django lets view API tokens (superusers; staff given the right)."""
-    return user.has_perm("accounts.view_apitoken")
-
-
-def visible_tokens(user):
-    """Every token for an admin; a user's own tokens for anyone else."""
-    tokens = ApiToken.objects.select_related("user")
-    return tokens if sees_every_token(user) else tokens.filter(user=user)
-
-
 @method_decorator([require_GET, console_view], name="dispatch")
 class TokenList(ConsoleListView):
     """API tokens, newest first: what each may do and whether it still works. Never a
@@ -106,22 +95,22 @@ class TokenList(ConsoleListView):
     filter_look = {"user": {"attrs": {"size": 14}}}
 
     def get_queryset(self):
-        return visible_tokens(self.request.user)
+        return services.tokens_visible_to(self.request.user)
 
     def extra_context_data(self):
         user = self.request.user
-        return {"can_act": can_operate(user), "sees_all": sees_every_token(user)}
+        return {"can_act": can_operate(user), "sees_all": services.is_token_admin(user)}
 
 
 @require_POST
 @console_view
 def token_revoke(request, token_id: int):
-    """Revoke a token from the console: the API's service, for the operator role, and
-    only a token this user's tokens page shows."""
-    token = visible_tokens(request.user).filter(pk=token_id).first()
+    """Revoke a token from the console: the API's service and rules, for the operator
+    role, and only a token this user's tokens page shows."""
+    token = services.tokens_visible_to(request.user).filter(pk=token_id).first()
     if token is None:
         raise Http404(f"Token {token_id} does not exist.")
-    if services.token_revoke(token):
+    if services.token_revoke(actor=request.user, token=token):
         messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
     else:
         messages.info(request, f"Token {token.prefix}… ({token.name}) was already revoked.")

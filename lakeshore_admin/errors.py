@@ -39,6 +39,12 @@ CODES = {
     # 403: one daemon, one credential (fleet/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another
+    # 429: a token that registers daemons has LAKESHORE_DAEMONS_PER_TOKEN live ones
+    "daemons_per_token",
+    # 403 / 409: whose tokens one may make, list and revoke (accounts/services.py)
+    "not_your_token",  # another user's token: only an administrator acts for others
+    "role_above_yours",  # a token of a role its maker does not hold
+    "role_not_held",  # 409: the token's user lacks the role (an administrator may grant it)
     # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)
     "busy",
 }
@@ -98,6 +104,13 @@ class TooLarge(DomainError):
 class BacklogFull(DomainError):
     status = 429
     code = "backlog_full"
+
+
+class QuotaReached(DomainError):
+    """A principal holds as many of something as its limit allows (429): one must end
+    before another is admitted. Pass a specific `code`."""
+
+    status = 429
 
 
 class Busy(DomainError):

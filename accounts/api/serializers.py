@@ -46,3 +46,8 @@ class TokenInput(StrictInput):
         help_text="Daemon tokens: the queues its daemons may serve (default: any).",
     )
     expires_days = serializers.IntegerField(min_value=1, max_value=3650, default=None)
+    grant_role = serializers.BooleanField(
+        default=False,
+        help_text="Administrators: grant the user the token's role if it lacks it "
+        "(audited as role.grant); without it, such a token is refused (role_not_held).",
+    )

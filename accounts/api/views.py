@@ -1,5 +1,6 @@
 """API tokens: list, create (with a role and, for daemon tokens, queues), revoke.
-Operators only; the secret of a new token is answered once."""
+Operators only, on their own tokens (an administrator on anyone's: the rules are
+accounts/services.py's); the secret of a new token is answered once."""
 
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from rest_framework.views import APIView
 from accounts.api import serializers as s
 from accounts.models import ApiToken
 from accounts.permissions import Operate
-from accounts.services import token_create, token_revoke
+from accounts.services import token_mint, token_revoke, tokens_visible_to
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import LimitOffset, list_response
@@ -22,7 +23,8 @@ class TokenList(APIView):
     permission_classes = [Operate]
 
     @extend_schema(
-        summary="List API tokens, newest first (never their secrets)",
+        summary="List your API tokens (an administrator: everyone's), newest first, never "
+        "their secrets",
         parameters=[
             OpenApiParameter("limit", int, description="1–200, default 50"),
             OpenApiParameter("offset", int, description="rows to skip, ≥ 0 (default 0)"),
@@ -30,26 +32,32 @@ class TokenList(APIView):
         responses={200: s.TokenSerializer(many=True), **errors(400, 403)},
     )
     def get(self, request):
-        queryset = ApiToken.objects.select_related("user").order_by("-created_at", "-id")
+        queryset = tokens_visible_to(request.user).order_by("-created_at", "-id")
         rows, link = LimitOffset().paginate(queryset, request)
         return list_response(rows, link, s.TokenSerializer)
 
     @extend_schema(
         summary="Create a token of a role (daemon tokens may be scoped to queues); the "
         "secret is answered once",
+        description="Your own tokens, of a role you hold (403 role_above_yours); another "
+        "user's only as an administrator (403 not_your_token). The token's user must hold "
+        "its role (409 role_not_held) unless an administrator asks to grant it "
+        "(`grant_role`).",
         request=s.TokenInput,
-        responses={201: s.CreatedTokenSerializer, **errors(400, 403)},
+        responses={201: s.CreatedTokenSerializer, **errors(400, 403, 409)},
     )
     def post(self, request):
         data = s.TokenInput(data=request.data)
         data.is_valid(raise_exception=True)
         fields = data.validated_data
         days = fields["expires_days"]
-        token, raw = token_create(
+        token, raw = token_mint(
+            actor=request.user,
             username=fields["user"],
             role=fields["role"],
             name=fields["name"],
             queues=fields["queues"],
+            grant_role=fields["grant_role"],
             expires_at=timezone.now() + timedelta(days=days) if days else None,
         )
         token.raw = raw
@@ -60,7 +68,8 @@ class TokenRevoke(APIView):
     permission_classes = [Operate]
 
     @extend_schema(
-        summary="Revoke a token (at once, within LAKESHORE_TOKEN_CACHE_SECONDS)",
+        summary="Revoke your token (an administrator: anyone's), at once (within "
+        "LAKESHORE_TOKEN_CACHE_SECONDS)",
         request=None,
         responses={200: s.TokenSerializer, **errors(403, 404)},
     )
@@ -68,7 +77,7 @@ class TokenRevoke(APIView):
         token = ApiToken.objects.select_related("user").filter(pk=_id(token_id)).first()
         if token is None:
             raise NotFound(f"Token {token_id} does not exist.")
-        token_revoke(token)
+        token_revoke(actor=request.user, token=token)
         return Response(s.TokenSerializer(token).data)
 
 

@@ -166,7 +166,7 @@ def test_create_token_scopes_a_daemon_token(capsys):
 
 
 def test_operators_make_scoped_tokens_through_the_api_and_nobody_else_does(api):
-    _as(api, builders.token("operator"))
+    _as(api, builders.token("operator", username="robots"))  # their own (issue 29, item 7)
     made = api.post(
         "/api/v1/tokens/",
         {"user": "robots", "role": "daemon", "queues": ["a"], "name": "gpu pool"},
@@ -179,7 +179,7 @@ def test_operators_make_scoped_tokens_through_the_api_and_nobody_else_does(api):
     listed = api.get("/api/v1/tokens/", {"limit": 1})
     assert "token" not in listed.json()[0] and 'rel="next"' in listed["Link"]
     refused = api.post(
-        "/api/v1/tokens/", {"user": "x", "role": "viewer", "queues": ["a"]}, format="json"
+        "/api/v1/tokens/", {"user": "robots", "role": "viewer", "queues": ["a"]}, format="json"
     )
     assert refused.status_code == 400
     revoked = api.post(f"/api/v1/tokens/{body['id']}/revoke/")
