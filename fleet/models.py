@@ -146,6 +146,16 @@ class Daemon(models.Model):
         related_name="+",
         help_text="The token minted for this daemon by its provider; revoked when it ends.",
     )
+    registered_with = models.ForeignKey(
+        "accounts.ApiToken",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="The token that registered it (a bootstrap daemon token, or the token an "
+        "SDK worker first polled with): it may hold LAKESHORE_DAEMONS_PER_TOKEN live "
+        "daemons at once. Empty for a provider's daemons, which their provider made.",
+    )
     worker_id = models.CharField(
         max_length=200,
         null=True,

@@ -5,17 +5,23 @@ A daemon registers with a token (`lakeshore daemon run`'s, a provider's minted o
 an SDK worker's polling token) and gets its own credential: a daemon token bound to
 it, scoped to its queues, revoked when it ends (fleet/daemons.py). From then on only
 that credential, or an operator, speaks the daemon protocol for it (`check_speaker`).
-A token scoped to queues registers daemons on those only (`check_scope`)."""
+A token scoped to queues registers daemons on those only (`check_scope`). Whether a
+token may bring a daemon to life at all, by any route (REST register, an SDK worker's
+first poll, a lost one's return), is `admit_registration`'s alone (issue 29, item 8):
+a daemon's credential registers no other daemon, and a token that registers holds at
+most LAKESHORE_DAEMONS_PER_TOKEN live daemons."""
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.models import ApiToken
 from accounts.roles import can_operate
 from accounts.services import credential_issue
 from fleet.daemons import check_live, touch
 from fleet.models import Daemon, DaemonState
 from lakeshore_admin import hooks
-from lakeshore_admin.errors import Forbidden, Invalid
+from lakeshore_admin.errors import Forbidden, Invalid, QuotaReached
 from queues.models import Queue
 from queues.services import _provider_for
 
@@ -26,6 +32,46 @@ NOT_YOUR_DAEMON = "not_your_daemon"
 def _name_list(names: list[str], limit: int = 10) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+# ---------------------------------------------------------------------------- admit
+
+
+def admit_registration(*, token, returning: Daemon | None = None) -> int | None:
+    """Whether `token` may bring a daemon to life: a new one (`returning` None), or one
+    that was lost coming back (`returning`). Every route asks here. A daemon's own
+    credential (bound) brings back its own daemon only, never another (403
+    not_your_daemon). The token that registered a daemon holds at most
+    LAKESHORE_DAEMONS_PER_TOKEN live ones at once, a returning one counted against the
+    token that first registered it (429 daemons_per_token, until one ends). Answers
+    the id of that token, the new daemon's `registered_with` (None: a provider's
+    daemon, or a session's). Called inside the registration's transaction: it locks
+    that token's row, so registrations at once with one token count each other."""
+    own = returning is not None and token is not None and returning.token_id == token.pk
+    if token is not None and token.bound and not own:
+        raise Forbidden(
+            "This token is a daemon's own credential: it registers no other daemon. "
+            "Register with the token the daemon started with.",
+            code=NOT_YOUR_DAEMON,
+        )
+    if returning is not None:
+        registrar = returning.registered_with_id
+    else:
+        registrar = token.pk if token is not None else None
+    if registrar is None:
+        return None
+    ApiToken.objects.select_for_update().filter(pk=registrar).first()  # others wait here
+    live = Daemon.objects.live().filter(registered_with_id=registrar)
+    if returning is not None:
+        live = live.exclude(pk=returning.pk)
+    limit = settings.LAKESHORE_DAEMONS_PER_TOKEN
+    if live.count() >= limit:
+        raise QuotaReached(
+            f"The token that registers this daemon already has {limit} live daemons "
+            "(LAKESHORE_DAEMONS_PER_TOKEN): one must end first, or use another token.",
+            code="daemons_per_token",
+        )
+    return registrar
 
 
 # ---------------------------------------------------------------------------- register
@@ -47,7 +93,8 @@ def daemon_register(
     this one daemon, revoked when it ends. The token that registered (a bootstrap
     token) may register more daemons but never acts as them. When `token` is already a
     daemon's own credential (one a provider minted for the daemon it launched), it
-    registers only that daemon, and the credential is None: it keeps the one it has."""
+    registers only that daemon, and the credential is None: it keeps the one it has.
+    Either way `admit_registration` decides first."""
 
     names = _served(queues)
     _check_queues_exist(names)
@@ -61,6 +108,7 @@ def daemon_register(
             names=names,
             provider=_provider_for(provider),
             instance_type=instance_type,
+            registered_with=admit_registration(token=token),
         )
         credential, raw = credential_issue(user=owner, name=name, queues=names)
         Daemon.objects.filter(pk=daemon.pk).update(token=credential)
@@ -90,8 +138,11 @@ def check_scope(token, names: list[str]) -> None:
     )
 
 
-def _create(*, owner, name, names, provider, instance_type="", token=None, earlier=None):
+def _create(
+    *, owner, name, names, provider, registered_with, instance_type="", token=None, earlier=None
+):
     return Daemon.objects.create(
+        registered_with_id=registered_with,
         name=name,
         queues=names,
         provider=earlier.provider if earlier and earlier.provider_id else provider,
@@ -117,11 +168,7 @@ def _register_own(token, names: list[str]) -> Daemon:
     if adopted:
         return earlier
     if earlier is None or earlier.state != DaemonState.LOST:
-        raise Forbidden(
-            "This token is a daemon's own credential: it registers no other daemon. "
-            "Register with the token the daemon started with.",
-            code=NOT_YOUR_DAEMON,
-        )
+        admit_registration(token=token)  # refuses: a credential registers no new daemon
     return _create(
         owner=earlier.owner,
         name=earlier.name,
@@ -129,6 +176,7 @@ def _register_own(token, names: list[str]) -> Daemon:
         provider=None,
         token=token,
         earlier=earlier,
+        registered_with=admit_registration(token=token, returning=earlier),
     )
 
 
@@ -165,9 +213,15 @@ def _sdk_worker_seen(owner, worker_id: str, queue: str, token) -> Daemon:
         if daemon is None:
             hooks.point("sdk_worker.before_create")
             _check_queues_exist([queue])
+            registrar = admit_registration(token=token)
             # The token that polls is the worker's: what it claims, only that token acks.
             daemon = _create(
-                owner=owner, name=worker_id[:200], names=[queue], provider=None, token=token
+                owner=owner,
+                name=worker_id[:200],
+                names=[queue],
+                provider=None,
+                token=token,
+                registered_with=registrar,
             )
             Daemon.objects.filter(pk=daemon.pk).update(worker_id=worker_id)
             daemon.worker_id = worker_id
@@ -184,6 +238,7 @@ def _sdk_worker_seen(owner, worker_id: str, queue: str, token) -> Daemon:
             _check_queues_exist([queue])
             changes["queues"] = [queue]
         if daemon.state == DaemonState.LOST:
+            admit_registration(token=token, returning=daemon)
             changes["state"] = DaemonState.IDLE
         if changes:
             changes["last_heartbeat_at"] = changes["updated_at"] = timezone.now()

@@ -20,6 +20,10 @@ LAKESHORE_HEARTBEAT_WRITE_SECONDS = env_number(
     "LAKESHORE_HEARTBEAT_WRITE_SECONDS", 5, minimum=0, kind=float
 )
 LAKESHORE_MAX_DAEMONS_PER_QUEUE = env_number("LAKESHORE_MAX_DAEMONS_PER_QUEUE", 1000, minimum=1)
+# Live daemons one token may have registered at once (a bootstrap daemon token's, or the
+# token SDK workers poll with): past it, a registration answers 429 daemons_per_token
+# until one of them ends (fleet/registration.admit_registration).
+LAKESHORE_DAEMONS_PER_TOKEN = env_number("LAKESHORE_DAEMONS_PER_TOKEN", 1000, minimum=1)
 LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK", 2, minimum=1)
 LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
 # Seconds each Slurm client command (sbatch, squeue, scancel, sinfo) may take.

@@ -59,6 +59,9 @@ class Lakeshore:
             "LAKESHORE_VAR_DIR": str(RUN_DIR),
             "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
             "XDG_CONFIG_HOME": str(RUN_DIR / "config"),  # never the user's auth.yml
+            # One bootstrap token registers each whole fleet (5,000 daemons and more), as
+            # the owner of such a fleet would allow (README "Limits").
+            "LAKESHORE_DAEMONS_PER_TOKEN": "100000",
         }
         self.logs = RUN_DIR / "log"
         self.server: subprocess.Popen | None = None
