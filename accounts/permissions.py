@@ -32,16 +32,6 @@ class DaemonProtocol(permissions.BasePermission):
         return bool(roles_of(request.user) & {Role.DAEMON, Role.OPERATOR})
 
 
-class ReadRole(permissions.BasePermission):
-    """viewers and operators, whatever the method: the view says what only operators do
-    (lakeshore apply: a dry run reads, an apply acts)."""
-
-    message = "This needs the viewer or operator role."
-
-    def has_permission(self, request, view):
-        return bool(roles_of(request.user) & READ_ROLES)
-
-
 class Operate(permissions.BasePermission):
     """Only operators, whatever the method (the SDK's producer calls: submit, await and
     the result stream all act for a user who submits)."""

@@ -19,16 +19,25 @@ services would do, refusals included.
 A removal that `rm` would refuse (a queue with bound daemons or work, a provider in use)
 does not stop the plan: the item is kept with its refusal ({code, message}, the
 service's), the rest is planned, and then nothing is changed and the whole plan is
-refused (409 `apply_refused`, the items in the error's `items`), dry run or not."""
+refused (409 `apply_refused`, the items in the error's `items`), dry run or not.
+
+An apply holds a database connection for its whole transaction, so it never waits on
+a lock there: one apply runs at a time (a try of an advisory lock: another apply
+answers 409 `apply_in_progress` at once, holding nothing), a row another request holds
+(a queue a daemon claims from) is waited for at most LAKESHORE_APPLY_LOCK_TIMEOUT
+(then 503 `busy`, nothing changed), and a document declares at most
+LAKESHORE_APPLY_MAX_ITEMS providers and queues, counted before any is validated."""
 
 import json
 from contextlib import contextmanager
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import OperationalError, connection, transaction
+from psycopg.errors import LockNotAvailable
 
 from fleet import services as fleet_services
 from fleet.models import Provider
-from lakeshore_admin.errors import Conflict, DomainError, Invalid
+from lakeshore_admin.errors import Busy, Conflict, DomainError, Invalid
 from queues import elasticity, services
 from queues.models import Queue
 
@@ -44,6 +53,8 @@ QUEUE_PATCHABLE = (
     "temperature",
 )
 PROVIDER_PATCHABLE = ("description", "config")
+APPLY_LOCK = "lakeshore-apply"  # the advisory lock's name (hashed): one apply at a time
+LOCKED_RETRY_AFTER = 1  # seconds: a row lock is most often held for a moment
 PRUNE_NEVER_FORCES = (
     " (lakeshore apply --prune never forces: drain the queue first, or remove it by hand "
     "with 'lakeshore queues rm NAME --force')"
@@ -111,9 +122,22 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
     providers = document.get("providers", [])
     queues = document.get("queues", [])
     _refuse_duplicates({**_duplicates("providers", providers), **_duplicates("queues", queues)})
+    try:
+        return _apply_alone(providers, queues, prune=prune, dry_run=dry_run)
+    except OperationalError as exc:
+        if isinstance(exc.__cause__, LockNotAvailable):
+            raise Busy(
+                "Another request holds a queue or provider this apply changes; it waited "
+                f"{settings.LAKESHORE_APPLY_LOCK_TIMEOUT:g} s (LAKESHORE_APPLY_LOCK_TIMEOUT) "
+                "and changed nothing. Try again.",
+                retry_after=LOCKED_RETRY_AFTER,
+            ) from exc
+        raise
+
+
+def _apply_alone(providers: list[dict], queues: list[dict], *, prune: bool, dry_run: bool):
     with transaction.atomic():
-        with connection.cursor() as cursor:  # two applies at once run one after the other
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ["lakeshore-apply"])
+        _take_apply_lock()
         _refuse_immutable_changes(providers, queues)
         items = [_provider(spec, f"providers[{i}]") for i, spec in enumerate(providers)]
         items += [_queue(spec, f"queues[{i}]") for i, spec in enumerate(queues)]
@@ -142,6 +166,43 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
         "dry_run": dry_run,
         "items": items,
     }
+
+
+def refuse_too_many_items(data) -> None:
+    """Refuse an apply whose document declares more than LAKESHORE_APPLY_MAX_ITEMS
+    providers and queues together, counted in the request as it came (`data`, the
+    parsed body, not yet validated), so an oversized document costs no item's
+    validation. Anything not shaped as a document is left to the validation."""
+    document = data.get("document") if isinstance(data, dict) else None
+    if not isinstance(document, dict):
+        return
+    count = sum(
+        len(items)
+        for items in (document.get("providers"), document.get("queues"))
+        if isinstance(items, list)
+    )
+    limit = settings.LAKESHORE_APPLY_MAX_ITEMS
+    if count > limit:
+        message = (
+            f"The document declares {count} providers and queues; at most {limit} "
+            "(LAKESHORE_APPLY_MAX_ITEMS). Split it, or raise the setting."
+        )
+        raise Invalid(message, fields={"document": message})
+
+
+def _take_apply_lock() -> None:
+    """In the apply's transaction: the apply lock, or 409 `apply_in_progress` at once
+    (never a wait, which would hold this connection); then every row lock is waited for
+    at most LAKESHORE_APPLY_LOCK_TIMEOUT (past it, the statement fails: LockNotAvailable)."""
+    timeout_ms = max(1, round(settings.LAKESHORE_APPLY_LOCK_TIMEOUT * 1000))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [APPLY_LOCK])
+        if not cursor.fetchone()[0]:
+            raise Conflict(
+                "Another apply is in progress; nothing was changed. Try again when it ends.",
+                code="apply_in_progress",
+            )
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
 
 
 def _provider(spec: dict, path: str) -> dict:

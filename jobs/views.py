@@ -11,6 +11,7 @@ from django.utils.decorators import method_decorator
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts import heavy
 from accounts.console import console_view
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
@@ -93,7 +94,10 @@ def job_bulk_cancel(request):
         messages.error(request, "Nothing was cancelled: choose a queue first.")
         return after_action(request, back)
     try:
-        count = services.invocation_bulk_cancel(queue=queue, reason="bulk-cancel from the console")
+        with heavy.requests.one_of(request.user):
+            count = services.invocation_bulk_cancel(
+                queue=queue, reason="bulk-cancel from the console"
+            )
     except DomainError as exc:
         messages.error(request, f"Nothing was cancelled: {exc.message}")
     else:

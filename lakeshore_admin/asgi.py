@@ -26,6 +26,7 @@ answers empty, and the daemon claims again (from another server, or this one whe
 back)."""
 
 import asyncio
+import contextvars
 import functools
 import io
 import signal
@@ -45,6 +46,7 @@ from fleet.api import protocol
 from jobs import waits, wakeup
 from lakeshore_admin import asgi_sdk as sdk_door
 from lakeshore_admin import asgi_streams as streams_door
+from lakeshore_admin import dbpool
 from lakeshore_admin.asgi_io import (
     Disconnected,
     coroutine,
@@ -77,6 +79,8 @@ class Application:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self.lifespan(receive, send)
+        if scope["type"] == "http":  # its share of the database pool (dbpool.py)
+            dbpool.share.set(dbpool.share_of(scope["path"]))
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             if path.endswith(LEAN_ENDINGS):  # the daemon protocol, a submit
@@ -107,7 +111,9 @@ class Application:
             finally:
                 close_old_connections()
 
-        return await asyncio.get_running_loop().run_in_executor(self.steps, call)
+        # in the request's context: its share of the database pool (dbpool.share)
+        in_context = contextvars.copy_context().run
+        return await asyncio.get_running_loop().run_in_executor(self.steps, in_context, call)
 
     async def lean_door(self, environ, taken, scope, receive, send):
         """What the lean path answers, without the WSGI bridge. The token is checked

@@ -6,16 +6,74 @@ the connection's socket instead. A healthy idle connection has nothing to read; 
 server that restarted or ended the backend (pg_terminate_backend, a crash, shutdown)
 has sent its goodbye or closed the socket, which makes it readable. Then, and for a
 connection idle longer than IDLE_CHECK_SECONDS (a quiet drop by a firewall sends
-nothing), the stock check runs and the pool replaces a connection that fails it."""
+nothing), the stock check runs and the pool replaces a connection that fails it.
 
+The pool is also shared out. A request's connections come from one of two shares: the
+daemon protocol's (a daemon's heartbeat, claim, exchange, completion, logs, commands,
+registration; an SDK worker's poll, ack and result chunks) and /readyz may use the whole
+pool, every other request (the console, the API, the SDK's producer) at most
+LAKESHORE_DB_POOL_MAX − LAKESHORE_DB_POOL_RESERVE connections of a process at once.
+However many slow requests callers send (a large apply, a bulk cancel waiting on a
+row lock, a flood of reads), LAKESHORE_DB_POOL_RESERVE connections stay free for the
+daemons, whose heartbeats keep them alive (a daemon without them is marked lost, and
+its job fails). The ASGI application (asgi.py) says each request's share (`share`, a
+context variable its worker threads inherit); the database backend
+(lakeshore_admin/postgresql) takes a place of the general share before it borrows a
+connection for a general request, and gives it back with the connection. Code outside
+a request (a worker process, a management command, a background thread) has no share
+and borrows from the whole pool, as before."""
+
+import re
 import select
+import threading
 import time
+from contextvars import ContextVar
 
 from psycopg import OperationalError
 from psycopg.pq import TransactionStatus
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 IDLE_CHECK_SECONDS = 30.0
+
+PROTOCOL, GENERAL = "protocol", "general"
+# the daemon's and the SDK worker's own requests (fleet/api/urls.py, fleet/api/sdk_urls.py)
+PROTOCOL_PATHS = re.compile(
+    r"^/(?:readyz$"
+    r"|v1/daemon/"
+    r"|api/v1/daemons/(?:register"
+    r"|[^/]+/(?:heartbeat|claim|complete|exchange|logs|exec|deregister)"
+    r"|[^/]+/commands/[^/]+/done)/$)"
+)
+# The share of the request this thread (or task) serves: PROTOCOL, GENERAL, or None
+# outside a request.
+share: ContextVar[str | None] = ContextVar("lakeshore_pool_share", default=None)
+
+
+def share_of(path: str) -> str:
+    """The share of the pool a request for `path` borrows from."""
+    return PROTOCOL if PROTOCOL_PATHS.match(path) else GENERAL
+
+
+class GeneralShare:
+    """The places of the general share in this process: `size` connections lent at
+    once to general requests."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._places = threading.BoundedSemaphore(size)
+
+    def take(self, timeout: float) -> None:
+        """Wait up to `timeout` s for a place; none free by then: PoolTimeout (the
+        pool's own error when it has no connection to lend: 503)."""
+        if not self._places.acquire(timeout=timeout):
+            raise PoolTimeout(
+                f"no database connection free for this request in {timeout:g} s: the "
+                f"{self.size} other requests may use are lent (LAKESHORE_DB_POOL_RESERVE "
+                "are kept for the daemon protocol)"
+            )
+
+    def give_back(self) -> None:
+        self._places.release()
 
 
 def check(conn) -> None:

@@ -26,6 +26,7 @@ CODES = {
     "daemon_terminated",  # the daemon was dropped or left: it must stop
     "daemon_lost",  # the reaper marked the daemon lost: register again
     "apply_refused",  # lakeshore apply: a removal in the plan is refused (the plan says why)
+    "apply_in_progress",  # lakeshore apply: another apply holds the lock (nothing changed)
     "claim_stale",  # a completion for a claim the daemon no longer holds
     "already_completed",  # the same attempt was completed with another outcome
     # 401 beyond DRF's not_authenticated / authentication_failed
@@ -45,7 +46,9 @@ CODES = {
     "not_your_token",  # another user's token: only an administrator acts for others
     "role_above_yours",  # a token of a role its maker does not hold
     "role_not_held",  # 409: the token's user lacks the role (an administrator may grant it)
-    # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)
+    # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py), or
+    # an apply waited LAKESHORE_APPLY_LOCK_TIMEOUT on a row; 429 with Retry-After: the
+    # caller's own heavy requests take its share (accounts/heavy.py)
     "busy",
 }
 
@@ -123,3 +126,10 @@ class Busy(DomainError):
     def __init__(self, message: str, *, retry_after: int, **kwargs):
         super().__init__(message, **kwargs)
         self.retry_after = retry_after
+
+
+class TooManyAtOnce(Busy):
+    """The caller already has as many requests of this kind running as it may (429):
+    it may send this one again after `retry_after` seconds."""
+
+    status = 429

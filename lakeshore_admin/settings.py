@@ -140,7 +140,21 @@ if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
 # (and a long-poll claim before it waits). LAKESHORE_DB_POOL_MAX=0 turns the pool off.
 LAKESHORE_DB_POOL_MAX = env_number("LAKESHORE_DB_POOL_MAX", 16, minimum=0)
 LAKESHORE_DB_POOL_TIMEOUT = env_number("LAKESHORE_DB_POOL_TIMEOUT", 20, minimum=1, kind=float)
+# Connections of each process's pool kept for the daemon protocol and /readyz: every
+# other request shares the rest (lakeshore_admin/dbpool.py), so however many slow
+# requests a caller sends, a daemon's heartbeat and claim still get a connection.
+LAKESHORE_DB_POOL_RESERVE = env_number(
+    "LAKESHORE_DB_POOL_RESERVE", LAKESHORE_DB_POOL_MAX // 4, minimum=0
+)
+if LAKESHORE_DB_POOL_MAX and LAKESHORE_DB_POOL_RESERVE >= LAKESHORE_DB_POOL_MAX:
+    raise BadSetting(
+        "LAKESHORE_DB_POOL_RESERVE",
+        str(LAKESHORE_DB_POOL_RESERVE),
+        f"fewer than LAKESHORE_DB_POOL_MAX ({LAKESHORE_DB_POOL_MAX}) connections",
+    )
 if LAKESHORE_DB_POOL_MAX:
+    # Django's PostgreSQL backend, lending the pool's connections by share (dbpool.py)
+    _db["ENGINE"] = "lakeshore_admin.postgresql"
     _db["CONN_MAX_AGE"] = 0  # the pool keeps the connections
     _db["CONN_HEALTH_CHECKS"] = False  # the pool checks a connection before lending it
     _db.setdefault("OPTIONS", {})["pool"] = {

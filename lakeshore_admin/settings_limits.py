@@ -103,3 +103,15 @@ LAKESHORE_MAX_WAITS = env_number(
 # thread (jobs/waits.py): at most this many of them per server process, each a few KiB.
 # Past it a claim answers at once, empty, with Retry-After, as above.
 LAKESHORE_MAX_PARKED = env_number("LAKESHORE_MAX_PARKED", 10000, minimum=0)
+# Issue 29: no caller holds more than its share of the database pool. A lakeshore.yaml
+# applied may declare at most this many providers and queues together (counted before
+# any is validated: past it, 400 naming this setting).
+LAKESHORE_APPLY_MAX_ITEMS = env_number("LAKESHORE_APPLY_MAX_ITEMS", 1000, minimum=1)
+# Seconds an apply waits for a row another request holds (a queue a daemon claims from)
+# before it gives up, changing nothing: 503 busy, with Retry-After.
+LAKESHORE_APPLY_LOCK_TIMEOUT = env_number(
+    "LAKESHORE_APPLY_LOCK_TIMEOUT", 5, minimum=0.01, kind=float
+)
+# Heavy requests (an apply, a bulk cancel, an export) one user may have running at once
+# in one server process; past it, 429 busy with Retry-After (accounts/heavy.py).
+LAKESHORE_HEAVY_PER_PRINCIPAL = env_number("LAKESHORE_HEAVY_PER_PRINCIPAL", 2, minimum=1)

@@ -7,8 +7,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import DaemonProtocol, ReadRole
-from accounts.roles import can_operate
+from accounts import heavy
+from accounts.permissions import DaemonProtocol
 from fleet import daemons, declarative, registration, services
 from fleet.api import serializers as s
 from fleet.filters import DaemonFilter
@@ -127,8 +127,6 @@ class DaemonDetail(APIView):
 
 
 class Apply(APIView):
-    permission_classes = [ReadRole]
-
     @extend_schema(
         summary="Apply a lakeshore.yaml document, all or nothing (dry_run: plan only)",
         description="Creates and updates the declared providers, then queues, through the "
@@ -138,30 +136,35 @@ class Apply(APIView):
         " A removal that is refused (a queue with bound daemons or work, a provider in use) "
         "refuses the whole plan, dry run or not: 409 `apply_refused`, with every item in "
         "`error.items` and each refused one's `refused: {code, message}`; nothing changes."
-        " A viewer may plan (dry_run); applying needs the operator role.",
+        " Applying and planning (dry_run) both need the operator role. One apply runs at a "
+        "time: another one answers 409 `apply_in_progress` at once. At most "
+        "LAKESHORE_APPLY_MAX_ITEMS providers and queues (400); a row locked by other work "
+        "for LAKESHORE_APPLY_LOCK_TIMEOUT: 503 `busy`; a user's heavy requests past "
+        "LAKESHORE_HEAVY_PER_PRINCIPAL: 429 `busy`.",
         request=s.ApplyInput,
-        responses={200: s.ApplyResult, **errors(400, 409)},
+        responses={200: s.ApplyResult, **errors(400, 409, 429, 503)},
     )
     def post(self, request):
-        data = s.ApplyInput(data=request.data)
-        if not data.is_valid():
-            raise exceptions.ValidationError(s.document_paths(data.errors))
-        options = data.validated_data
-        if not options["dry_run"] and not can_operate(request.user):
-            raise exceptions.PermissionDenied(
-                "Applying needs the operator role; a viewer may plan it with dry_run."
+        with heavy.requests.one_of(request.user):
+            declarative.refuse_too_many_items(request.data)
+            data = s.ApplyInput(data=request.data)
+            if not data.is_valid():
+                raise exceptions.ValidationError(s.document_paths(data.errors))
+            options = data.validated_data
+            return Response(
+                declarative.apply(
+                    document=options["document"],
+                    prune=options["prune"],
+                    dry_run=options["dry_run"],
+                )
             )
-        return Response(
-            declarative.apply(
-                document=options["document"], prune=options["prune"], dry_run=options["dry_run"]
-            )
-        )
 
 
 class Export(APIView):
     @extend_schema(
         summary="Every provider and queue as a lakeshore.yaml document (every field)",
-        responses={200: s.DeclaredDocument, **errors()},
+        responses={200: s.DeclaredDocument, **errors(429)},
     )
     def get(self, request):
-        return Response(declarative.export())
+        with heavy.requests.one_of(request.user):
+            return Response(declarative.export())

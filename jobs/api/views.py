@@ -6,6 +6,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import heavy
 from jobs import logs, services
 from jobs.api import serializers as s
 from jobs.filters import InvocationFilter
@@ -144,13 +145,14 @@ class JobBulkCancel(APIView):
     @extend_schema(
         summary="Cancel every queued invocation (of one queue); running work is untouched",
         request=s.BulkCancelInput,
-        responses={200: s.BulkCancelOutput, **errors(400, 404)},
+        responses={200: s.BulkCancelOutput, **errors(400, 404, 429)},
     )
     def post(self, request):
         data = s.BulkCancelInput(data=request.data or {})
         data.is_valid(raise_exception=True)
         fields = data.validated_data
-        count = services.invocation_bulk_cancel(**fields)
+        with heavy.requests.one_of(request.user):
+            count = services.invocation_bulk_cancel(**fields)
         return Response(
             {"cancelled": count, "dry_run": fields["dry_run"], "queue": fields["queue"]}
         )

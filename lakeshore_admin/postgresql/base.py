@@ -1,0 +1,55 @@
+"""Django's PostgreSQL backend (subclassed, as Django's documentation on database
+backends allows), whose general requests borrow within their share of the pool.
+
+A connection for a request of the general share (dbpool.share) waits for a place of
+that share first (up to LAKESHORE_DB_POOL_TIMEOUT, then 503 as when the pool itself has
+none), and gives the place back when the connection goes back to the pool. A request of
+the daemon protocol, and code outside a request, borrow from the whole pool."""
+
+import threading
+
+from django.conf import settings
+from django.db.backends.postgresql import base
+
+from lakeshore_admin import dbpool
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    # alias → its GeneralShare: one per process, as Django keeps one pool per alias
+    _general_shares: dict[str, dbpool.GeneralShare] = {}
+    _general_shares_made = threading.Lock()
+
+    general_place: dbpool.GeneralShare | None = None  # the place this connection holds
+
+    def general_share(self) -> dbpool.GeneralShare | None:
+        """This process's general share, or None when nothing is reserved (or no pool)."""
+        reserve = settings.LAKESHORE_DB_POOL_RESERVE
+        if not reserve or not self.pool:
+            return None
+        with self._general_shares_made:
+            if self.alias not in self._general_shares:
+                size = self.pool.max_size - reserve
+                self._general_shares[self.alias] = dbpool.GeneralShare(size)
+            return self._general_shares[self.alias]
+
+    def get_new_connection(self, conn_params):
+        place = self.general_share() if dbpool.share.get() == dbpool.GENERAL else None
+        if place is not None:
+            place.take(timeout=settings.LAKESHORE_DB_POOL_TIMEOUT)
+        try:
+            connection = super().get_new_connection(conn_params)
+        except BaseException:
+            if place is not None:
+                place.give_back()
+            raise
+        self.general_place = place
+        return connection
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            # with a pool, the connection is back in it (or dropped) once it is None
+            if self.general_place is not None and self.connection is None:
+                place, self.general_place = self.general_place, None
+                place.give_back()
