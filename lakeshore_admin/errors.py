@@ -39,6 +39,7 @@ CODES = {
     # 403: one daemon, one credential (fleet/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another
+    "provider_not_yours",  # registering as provider-run with a credential it did not mint
     # 503 with Retry-After: every wait slot of the process is taken (jobs/waits.py)
     "busy",
 }
