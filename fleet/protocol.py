@@ -297,7 +297,9 @@ def invocation_complete(
     """Record an outcome: succeeded (with a JSON result, or the SDK's result bytes),
     failed (with an error) or timeout (the daemon stopped it at timeout_s). Fenced by
     daemon and attempt: a daemon that lost its claim (reaped, killed, re-dispatched)
-    gets a Conflict (claim_stale) and changes nothing. A retry of a report that was
+    gets a Conflict (claim_stale) and changes nothing; of an invocation it never held
+    (another daemon's, another attempt, or none such) the answer says nothing, not even
+    whether it exists. A retry of a report that was
     recorded (its response lost) gets the stored row. A failure with attempts left
     goes back to the queue after a back-off, unless `retry` is False (the SDK's
     worker says when a failure is final)."""
@@ -456,8 +458,13 @@ def _complete_one(
     if recorded is not None:
         return recorded
     current = Invocation.objects.filter(pk=invocation_id).first()
-    if current is None:
-        raise NotFound(f"Invocation {invocation_id} does not exist.")
+    held = current is not None and current.daemon_id == daemon.pk and current.attempts == attempt
+    if not held:  # another daemon's, another attempt, or none such: nothing is said of it
+        raise Conflict(
+            f"Invocation {invocation_id} attempt {attempt} is not yours to complete; the "
+            "outcome was not recorded.",
+            code="claim_stale",
+        )
     seen = completion.already_recorded(
         current, daemon_id=daemon.pk, attempt=attempt, outcome=outcome
     )
@@ -470,9 +477,9 @@ def _complete_one(
             extra={"state": current.state},
             code="already_completed",
         )
-    raise Conflict(
+    raise Conflict(  # this daemon's attempt, taken away (killed, or a drop requeued it)
         f"Invocation {invocation_id} is no longer yours to complete (it is "
-        f"{current.state}, attempt {current.attempts}); the outcome was not recorded.",
+        f"{current.state}); the outcome was not recorded.",
         extra={"state": current.state},
         code="claim_stale",
     )

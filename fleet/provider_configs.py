@@ -12,6 +12,9 @@ import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
 
 from fleet.models import Provider
 
@@ -76,6 +79,27 @@ def _absolute_path(value) -> str | None:
     if any(ch.isspace() or ch == "\x00" for ch in value):
         return "must be an absolute path without spaces"
     return None
+
+
+def slurm_conf_problem(value) -> str | None:
+    """Why `value` cannot be a provider's `slurm_conf`, or None. Slurm's client commands
+    load plugins from the directories a slurm.conf names, so only a file under one of
+    LAKESHORE_SLURM_CONF_DIRS (the server owner's word) may be one: no `..`, and the
+    path with its links resolved stays under the directory with its links resolved.
+    Checked where a config is written and again where the commands run."""
+    if (problem := _absolute_path(value)) is not None:
+        return problem
+    allowed = settings.LAKESHORE_SLURM_CONF_DIRS
+    where = ", ".join(allowed) or "nowhere: LAKESHORE_SLURM_CONF_DIRS is empty"
+    if ".." not in Path(value).parts:
+        resolved = Path(os.path.realpath(value))
+        for directory in allowed:
+            if resolved.is_relative_to(os.path.realpath(directory)):
+                return None
+    return (
+        f"must be a file under {where} (LAKESHORE_SLURM_CONF_DIRS): Slurm's commands load "
+        "plugins from where a slurm.conf says"
+    )
 
 
 # Slurm's own time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
@@ -173,14 +197,20 @@ def _instance_types(value) -> str | None:
 
 
 def run_as_problem(value) -> str | None:
-    """Why `run_as` cannot be used on this host, or None: the user must exist, and a
-    server that is not root can start daemons only as its own user."""
+    """Why `run_as` cannot be used on this host, or None: the user must exist and not
+    be root (uid 0, whatever its name), and a server that is not root can start daemons
+    only as its own user."""
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", value):
         return "must be a user name on the server's host"
     try:
         account = pwd.getpwnam(value)
     except KeyError:
         return f"no user {value!r} on the server's host"
+    if account.pw_uid == 0:
+        return (
+            f"{value!r} is root (uid 0): daemons and their jobs never run as root; name an "
+            "unprivileged user"
+        )
     if os.geteuid() not in (0, account.pw_uid):
         server = pwd.getpwuid(os.geteuid()).pw_name
         return (
@@ -214,7 +244,9 @@ SCHEMAS: dict[str, dict[str, Key]] = {
             _instance_types, "a queue's --instance-type → resources (and concurrency)"
         ),
         "slurm_conf": Key(
-            _absolute_path, "the cluster's slurm.conf (default: the server's SLURM_CONF)"
+            slurm_conf_problem,
+            "the cluster's slurm.conf, under LAKESHORE_SLURM_CONF_DIRS (default: the "
+            "server's SLURM_CONF)",
         ),
         "credential_ref": CREDENTIAL_REF,
     },

@@ -27,6 +27,7 @@ from queues.services import _provider_for
 
 MAX_DAEMON_QUEUES = 64
 NOT_YOUR_DAEMON = "not_your_daemon"
+PROVIDER_NOT_YOURS = "provider_not_yours"
 
 
 def _name_list(names: list[str], limit: int = 10) -> str:
@@ -99,6 +100,7 @@ def daemon_register(
     names = _served(queues)
     _check_queues_exist(names)
     check_scope(token, names)
+    _check_provider_claim(token, provider)
     with transaction.atomic():
         if token is not None and token.bound:
             return _register_own(token, names), None
@@ -114,6 +116,29 @@ def daemon_register(
         Daemon.objects.filter(pk=daemon.pk).update(token=credential)
         daemon.token = credential
         return daemon, raw
+
+
+def _check_provider_claim(token, provider: str | None) -> None:
+    """A daemon is provider-run only when its provider launched it: only the credential
+    that provider minted for it may name it. A bootstrap token, an operator's, or
+    another provider's daemon may not (a daemon posing as provider-run would hold up
+    the provider's removal, and count among its daemons)."""
+    if not provider:
+        return
+    launched_by = None
+    if token is not None and token.bound:
+        launched_by = (
+            Daemon.objects.filter(token=token, provider__isnull=False)
+            .values_list("provider__name", flat=True)
+            .first()
+        )
+    if launched_by != provider:
+        raise Forbidden(
+            f"Only a daemon that provider {provider!r} launched registers as its daemon: "
+            "register without a provider.",
+            fields={"provider": "not a provider that launched this daemon"},
+            code=PROVIDER_NOT_YOURS,
+        )
 
 
 def _served(queues: list[str]) -> list[str]:

@@ -44,7 +44,7 @@ from fleet.driver_base import (
 )
 from fleet.launches import launch_failed_after_commit, launch_failed_event
 from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
-from fleet.provider_configs import SLURM_RESOURCES
+from fleet.provider_configs import SLURM_RESOURCES, slurm_conf_problem
 from queues.models import Queue
 
 # squeue's states for a job that will not run (again): its daemon is gone.
@@ -133,7 +133,9 @@ class SlurmCommands:
     def __init__(self, provider: Provider):
         self.provider = provider
         env = {k: v for k, v in server_free_environ().items() if not k.startswith("SLURM_")}
-        conf = (provider.config or {}).get("slurm_conf") or os.environ.get("SLURM_CONF")
+        own = (provider.config or {}).get("slurm_conf")
+        self.conf_problem = slurm_conf_problem(own) if own else None
+        conf = own or os.environ.get("SLURM_CONF")
         if conf:
             env["SLURM_CONF"] = conf
         self.env = env
@@ -176,6 +178,8 @@ class SlurmCommands:
     def require(self, command: str) -> None:
         """Refuse at once (inside the tick, before anything is recorded) when `command`
         cannot run here."""
+        if self.conf_problem:  # the directories allowed may have changed since it was set
+            raise ProviderError(f"slurm_conf {self.env['SLURM_CONF']}: {self.conf_problem}")
         if shutil.which(command, path=self.env.get("PATH", os.defpath)) is None:
             raise ProviderError(f"{command}: command not found: {INSTALL_HINT}")
         conf = self.env.get("SLURM_CONF")

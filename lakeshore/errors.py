@@ -1,6 +1,6 @@
 """The CLI's errors and the one place that prints them (stderr, `error: ...`)."""
 
-import click
+from lakeshore.output import echo
 
 # API field names → the flag a user types to set them.
 FLAG_NAMES = {
@@ -70,14 +70,14 @@ def report(error: CliError) -> None:
     summary_only = getattr(error, "code", "") == "invalid"
     if fields and summary_only and all(m in error.message for m in fields.values()):
         # The server's message only lists the field errors: say them once, by flag.
-        click.echo("error: invalid input", err=True)
+        echo("error: invalid input", err=True)
     else:
-        click.echo(f"error: {error.message}", err=True)
+        echo(f"error: {error.message}", err=True)
         fields = {f: m for f, m in fields.items() if m not in error.message}
     for field, message in fields.items():
         if field in ("", "__all__"):
-            click.echo(f"  {message}", err=True)
+            echo(f"  {message}", err=True)
         else:
-            click.echo(f"  {FLAG_NAMES.get(field, field)}: {message}", err=True)
+            echo(f"  {FLAG_NAMES.get(field, field)}: {message}", err=True)
     if error.hint:
-        click.echo(error.hint, err=True)
+        echo(error.hint, err=True)

@@ -1,6 +1,13 @@
-"""How results are shown: kubectl-style tables, `key: value` blocks, or the API's JSON."""
+"""How results are shown: kubectl-style tables, `key: value` blocks, or the API's JSON.
+
+Text a job or a daemon wrote (a log line, an error, a reason, a name) reaches the
+reader's terminal only through `visible`: a control character is shown as `cat -v`
+shows it (ESC as ^[, CR as ^M, DEL as ^?, a C1 control as M-^[), so no job can clear the
+screen, set the clipboard (OSC 52) or rewrite what was printed before. JSON keeps the
+exact text: its string escapes carry every character, the C1 controls and DEL too."""
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -14,8 +21,38 @@ json_option = click.option(
 )
 
 
+# C0 controls but newline and tab, DEL, and the C1 controls (a UTF-8 terminal acts on
+# U+009B as on ESC [): what `visible` spells out.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_JSON_RAW = re.compile("[\x7f-\x9f]")  # json.dumps escapes the C0 controls itself
+
+
+def _caret(found: re.Match) -> str:
+    code = ord(found.group())
+    high, code = ("M-", code - 0x80) if code >= 0x80 else ("", code)
+    return high + ("^?" if code == 0x7F else f"^{chr(code + 64)}")
+
+
+def visible(text: str) -> str:
+    """`text` with its control characters in caret notation (as `cat -v` shows them);
+    newlines and tabs stay as they are."""
+    return _CONTROLS.sub(_caret, text)
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """Print text that came from the server (a job's words among it), made `visible`."""
+    click.echo(visible(text), err=err)
+
+
+def json_text(data: Any, *, indent: int | None = None) -> str:
+    """The API's JSON as text: exact (every string decodes to what the server sent), and
+    safe on a terminal (DEL and the C1 controls as \\u escapes, as the C0 ones are)."""
+    text = json.dumps(data, indent=indent, ensure_ascii=False)
+    return _JSON_RAW.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
 def print_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+    click.echo(json_text(data, indent=2))
 
 
 def emit(data: Any, as_json: bool, human: Callable[[Any], None]) -> None:
@@ -54,7 +91,7 @@ def cell(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value).replace("\n", " ")
+    return visible(str(value).replace("\n", " "))
 
 
 def when(iso: str | None) -> str:

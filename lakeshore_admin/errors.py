@@ -40,6 +40,7 @@ CODES = {
     # 403: one daemon, one credential (fleet/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another
+    "provider_not_yours",  # registering as provider-run with a credential it did not mint
     # 429: a token that registers daemons has LAKESHORE_DAEMONS_PER_TOKEN live ones
     "daemons_per_token",
     # 403 / 409: whose tokens one may make, list and revoke (accounts/services.py)

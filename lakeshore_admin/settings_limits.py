@@ -28,6 +28,13 @@ LAKESHORE_MAX_TERMINATE_PER_TICK = env_number("LAKESHORE_MAX_TERMINATE_PER_TICK"
 LAKESHORE_STARTUP_GRACE = env_number("LAKESHORE_STARTUP_GRACE", 60, minimum=0)
 # Seconds each Slurm client command (sbatch, squeue, scancel, sinfo) may take.
 LAKESHORE_SLURM_TIMEOUT = env_number("LAKESHORE_SLURM_TIMEOUT", 30, minimum=1)
+# Directories a slurm provider's `slurm_conf` may name a file under (Slurm's commands
+# load plugins from where a slurm.conf says): comma-separated; empty allows none.
+LAKESHORE_SLURM_CONF_DIRS = env_list("LAKESHORE_SLURM_CONF_DIRS", ["/etc/slurm"])
+if any(not directory.startswith("/") for directory in LAKESHORE_SLURM_CONF_DIRS):
+    raise BadSetting(
+        "LAKESHORE_SLURM_CONF_DIRS", ",".join(LAKESHORE_SLURM_CONF_DIRS), "absolute directories"
+    )
 LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
 LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
 # The charts' samples (one per queue a minute; the charts show at most a day) and the

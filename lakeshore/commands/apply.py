@@ -16,7 +16,7 @@ import yaml
 from lakeshore.client import Client
 from lakeshore.context import pass_client
 from lakeshore.errors import ApiError, CliError
-from lakeshore.output import json_option, print_json
+from lakeshore.output import echo, json_option, print_json
 
 SECTIONS = ("providers", "queues")
 STDIN_LABEL = "<stdin>"
@@ -195,7 +195,7 @@ def apply(client: Client, source: str, dry_run: bool, prune: bool, as_json: bool
         print_json(result)
         return
     for item in result["items"]:
-        click.echo(item_line(item))
+        echo(item_line(item))
     click.echo(summary_line(result))
 
 
@@ -207,7 +207,7 @@ def _refused_plan(error: ApiError, as_json: bool) -> CliError:
     else:
         result = {"dry_run": bool(error.detail.get("dry_run")), "items": error.detail["items"]}
         for item in result["items"]:
-            click.echo(item_line(item))
+            echo(item_line(item))
         click.echo(summary_line(result))
     return CliError(error.message)
 

@@ -2,7 +2,6 @@
 live. Follow exits when the job ends, with its state as the exit code: 0 succeeded,
 1 failed (or timed out), 2 killed."""
 
-import json
 import re
 import sys
 import time
@@ -12,6 +11,7 @@ import click
 
 from lakeshore.client import Client, path
 from lakeshore.context import pass_client
+from lakeshore.output import echo, json_text
 
 FOLLOW_WAIT = 20  # seconds a follow request waits on the server (the client waits 40)
 PAGE_LINES = 1000
@@ -104,6 +104,6 @@ def _follow(client: Client, url: str, attempt: int, offset: int, query: dict) ->
 def _print(lines: list[dict], as_json: bool) -> None:
     for line in lines:
         if as_json:
-            click.echo(json.dumps(line, ensure_ascii=False))
+            click.echo(json_text(line))
         else:
-            click.echo(line["text"])
+            echo(line["text"])

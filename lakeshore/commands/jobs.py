@@ -8,7 +8,7 @@ import click
 from lakeshore.client import Client, path
 from lakeshore.commands.job_logs import logs
 from lakeshore.context import pass_client
-from lakeshore.output import emit, fields, json_option, table, when
+from lakeshore.output import echo, emit, fields, json_option, table, when
 from lakeshore.params import JsonOf
 
 JOB_STATES = ["queued", "running", "succeeded", "failed", "killed", "timeout"]
@@ -82,8 +82,8 @@ def print_job(j: dict) -> None:
     )
     if j.get("error"):
         click.echo("Error:")
-        for line in str(j["error"]).rstrip().splitlines():
-            click.echo(f"  {line}")
+        for line in str(j["error"]).rstrip().split("\n"):  # not splitlines: \r stays shown
+            echo(f"  {line}")
 
 
 @click.group()
@@ -225,4 +225,4 @@ def submit(
 
     emit(job, as_json, human)
     if job.get("hint"):  # nothing serves its queue: the server says how to start a daemon
-        click.echo(f"note: {job['hint']}", err=True)
+        echo(f"note: {job['hint']}", err=True)

@@ -6,7 +6,7 @@ import click
 
 from lakeshore.client import Client, path
 from lakeshore.context import pass_client
-from lakeshore.output import emit, fields, json_option, print_json, table, when
+from lakeshore.output import echo, emit, fields, json_option, print_json, table, when
 from lakeshore.params import JsonOf, check_name, given
 
 KINDS = ["local", "simulated", "slurm"]
@@ -98,7 +98,7 @@ def _print_provider(p: dict) -> None:
 def _print_cluster(status: dict) -> None:
     click.echo("")
     if not status.get("reachable"):
-        click.echo(f"Cluster: unreachable: {status.get('error') or 'no answer'}")
+        echo(f"Cluster: unreachable: {status.get('error') or 'no answer'}")
         return
     click.echo("Cluster: reachable")
     partitions = status.get("partitions") or []
@@ -108,7 +108,7 @@ def _print_cluster(status: dict) -> None:
             [[r["partition"], r["avail"], r["nodes"], r["state"], r["cpus"]] for r in partitions],
         )
     if status.get("error"):
-        click.echo(f"Jobs: could not list them: {status['error']}")
+        echo(f"Jobs: could not list them: {status['error']}")
         return
     jobs = status.get("jobs") or []
     click.echo("")

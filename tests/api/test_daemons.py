@@ -33,14 +33,9 @@ def register(client, **body):
 def test_a_daemon_token_registers_a_daemon(daemon_client):
     builders.queue(name="train")
     builders.queue(name="eval")
-    builders.provider(name="gpu-cloud")
 
     response = register(
-        daemon_client,
-        name="worker-1",
-        queues=["train", "eval"],
-        provider="gpu-cloud",
-        instance_type="p4d",
+        daemon_client, name="worker-1", queues=["train", "eval"], instance_type="p4d"
     )
 
     assert response.status_code == 201, response.json()
@@ -53,7 +48,7 @@ def test_a_daemon_token_registers_a_daemon(daemon_client):
     assert body["name"] == "worker-1"
     assert body["queues"] == ["train", "eval"]
     assert body["state"] == "idle"
-    assert body["provider"] == "gpu-cloud"
+    assert body["provider"] is None  # only a provider's own launch credential names one
     assert body["instance_type"] == "p4d"
     assert body["current_invocation"] is None
     assert body["last_heartbeat_at"].endswith("Z")
@@ -121,10 +116,13 @@ def test_it_refuses_more_than_64_queues(daemon_client):
     assert register(daemon_client, name="w", queues=names[:64]).status_code == 201
 
 
-def test_it_refuses_an_unknown_provider(daemon_client):
-    response = register(daemon_client, name="w", provider="nope")
+def test_a_bootstrap_token_may_not_name_a_provider_known_or_not(daemon_client):
+    builders.provider(name="gpu-cloud")
+    for provider in ("gpu-cloud", "nope"):
+        response = register(daemon_client, name="w", provider=provider)
 
-    assert_error(response, 400, "invalid", field="provider", says="nope")
+        assert_error(response, 403, "provider_not_yours", field="provider", says=provider)
+    assert not Daemon.objects.exists()
 
 
 def test_a_viewer_may_not_register(viewer):

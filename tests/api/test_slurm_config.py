@@ -91,6 +91,9 @@ def test_raw_sbatch_arguments_and_scripts_are_refused(operator, key, value):
         ({"instance_types": {"a100": {"mem": "lots"}}}, "instance_types", "a100.mem: must look"),
         ({"instance_types": {"a 100": {}}}, "instance_types", "not an instance type name"),
         ({"instance_types": {"x": {"slurm_conf": "/x"}}}, "instance_types", "x.slurm_conf"),
+        ({"slurm_conf": "/tmp/mine/slurm.conf"}, "slurm_conf", "under /etc/slurm"),
+        ({"slurm_conf": "/etc/slurm/../../tmp/slurm.conf"}, "slurm_conf", "under /etc/slurm"),
+        ({"slurm_conf": "/etc/slurmx/slurm.conf"}, "slurm_conf", "LAKESHORE_SLURM_CONF_DIRS"),
     ],
 )
 def test_a_bad_value_is_refused_naming_the_key(operator, config, field, says):
@@ -99,6 +102,32 @@ def test_a_bad_value_is_refused_naming_the_key(operator, config, field, says):
     error = assert_error(response, 400, "invalid", field=f"config.{field}")
     assert says in error["fields"][f"config.{field}"], error
     assert not Provider.objects.exists()
+
+
+def test_slurm_conf_lies_under_a_directory_the_servers_owner_allows(operator, settings, tmp_path):
+    """Slurm's commands load plugins from where a slurm.conf says: a provider may name
+    only a file under LAKESHORE_SLURM_CONF_DIRS, links resolved. Where the commands
+    run, it is checked again (the directories may have changed since)."""
+    allowed, elsewhere = tmp_path / "allowed", tmp_path / "elsewhere"
+    allowed.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "slurm.conf").write_text("PluginDir=/tmp/evil\n")
+    (allowed / "link.conf").symlink_to(elsewhere / "slurm.conf")
+    (allowed / "slurm.conf").write_text("ClusterName=x\n")
+    settings.LAKESHORE_SLURM_CONF_DIRS = [str(allowed)]
+
+    outside = add(operator, {"slurm_conf": str(elsewhere / "slurm.conf")})
+    linked = add(operator, {"slurm_conf": str(allowed / "link.conf")})
+    inside = add(operator, {"slurm_conf": str(allowed / "slurm.conf")})
+
+    assert_error(outside, 400, "invalid", field="config.slurm_conf", says=str(allowed))
+    assert_error(linked, 400, "invalid", field="config.slurm_conf", says=str(allowed))
+    assert inside.status_code == 201, inside.json()  # control
+    provider = Provider.objects.get(name="hpc")
+    assert slurm.SlurmCommands(provider).conf_problem is None
+    settings.LAKESHORE_SLURM_CONF_DIRS = ["/etc/slurm"]
+    with pytest.raises(ProviderError, match="must be a file under /etc/slurm"):
+        slurm.SlurmCommands(provider).require("sinfo")
 
 
 def _queue(**fields) -> Queue:

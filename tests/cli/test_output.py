@@ -32,3 +32,9 @@ def test_it_prints_times_in_utc_to_the_second():
     assert when("2026-01-02T03:04:05.123456Z") == "2026-01-02T03:04:05Z"
     assert when("2026-01-02T04:04:05+01:00") == "2026-01-02T03:04:05Z"
     assert when(None) == "-"
+
+
+def test_a_table_cell_shows_control_characters_as_cat_v_does():
+    text = format_table(["reason"], [["a\x1b[2J\r\x07\x7f\x9b\tb\nc"]])
+
+    assert text.splitlines()[1] == "a^[[2J^M^G^?M-^[\tb c"

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rest_framework.test import APIClient
 
 from fleet import controller, driver_base, drivers
 from fleet.driver_base import DRIVERS
@@ -27,6 +28,7 @@ from lakeshore import config as cli_config
 from lakeshore import private
 from lakeshore_admin import settings as server_settings
 from tests import builders
+from tests.api.assertions import assert_error
 from tests.e2e.test_daemon import _wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,8 +272,28 @@ def test_run_as_names_a_user_of_this_host_and_needs_a_root_server(monkeypatch):
     assert "must be a user name" in config_errors("local", {"run_as": "-x"})["config.run_as"]
     nobody = pwd.getpwnam("nobody").pw_uid
     monkeypatch.setattr(os, "geteuid", lambda: nobody)
-    error = config_errors("local", {"run_as": "root"})["config.run_as"]
-    assert "runs as 'nobody', not root: it cannot start daemons as 'root'" in error
+    error = config_errors("local", {"run_as": "daemon"})["config.run_as"]
+    assert "runs as 'nobody', not root: it cannot start daemons as 'daemon'" in error
     with pytest.raises(driver_base.ProviderError, match="run_as: the server runs as"):
-        driver_base.run_as_account("root")
+        driver_base.run_as_account("daemon")
     assert config_errors("local", {"run_as": "nobody"}) == {}
+
+
+@pytest.mark.django_db
+def test_run_as_never_names_root(monkeypatch):
+    """Root by any name (uid 0) is refused with a 400 naming the key, whoever the server
+    runs as; where the daemons start, it is refused again. Control: an unprivileged
+    user of the host is taken."""
+    operator = APIClient()
+    operator.credentials(**builders.auth(builders.token("operator")))
+    root = pwd.getpwuid(0).pw_name
+    add = {"name": "here", "kind": "local", "config": {"run_as": root}}
+
+    refused = operator.post("/api/v1/providers/", add, format="json")
+
+    assert_error(refused, 400, "invalid", field="config.run_as", says="root (uid 0)")
+    with pytest.raises(driver_base.ProviderError, match="uid 0"):
+        driver_base.run_as_account(root)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # a server run as root may switch users
+    add["config"]["run_as"] = "nobody"
+    assert operator.post("/api/v1/providers/", add, format="json").status_code == 201

@@ -39,6 +39,7 @@ def _wait_for(condition, timeout=45.0, what="condition"):
 def hpc(slurm_cluster, live_server, settings, tmp_path):
     settings.LAKESHORE_PUBLIC_URL = live_server.url
     settings.VAR_DIR = tmp_path
+    settings.LAKESHORE_SLURM_CONF_DIRS = [str(slurm_cluster.dir)]
     settings.LAKESHORE_STARTUP_GRACE = 30
     settings.LAKESHORE_SCALE_DOWN_WINDOW = 0
     settings.LAKESHORE_HEARTBEAT_TIMEOUT = 600  # what ends a daemon here is Slurm, not silence
@@ -274,11 +275,13 @@ def test_providers_show_says_whether_the_cluster_answers_and_lists_its_jobs(
     row = next(line for line in out.stdout.splitlines() if line.startswith(daemon.external_id))
     assert f"lakeshore-train-{daemon.pk}" in row and row.split()[-1] == str(daemon.pk)
 
-    hpc.config = {"slurm_conf": "/nonexistent/slurm.conf"}
+    missing = f"{slurm_cluster.dir}/nonexistent.conf"
+    hpc.config = {"slurm_conf": missing}
     hpc.save()
+    controller.tick()  # the tick observes the cluster; a read shows what it saw
     out = _cli(live_server, tmp_path, "providers", "show", "hpc")
     assert out.returncode == 0, out.stderr
-    assert "Cluster: unreachable: SLURM_CONF /nonexistent/slurm.conf is not a file" in out.stdout
+    assert f"unreachable: SLURM_CONF {missing} is not a file" in out.stdout
 
 
 def test_without_slurm_conf_the_servers_environment_finds_the_cluster(

@@ -23,6 +23,7 @@ pytestmark = [
 @pytest.fixture
 def cluster(slurm_cluster, settings, tmp_path):
     settings.VAR_DIR = tmp_path
+    settings.LAKESHORE_SLURM_CONF_DIRS = [str(slurm_cluster.dir)]
     settings.LAKESHORE_STARTUP_GRACE = 60
     settings.LAKESHORE_HEARTBEAT_TIMEOUT = 600
     slurm_cluster.cancel_all()
