@@ -5,7 +5,7 @@ the result stream) and the wire's shared readers are jobs/sdk.py."""
 
 from fleet import daemons, protocol, registration
 from jobs import waits
-from jobs.models import SDK_WIRES, Invocation, InvocationState
+from jobs.models import SDK_WIRES, TOPIC, Invocation, InvocationState
 from jobs.sdk import (
     POLL_MAX_SECONDS,
     SDK_STATE,
@@ -104,13 +104,16 @@ def ack(body: dict, *, token) -> dict:
 
 
 def result_chunk(body: dict, *, token) -> dict:
-    """POST /v1/daemon/result-chunk: one frame; the first write of (id, seq) wins.
+    """POST /v1/daemon/result-chunk: one frame; the first write of a seq wins.
 
     An invocation's stream (a numeric id) takes frames only from the token that holds
-    its running attempt: anything else is ignored (2xx, claim_stale), before anything
-    is written, so nobody can forge or end another's result. Any other id is a
-    topic's name, open to every daemon token. A stream holds at most
-    LAKESHORE_SDK_STREAM_MAX_FRAMES frames and _MAX_BYTES bytes (413 stream_full).
+    its running attempt, into that attempt's own stream (a retry writes a new one):
+    anything else is ignored (2xx, claim_stale), before anything is written, so nobody
+    can forge or end another's result. Any other id is a topic's name: it takes frames
+    from the credential that opened it only (403 stream_not_yours), and one
+    credential's topics together hold at most LAKESHORE_SDK_STREAM_MAX_FRAMES frames and
+    LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL bytes (413 stream_full). A stream holds at
+    most LAKESHORE_SDK_STREAM_MAX_FRAMES frames and _MAX_BYTES bytes (413 stream_full).
     A chunk from the worker running the job renews its lease."""
     stream = body.get("invocation_id")
     if isinstance(stream, int) and not isinstance(stream, bool):
@@ -126,7 +129,9 @@ def result_chunk(body: dict, *, token) -> dict:
         holder = _held_by(read_invocation_id(stream), token)
         if holder is None:
             return {"seq": seq, "ignored": True, "reason": "claim_stale"}
-    created = insert_frame(stream, seq, data, final)
+    attempt = TOPIC if holder is None else holder.attempts
+    token_id = token.pk if token is not None else None
+    created = insert_frame(stream, seq, data, final, attempt=attempt, token_id=token_id)
     if holder is not None:
         daemons.touch(holder.daemon_id)
     return {"seq": seq, "duplicate": not created}

@@ -236,11 +236,14 @@ class Invocation(models.Model):
 class ResultFrame(models.Model):
     """The SDK's result journal: frames a worker posts while it runs (generator
     yields, the END or ERROR frame), read back by `stream()`. Keyed by the SDK's
-    invocation id as a string, which may also be a topic's name: no foreign key.
-    The first write of a (stream, seq) wins; frames are bytes the server never
+    invocation id as a string, which may also be a topic's name: no foreign key. An
+    invocation's frames are kept per attempt (a retry writes its own stream, from seq 0
+    again; a reader is shown the latest attempt's); a topic's attempt is 0 (TOPIC). The
+    first write of a (stream, attempt, seq) wins; frames are bytes the server never
     decodes."""
 
     stream = models.CharField(max_length=200)
+    attempt = models.PositiveIntegerField(default=0, db_default=0)
     seq = models.BigIntegerField()
     data = models.BinaryField()
     final = models.BooleanField(default=False)
@@ -248,29 +251,56 @@ class ResultFrame(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["stream", "seq"], name="frame_unique_stream_seq")
+            models.UniqueConstraint(
+                fields=["stream", "attempt", "seq"], name="frame_unique_stream_attempt_seq"
+            )
         ]
         indexes = [models.Index(fields=["created_at"], name="frame_created")]
 
     def __str__(self) -> str:
-        return f"{self.stream}#{self.seq}"
+        return f"{self.stream}@{self.attempt}#{self.seq}"
+
+
+TOPIC = 0  # the attempt of a topic's stream (a stream that names no invocation)
 
 
 class ResultStream(models.Model):
-    """What one result stream holds so far, kept as its frames are written (jobs/sdk.py),
-    so that LAKESHORE_SDK_STREAM_MAX_FRAMES and _MAX_BYTES are checked in the statement
-    that writes a frame, without counting the stream's rows. Swept with the frames."""
+    """What one result stream (an invocation's attempt, or a topic) holds so far, kept as
+    its frames are written (jobs/sdk.py), so that LAKESHORE_SDK_STREAM_MAX_FRAMES and
+    _MAX_BYTES are checked in the statement that writes a frame, without counting the
+    stream's rows. `writer_token_id`: the credential that wrote its first frame; a topic
+    takes frames from that credential only. Swept with the frames (jobs/retention.py)."""
 
-    stream = models.CharField(max_length=200, unique=True)
+    stream = models.CharField(max_length=200)
+    attempt = models.PositiveIntegerField(default=0, db_default=0)
+    writer_token_id = models.BigIntegerField(null=True, blank=True)
     frames = models.BigIntegerField(default=0)
     bytes = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["stream", "attempt"], name="stream_unique_attempt")
+        ]
         indexes = [models.Index(fields=["updated_at"], name="stream_updated")]
 
     def __str__(self) -> str:
-        return f"{self.stream}: {self.frames} frames, {self.bytes} bytes"
+        return f"{self.stream}@{self.attempt}: {self.frames} frames, {self.bytes} bytes"
+
+
+class TopicWriter(models.Model):
+    """What the topics one credential (an API token) wrote hold together, kept as their
+    frames are written: at most LAKESHORE_SDK_STREAM_MAX_FRAMES frames and
+    LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL bytes, however many topics. A topic's
+    totals leave it when retention sweeps the topic's stream (jobs/retention.py)."""
+
+    token_id = models.BigIntegerField(unique=True)
+    frames = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"token {self.token_id}: topics of {self.frames} frames, {self.bytes} bytes"
 
 
 class JobLog(models.Model):

@@ -78,8 +78,32 @@ def _older_than(table: str, column: str, order: str) -> str:
 _EVENTS_SQL = _older_than("queues_queueevent", "at", "id")
 # The SDK's result journal (jobs.ResultFrame), by the frame's own age.
 _FRAMES_SQL = _older_than("jobs_resultframe", "created_at", "id")
-# Each stream's totals (jobs.ResultStream), once its last frame is past the cutoff.
-_STREAMS_SQL = _older_than("jobs_resultstream", "updated_at", "updated_at")
+# Each stream's totals (jobs.ResultStream), once its last frame is past the cutoff; a
+# topic's leave its credential's totals (jobs.TopicWriter) with it. Answers the count of
+# streams deleted.
+_STREAMS_SQL = """
+WITH gone AS (
+    DELETE FROM jobs_resultstream
+     WHERE id = ANY(ARRAY(
+        SELECT id FROM jobs_resultstream
+         WHERE updated_at < %(cutoff)s
+         ORDER BY updated_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED
+     ))
+    RETURNING attempt, writer_token_id, frames, bytes
+), topics AS (
+    SELECT writer_token_id, sum(frames) AS frames, sum(bytes) AS bytes
+      FROM gone WHERE attempt = 0 AND writer_token_id IS NOT NULL
+     GROUP BY writer_token_id
+), credited AS (
+    UPDATE jobs_topicwriter w
+       SET frames = GREATEST(w.frames - t.frames, 0), bytes = GREATEST(w.bytes - t.bytes, 0)
+      FROM topics t
+     WHERE w.token_id = t.writer_token_id
+)
+SELECT count(*) FROM gone
+"""
 # The queues' samples (queues.QueueSample, one per queue a minute), by their minute,
 # oldest first along their index on `at`; nothing references them.
 _SAMPLES_SQL = _older_than("queues_queuesample", "at", "at")
@@ -95,7 +119,7 @@ def _delete_batch(sql: str, params: dict, batch_size: int) -> int:
     # transaction by mistake (that raises instead of holding every lock to the end).
     with transaction.atomic(durable=True), connection.cursor() as cursor:
         cursor.execute(sql, {**params, "limit": batch_size})
-        return cursor.rowcount
+        return cursor.fetchone()[0] if cursor.description else cursor.rowcount
 
 
 def _sweep(kinds: dict, *, batch_size: int, deadline: float | None, max_batches: int | None):

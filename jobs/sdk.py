@@ -22,7 +22,7 @@ import time
 
 import msgpack
 from django.conf import settings
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from django.db.models import BinaryField, F, Func
 from django.db.models.functions import Substr
 
@@ -30,13 +30,15 @@ from jobs import services, waits, wakeup
 from jobs.models import (
     SDK_WIRES,
     TERMINAL_STATES,
+    TOPIC,
     Invocation,
     InvocationState,
     ResultFrame,
+    ResultStream,
     Wire,
 )
 from lakeshore import sdk_job
-from lakeshore_admin.errors import Busy, Invalid, NotFound, TooLarge
+from lakeshore_admin.errors import Busy, Forbidden, Invalid, NotFound, TooLarge
 
 AWAIT_MAX_SECONDS = 25.0  # under the SDK's 30 s read timeout
 LOOK_SDK = 2.0  # seconds between the looks of an await or stream that is notified
@@ -312,48 +314,109 @@ def _await_answer(row: dict) -> dict:
 
 
 # One statement: count the frame into its stream's totals while they leave room, and
-# write it only then. A repeated (stream, seq) counts without being written (the first
-# write wins), which only brings the limit nearer for a worker that repeats itself.
+# write it only then. A repeated (stream, attempt, seq) counts without being written
+# (the first write wins), which only brings the limit nearer for a worker that repeats
+# itself. A topic's frame is also counted into its credential's totals (`budget`, after
+# the stream's row: retention locks the two in that order too), and goes only into a
+# topic that credential opened; an invocation's attempt is the holder's
+# (fleet/sdk_worker.py checked it), so it counts only into its own stream.
 _FRAME_SQL = """
 WITH room AS (
-    INSERT INTO jobs_resultstream AS s (stream, frames, bytes, updated_at)
-    VALUES (%(stream)s, 1, %(size)s, now())
-    ON CONFLICT (stream) DO UPDATE
-       SET frames = s.frames + 1, bytes = s.bytes + EXCLUDED.bytes, updated_at = now()
-     WHERE s.frames < %(max_frames)s AND s.bytes + EXCLUDED.bytes <= %(max_bytes)s
+    INSERT INTO jobs_resultstream AS s
+           (stream, attempt, writer_token_id, frames, bytes, updated_at)
+    VALUES (%(stream)s, %(attempt)s, %(token)s, 1, %(size)s, now())
+    ON CONFLICT (stream, attempt) DO UPDATE
+       SET frames = s.frames + 1, bytes = s.bytes + EXCLUDED.bytes, updated_at = now(),
+           writer_token_id = coalesce(s.writer_token_id, EXCLUDED.writer_token_id)
+     WHERE s.frames < %(max_frames)s AND s.bytes + EXCLUDED.bytes <= %(max_bytes)s{writer}
     RETURNING 1
-), written AS (
-    INSERT INTO jobs_resultframe (stream, seq, data, final, created_at)
-    SELECT %(stream)s, %(seq)s, %(data)s, %(final)s, now() FROM room
-    ON CONFLICT (stream, seq) DO NOTHING
+), budget AS ({budget}), written AS (
+    INSERT INTO jobs_resultframe (stream, attempt, seq, data, final, created_at)
+    SELECT %(stream)s, %(attempt)s, %(seq)s, %(data)s, %(final)s, now() FROM budget
+    ON CONFLICT (stream, attempt, seq) DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM room), (SELECT count(*) FROM written)
+SELECT (SELECT count(*) FROM budget), (SELECT count(*) FROM written)
 """
+_TOPIC_BUDGET = """
+    INSERT INTO jobs_topicwriter AS w (token_id, frames, bytes, updated_at)
+    SELECT %(token)s, 1, %(size)s, now() FROM room
+    ON CONFLICT (token_id) DO UPDATE
+       SET frames = w.frames + 1, bytes = w.bytes + EXCLUDED.bytes, updated_at = now()
+     WHERE w.frames < %(max_frames)s AND w.bytes + EXCLUDED.bytes <= %(credential_bytes)s
+    RETURNING 1"""
+# a topic opened before its writer was recorded goes to the first credential that writes
+_TOPIC_WRITER = """
+       AND coalesce(s.writer_token_id, EXCLUDED.writer_token_id) = EXCLUDED.writer_token_id"""
+_TOPIC_FRAME_SQL = _FRAME_SQL.format(budget=_TOPIC_BUDGET, writer=_TOPIC_WRITER)
+_ATTEMPT_FRAME_SQL = _FRAME_SQL.format(budget="SELECT 1 FROM room", writer="")
 
 
-def insert_frame(stream: str, seq: int, data: bytes, final: bool) -> bool:
+def insert_frame(
+    stream: str,
+    seq: int,
+    data: bytes,
+    final: bool,
+    *,
+    attempt: int = TOPIC,
+    token_id: int | None = None,
+) -> bool:
+    """Write one frame of `stream`: an invocation's `attempt` (the one `token_id` holds),
+    or a topic (attempt TOPIC). True if written, False if that seq was there already.
+    413 stream_full past the stream's bounds, or past the credential's for its topics
+    together; 403 stream_not_yours for a topic another credential opened. Nothing is
+    counted or written when it is refused."""
+    if attempt == TOPIC and token_id is None:  # a console session: nothing to count against
+        raise Forbidden("Writing a topic needs an API token.")
     max_frames = settings.LAKESHORE_SDK_STREAM_MAX_FRAMES
     max_bytes = settings.LAKESHORE_SDK_STREAM_MAX_BYTES
     if len(data) > max_bytes:
         raise _stream_full(stream, max_frames, max_bytes)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _FRAME_SQL,
-            {
-                "stream": stream,
-                "seq": seq,
-                "data": data,
-                "final": final,
-                "size": len(data),
-                "max_frames": max_frames,
-                "max_bytes": max_bytes,
-            },
-        )
-        room, written = cursor.fetchone()
-    if not room:
-        raise _stream_full(stream, max_frames, max_bytes)
+    params = {
+        "stream": stream,
+        "attempt": attempt,
+        "token": token_id,
+        "seq": seq,
+        "data": data,
+        "final": final,
+        "size": len(data),
+        "max_frames": max_frames,
+        "max_bytes": max_bytes,
+        "credential_bytes": settings.LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL,
+    }
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_TOPIC_FRAME_SQL if attempt == TOPIC else _ATTEMPT_FRAME_SQL, params)
+        counted, written = cursor.fetchone()
+        if not counted:  # what was counted before the refusal goes back
+            transaction.set_rollback(True)
+    if not counted:
+        raise _refusal(stream, attempt, token_id, len(data))
     return bool(written)
+
+
+def _refusal(stream: str, attempt: int, token_id: int, size: int):
+    """Why a frame found no room: the stream is another credential's, the stream is
+    full, or (a topic) its credential's topics are."""
+    max_frames = settings.LAKESHORE_SDK_STREAM_MAX_FRAMES
+    max_bytes = settings.LAKESHORE_SDK_STREAM_MAX_BYTES
+    row = ResultStream.objects.filter(stream=stream, attempt=attempt).first()
+    if attempt == TOPIC and row is not None and row.writer_token_id not in (None, token_id):
+        return Forbidden(
+            f"Topic {stream!r} was opened by another credential: a topic takes frames "
+            "only from the credential that wrote its first frame.",
+            code="stream_not_yours",
+        )
+    if row is not None and (row.frames >= max_frames or row.bytes + size > max_bytes):
+        return _stream_full(stream, max_frames, max_bytes)
+    credential_bytes = settings.LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL
+    return TooLarge(
+        f"This credential's topics are full: the topics one credential writes hold at "
+        f"most {max_frames:,} frames and {credential_bytes:,} bytes together "
+        "(LAKESHORE_SDK_STREAM_MAX_FRAMES, LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL) "
+        "until retention sweeps them.",
+        extra={"max_frames": max_frames, "max_bytes": credential_bytes},
+        code="stream_full",
+    )
 
 
 def _stream_full(stream: str, max_frames: int, max_bytes: int) -> TooLarge:
@@ -385,10 +448,16 @@ def open_frames(stream: str, since: int) -> waits.Holding:
 
 
 def _over(stream: str) -> bool:
-    if ResultFrame.objects.filter(stream=stream, final=True).exists():
-        return True
-    pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
-    return pk is not None and Invocation.objects.filter(pk=pk, state__in=TERMINAL_STATES).exists()
+    """No frame will come: its invocation ended, or (a topic) its final frame is there."""
+    pk = invocation_of(stream)
+    if pk is not None and Invocation.objects.filter(pk=pk).exists():
+        return Invocation.objects.filter(pk=pk, state__in=TERMINAL_STATES).exists()
+    return ResultFrame.objects.filter(stream=stream, attempt=TOPIC, final=True).exists()
+
+
+def invocation_of(stream: str) -> int | None:
+    """The invocation id a stream names (a number), or None: a topic's name."""
+    return int(stream) if stream.isdigit() and len(stream) <= 18 else None
 
 
 def frames(stream: str, since: int):
@@ -411,35 +480,44 @@ def frame_steps(stream: str, since: int):
     most LAKESHORE_SDK_STREAM_READ_BYTES, or one larger frame), or a Wait between looks
     that found nothing: for a frame (`frame:STREAM`) or the invocation's end (`inv:ID`),
     both notified (jobs/migrations/0012), looking again every LOOK_SDK seconds as a
-    safety net. Ends after a final frame, once the invocation is terminal with nothing
+    safety net. Holds no database connection between looks.
+
+    An invocation's stream is its latest attempt's: each look reads the frames of the
+    attempt the invocation is at, after the last seq sent (a retry's frames carry on
+    from there). An attempt's final frame ends the stream only once the invocation has
+    ended: an attempt that failed and is retried is not its end (the SDK would raise
+    its ERROR frame), and the worker acks just after the final frame. A topic's stream
+    ends at its final frame. Either ends once the invocation is over with nothing
     newer, or after LAKESHORE_SDK_STREAM_IDLE_SECONDS without a frame (a topic that
-    nobody posts to). Holds no database connection between looks."""
+    nobody posts to)."""
     cursor = since
     idle_limit = float(settings.LAKESHORE_SDK_STREAM_IDLE_SECONDS)
     quiet_since = time.monotonic()
-    pk = int(stream) if stream.isdigit() and len(stream) <= 18 else None
+    pk = invocation_of(stream)
     listening = [f"frame:{stream}", *([f"inv:{pk}"] if pk is not None else [])]
     try:
         while True:
             seen = wakeup.listener.snapshot(listening)  # before the look
-            rows = _next_frames(stream, cursor)
+            row = (
+                Invocation.objects.filter(pk=pk).values("state", "attempts").first()
+                if pk is not None
+                else None
+            )
+            attempt = TOPIC if row is None else row["attempts"]
+            over = row is None or row["state"] in TERMINAL_STATES  # a final frame ends it
+            rows = _next_frames(stream, attempt, cursor)  # read after the state: none missed
+            ended = next((i for i, frame in enumerate(rows) if frame[2]), None)
+            if ended is not None:
+                rows = rows[: ended + 1] if over else rows[:ended]  # nothing after a final
             if rows:
-                ended = next((i for i, row in enumerate(rows) if row[2]), None)
-                if ended is not None:
-                    rows = rows[: ended + 1]  # nothing after a final frame
                 cursor = rows[-1][0]
                 yield [bytes(data) for _, data, _ in rows]
-                if ended is not None:
+                if ended is not None and over:
                     return
                 quiet_since = time.monotonic()
                 continue
-            if pk is not None:
-                state = Invocation.objects.filter(pk=pk).values_list("state", flat=True).first()
-                if state in TERMINAL_STATES:
-                    # one last look: a frame written just before the row ended
-                    if not ResultFrame.objects.filter(stream=stream, seq__gt=cursor).exists():
-                        return
-                    continue
+            if row is not None and row["state"] in TERMINAL_STATES:
+                return
             quiet = time.monotonic() - quiet_since
             if quiet >= idle_limit:
                 return
@@ -452,13 +530,13 @@ def frame_steps(stream: str, since: int):
 READ_FRAMES_MAX = 500  # frames one read loads, whatever their size
 
 
-def _next_frames(stream: str, after: int) -> list[tuple[int, bytes, bool]]:
-    """The frames after seq `after`, in order: as many as fit in
+def _next_frames(stream: str, attempt: int, after: int) -> list[tuple[int, bytes, bool]]:
+    """The attempt's frames after seq `after`, in order: as many as fit in
     LAKESHORE_SDK_STREAM_READ_BYTES (always at least one), at most READ_FRAMES_MAX.
     Their sizes are read first, so frames past the budget are never loaded."""
+    frames_after = ResultFrame.objects.filter(stream=stream, attempt=attempt, seq__gt=after)
     sizes = list(
-        ResultFrame.objects.filter(stream=stream, seq__gt=after)
-        .order_by("seq")
+        frames_after.order_by("seq")
         .annotate(size=Func(F("data"), function="octet_length"))
         .values_list("seq", "size")[:READ_FRAMES_MAX]
     )
@@ -471,9 +549,7 @@ def _next_frames(stream: str, after: int) -> list[tuple[int, bytes, bool]]:
     if last is None:
         return []
     return list(
-        ResultFrame.objects.filter(stream=stream, seq__gt=after, seq__lte=last)
-        .order_by("seq")
-        .values_list("seq", "data", "final")
+        frames_after.filter(seq__lte=last).order_by("seq").values_list("seq", "data", "final")
     )
 
 

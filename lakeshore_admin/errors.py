@@ -29,6 +29,7 @@ CODES = {
     "apply_in_progress",  # lakeshore apply: another apply holds the lock (nothing changed)
     "claim_stale",  # a completion for a claim the daemon no longer holds
     "already_completed",  # the same attempt was completed with another outcome
+    "log_closed",  # log lines for an attempt that ended past LAKESHORE_LOG_APPEND_GRACE_SECONDS
     # 401 beyond DRF's not_authenticated / authentication_failed
     "token_revoked",  # a daemon's token is revoked when the server ends it: stop
     "token_expired",
@@ -37,6 +38,7 @@ CODES = {
     "namespace_unknown",  # 404: this server is one namespace
     "too_large",  # 413: a blob or frame above LAKESHORE_SDK_MAX_BLOB_BYTES
     "stream_full",  # 413: a result stream at its frame or byte limit
+    "stream_not_yours",  # 403: a topic another credential opened (jobs/sdk.py)
     # 403: one daemon, one credential (fleet/registration.py)
     "not_your_daemon",  # another daemon's credential, or the token that registered it
     "queue_not_in_scope",  # a token scoped to queues, registering on another

@@ -87,10 +87,28 @@ LAKESHORE_SDK_STREAM_MAX_BYTES = env_number(
 LAKESHORE_SDK_STREAM_READ_BYTES = env_number(
     "LAKESHORE_SDK_STREAM_READ_BYTES", 16 * 1024 * 1024, minimum=1024
 )
+# Issue 29: a topic (a stream that names no invocation) is its first writer's, and the
+# topics one credential writes hold at most this many bytes together (and
+# LAKESHORE_SDK_STREAM_MAX_FRAMES frames), however many topics, until retention sweeps
+# them: past it, 413 stream_full. An invocation's stream is bounded by the invocation
+# (one per attempt its writer holds), each within the bounds above.
+LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL = env_number(
+    "LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL", 256 * 1024 * 1024, minimum=1024
+)
 # Issue 19: per-job logs (jobs/logs.py). An attempt's log keeps at most this many bytes:
 # past it, the first half and the last half are kept, with one marker line saying how
 # much was cut between them.
 LAKESHORE_LOG_MAX_BYTES = env_number("LAKESHORE_LOG_MAX_BYTES", 16 * 1024 * 1024, minimum=4096)
+# Issue 29: and at most this many rows (a daemon's small shipments are joined into the
+# attempt's last row; a chunk that must stand alone, with lines dropped before it, takes
+# a row of its own): past it, the head and the tail keep half the rows each, and the
+# oldest rows of the tail are cut, as past the bytes.
+LAKESHORE_LOG_MAX_ROWS = env_number("LAKESHORE_LOG_MAX_ROWS", 10_000, minimum=4)
+# Log lines for an attempt that ended more than this long ago are refused (409
+# log_closed): a daemon ships an attempt's last lines before it reports its end.
+LAKESHORE_LOG_APPEND_GRACE_SECONDS = env_number(
+    "LAKESHORE_LOG_APPEND_GRACE_SECONDS", 60, minimum=0, kind=float
+)
 # Issue 17: long-poll admission (jobs/waits.py)
 # At most this many requests of one server process sleep in a thread at once: the SDK's
 # await and result stream, a log follow, and a claim, exchange or SDK poll that takes the

@@ -164,6 +164,23 @@ def _sdk_job() -> Invocation:
     return services.invocation_submit(function="f", queue="w", wire="value", args_blob=b"x")[0]
 
 
+def _running_sdk_job() -> Invocation:
+    """An SDK job in its first attempt, as a worker's poll leaves it: its frames are that
+    attempt's."""
+    job = _sdk_job()
+    Invocation.objects.filter(pk=job.pk).update(state="running", attempts=1)
+    job.refresh_from_db()
+    return job
+
+
+def _write(job: Invocation, seq: int, frame: bytes, final: bool = False) -> None:
+    """A frame of the job's attempt, as its holder writes it; a final one, then the ack
+    (an attempt's final frame ends the stream once its invocation has ended)."""
+    sdk.insert_frame(str(job.pk), seq, frame, final, attempt=job.attempts)
+    if final:
+        Invocation.objects.filter(pk=job.pk).update(state="succeeded")
+
+
 def _frame(seq: int, value) -> bytes:
     return msgpack.packb([0, seq, value, None])
 
@@ -241,9 +258,9 @@ def test_an_invocation_gone_while_awaited_answers_as_an_unknown_one(world):
 
 
 def test_a_stored_stream_through_the_door_answers_as_the_full_stack(world):
-    job = _sdk_job()
+    job = _running_sdk_job()
     for seq in range(3):
-        sdk.insert_frame(str(job.pk), seq, _frame(seq, seq * seq), final=seq == 2)
+        _write(job, seq, _frame(seq, seq * seq), final=seq == 2)
     path = f"{P}/invocations/{job.pk}/result/stream"
     for query in ("since=-1", "since=0", ""):
         door, full, took = _both(world, "GET", path, query=query)
@@ -257,11 +274,11 @@ def test_a_stored_stream_through_the_door_answers_as_the_full_stack(world):
 
 def test_a_live_stream_sends_each_frame_as_it_comes_and_ends_at_the_final_one(world):
     _, app, token = world
-    job = _sdk_job()
+    job = _running_sdk_job()
     stream = str(job.pk)
     meanwhile = [
-        (0.4, lambda: sdk.insert_frame(stream, 0, _frame(0, "a"), False)),
-        (0.8, lambda: sdk.insert_frame(stream, 1, _frame(1, "b"), True)),
+        (0.4, lambda: _write(job, 0, _frame(0, "a"))),
+        (0.8, lambda: _write(job, 1, _frame(1, "b"), final=True)),
     ]
     status, _, body, sent = asgi_call(
         app, "GET", f"{P}/invocations/{stream}/result/stream", token=token, meanwhile=meanwhile
@@ -296,8 +313,8 @@ def test_a_quiet_stream_ends_after_its_silence_and_a_bad_since_goes_to_the_full_
 
 def test_a_stopping_server_cuts_a_stream_short(world, monkeypatch):
     _, app, token = world
-    job = _sdk_job()
-    sdk.insert_frame(str(job.pk), 0, _frame(0, "a"), False)
+    job = _running_sdk_job()
+    _write(job, 0, _frame(0, "a"))
     monkeypatch.setattr(type(wakeup.listener), "closing", property(lambda self: True))
     status, _, body, sent = asgi_call(
         app, "GET", f"{P}/invocations/{job.pk}/result/stream", token=token
@@ -439,8 +456,8 @@ def hsts(settings):
 
 
 def test_over_https_the_doors_add_hsts_as_the_full_stack_does(hsts, world):
-    job = _sdk_job()
-    sdk.insert_frame(str(job.pk), 0, _frame(0, "a"), True)
+    job = _running_sdk_job()
+    _write(job, 0, _frame(0, "a"), final=True)
     raw = msgpack.packb({"invocation_id": str(job.pk), "timeout_s": 0})
     for method, path, kw in (
         ("POST", f"{P}/await", {"raw": raw}),

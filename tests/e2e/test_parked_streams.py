@@ -19,6 +19,7 @@ import pytest
 from django.db import connection
 
 from jobs import sdk, services
+from jobs.models import Invocation
 from tests import builders
 from tests.e2e.servers import gunicorn
 from tests.e2e.test_parked_long_polls import WORKERS, _environment, _threads
@@ -95,7 +96,11 @@ async def _requests(base: str, token: str, ids: list[int], server: psutil.Proces
 
 def _final_frame(pk: int) -> None:
     try:
-        sdk.insert_frame(str(pk), 0, msgpack.packb([2, 0, "done", None]), final=True)
+        # a frame of the first attempt, as its worker writes it (the job stays pending for
+        # the awaits); the stream then waits for more (an attempt's final frame ends it
+        # only once the invocation has ended)
+        Invocation.objects.filter(pk=pk).update(attempts=1)
+        sdk.insert_frame(str(pk), 0, msgpack.packb([2, 0, "done", None]), False, attempt=1)
     finally:
         connection.close()
 

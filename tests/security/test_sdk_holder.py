@@ -159,13 +159,13 @@ def test_a_read_of_a_stream_loads_frames_within_its_byte_budget(settings):
     settings.LAKESHORE_SDK_STREAM_READ_BYTES = 3000
     for seq in range(6):
         ResultFrame.objects.create(stream="t", seq=seq, data=b"z" * 1000)
-    assert [seq for seq, _, _ in sdk._next_frames("t", -1)] == [0, 1, 2]
-    assert [seq for seq, _, _ in sdk._next_frames("t", 2)] == [3, 4, 5]
+    assert [seq for seq, _, _ in sdk._next_frames("t", 0, -1)] == [0, 1, 2]
+    assert [seq for seq, _, _ in sdk._next_frames("t", 0, 2)] == [3, 4, 5]
     ResultFrame.objects.create(stream="big", seq=0, data=b"z" * 5000)  # alone over budget
     ResultFrame.objects.create(stream="big", seq=1, data=b"z")
-    assert [seq for seq, _, _ in sdk._next_frames("big", -1)] == [0]
+    assert [seq for seq, _, _ in sdk._next_frames("big", 0, -1)] == [0]
     settings.LAKESHORE_SDK_STREAM_READ_BYTES = 10**9  # negative control: no budget
-    assert len(sdk._next_frames("t", -1)) == 6
+    assert len(sdk._next_frames("t", 0, -1)) == 6
 
 
 def test_the_holder_renews_its_lease_with_a_chunk(world):
