@@ -19,7 +19,11 @@ as it had threads. Here:
 - the SDK's await and result stream, and a job log's follow (lakeshore_admin/asgi_streams.py).
 - everything else (console, API, the SDK's producer): the WSGI application (the lean
   path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per process
-  (a2wsgi), as gunicorn's threads served it before.
+  (a2wsgi), as gunicorn's threads served it before (full_stack). Its body is received
+  on this loop first, within LAKESHORE_BODY_SECONDS of its head (past it the server
+  answers 408: http_protocol.py), so a thread is given only to a request whose body is
+  all here: a body that never comes holds a socket, never a thread. A multipart body
+  is refused (415) before a byte of it is read: nothing here takes file uploads.
 
 A server stopping (SIGTERM, SIGINT, SIGQUIT) ends every parked wait at once: its claim
 answers empty, and the daemon claims again (from another server, or this one when it is
@@ -31,6 +35,8 @@ import functools
 import io
 import signal
 import time
+from http import HTTPStatus
+from types import SimpleNamespace
 
 from a2wsgi import WSGIMiddleware
 from a2wsgi.wsgi import build_environ
@@ -42,21 +48,23 @@ from lakeshore_admin.wsgi import application as lean_path  # sets Django up: bef
 
 # isort: split
 from accounts import audit
+from accounts.authentication import authenticate_token, kept_token
 from fleet.api import protocol
 from jobs import waits, wakeup
 from lakeshore_admin import asgi_sdk as sdk_door
 from lakeshore_admin import asgi_streams as streams_door
 from lakeshore_admin import dbpool
+from lakeshore_admin.api_errors import error_response
 from lakeshore_admin.asgi_io import (
     Disconnected,
-    coroutine,
+    body_head,
     gone_when_closed,
     read_all,
     replay,
     respond,
 )
 from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
-from lakeshore_admin.msgpack_api import MEDIA_TYPE
+from lakeshore_admin.msgpack_api import MEDIA_TYPE, body_limit
 from lakeshore_admin.threads import HotFirstExecutor
 
 STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
@@ -75,6 +83,7 @@ class Application:
         self.wsgi = WSGIMiddleware(lean, workers=threads)
         # its pool too hands each request to the thread that finished last (threads.py)
         self.wsgi.executor = HotFirstExecutor(threads, thread_name_prefix="WSGI")
+        self.held = 0  # bytes of bodies received for the full stack, not yet answered
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -96,7 +105,62 @@ class Application:
                     return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
         if scope["type"] == "http" and (door := streams_door.door_for(scope)) is not None:
             return await door(self, scope, receive, send)  # the SDK's await and stream, a follow
-        return await self.wsgi(scope, coroutine(receive), send)
+        return await self.full_stack(scope, receive, send)
+
+    async def full_stack(self, scope, receive, send, body=None, *, refused=False):
+        """The WSGI application answers in a thread of its pool, given the whole body:
+        `body` when a door has read it, else the body received here first, on this loop.
+        None is received when Django answers without it: a multipart body (415 here),
+        a request whose bearer token is refused (`refused`: a door checked it; DRF
+        refuses before its parsers run), a body with no length (Django reads none)
+        or past every route's limit (Django answers 413 from the length), and while
+        this process holds LAKESHORE_BODY_BUFFER_BYTES of bodies (503 busy here)."""
+        if body is not None:
+            return await self.wsgi(scope, replay(body, receive), send)
+        media_type, length, bearer = body_head(scope)
+        if media_type.startswith("multipart/"):
+            message = (
+                "Multipart bodies are not taken: nothing here takes file uploads "
+                "(forms post application/x-www-form-urlencoded, the API JSON)."
+            )
+            return await self.refuse(scope, send, 415, "unsupported_media_type", message)
+        if not length or refused or length > largest_body():
+            return await self.wsgi(scope, replay(b"", receive), send)
+        if bearer is not None and not await self.authenticates(bearer):
+            return await self.wsgi(scope, replay(b"", receive), send)
+        if self.held and self.held + length > settings.LAKESHORE_BODY_BUFFER_BYTES:
+            message = "The server holds as many request bodies as it may; try again shortly."
+            return await self.refuse(scope, send, 503, "busy", message, retry_after="1")
+        self.held += length
+        try:
+            try:
+                body = await read_all(receive)
+            except Disconnected:  # the client went, or its body was late (408 sent)
+                return None
+            return await self.wsgi(scope, replay(body, receive), send)
+        finally:
+            self.held -= length
+
+    async def authenticates(self, bearer: str) -> bool:
+        """Whether a bearer token authenticates (no query when this process keeps it)."""
+        if kept_token(bearer) is not None:
+            return True
+        try:
+            await self.run(None, authenticate_token, bearer)
+        except Exception:  # noqa: BLE001 - refused, or the database: Django says which
+            return False
+        return True
+
+    async def refuse(self, scope, send, status, code, message, *, retry_after=None):
+        """An error answered here, as the site answers its own (the API's error body
+        under /api/, the SDK's line under /v1/, a small page elsewhere), the body
+        unread; the connection stays open for the client's next request."""
+        title = f"{HTTPStatus(status).phrase} ({status})"
+        response = error_response(SimpleNamespace(path=scope["path"]), status, code, message, title)
+        headers = [*response.items(), ("Content-Length", str(len(response.content)))]
+        if retry_after is not None:
+            headers.append(("Retry-After", retry_after))
+        await respond(send, status, [*headers, *self.lean.static_headers()], response.content)
 
     async def run(self, request, fn, *args):
         """fn(*args) in a worker thread, acting for `request` (the audit trail), its
@@ -128,7 +192,7 @@ class Application:
         if admitted is None:
             admitted = await self.run(None, lean.admit, environ, taken)
         if admitted is None:  # refused: Django answers, and says why (the body unread)
-            return await self.wsgi(scope, coroutine(receive), send)
+            return await self.full_stack(scope, receive, send, refused=True)
         request, view, answer = admitted
         route, args, secure = taken
         try:
@@ -145,7 +209,7 @@ class Application:
         else:
             outcome = await self.run(None, _answer_once, lean, request, answer, args, environ)
         if outcome is TO_DJANGO:  # DRF's parser answers it
-            return await self.wsgi(scope, replay(body, receive), send)
+            return await self.full_stack(scope, receive, send, body)
         status, headers, content = lean.rendered(outcome, secure, allow(view))
         await respond(send, status, headers, content)
 
@@ -186,6 +250,11 @@ class Application:
                 self.steps.shutdown(wait=False)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def largest_body() -> int:
+    """The largest body any route takes: Django's limit, or the SDK's msgpack one."""
+    return max(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, body_limit())
 
 
 def _answer_once(lean, request, answer, args, environ):

@@ -1,5 +1,6 @@
-"""What the ASGI doors (lakeshore_admin/asgi.py, asgi_sdk.py) need of ASGI itself: reading
-a request's body, giving it again to the WSGI application, answering."""
+"""What the ASGI doors (lakeshore_admin/asgi.py, asgi_sdk.py) need of ASGI itself: what
+the headers say of a body, reading it, giving it again to the WSGI application,
+answering."""
 
 import asyncio
 import io
@@ -48,17 +49,26 @@ def gone_when_closed(receive) -> asyncio.Future:
     return asyncio.ensure_future(closed())
 
 
-def coroutine(receive):
-    """`receive` as a coroutine function, which a2wsgi needs (granian's is not one)."""
-
-    async def coroutine():
-        return await receive()
-
-    return coroutine
+def body_head(scope) -> tuple[str, int | None, str | None]:
+    """What a request's headers say of its body: (its media type, lower case; its
+    declared length, None without a valid Content-Length; the bearer token, None
+    without one)."""
+    media_type, length, bearer = "", None, None
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media_type = value.decode("latin-1").partition(";")[0].strip().lower()
+        elif name == b"content-length":
+            length = int(value) if value.isdigit() else None
+        elif name == b"authorization":
+            parts = value.decode("latin-1").split()
+            if parts and parts[0].lower() == "bearer":
+                bearer = parts[1] if len(parts) == 2 else ""  # malformed: refused
+    return media_type, length, bearer
 
 
 def replay(body: bytes, receive):
-    """A receive that gives the body read once more, then the client's messages."""
+    """A receive (a coroutine function, which a2wsgi needs) that gives the body read
+    once more, then the client's messages."""
     sent = False
 
     async def replay():

@@ -22,14 +22,7 @@ from fleet import sdk_worker
 from fleet.api.sdk_worker import DaemonPoll
 from jobs import waits
 from lakeshore_admin.api_errors import sdk_error
-from lakeshore_admin.asgi_io import (
-    Disconnected,
-    coroutine,
-    parse_msgpack,
-    read_all,
-    replay,
-    respond,
-)
+from lakeshore_admin.asgi_io import Disconnected, parse_msgpack, read_all, respond
 from lakeshore_admin.fastpath import allow
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
@@ -43,7 +36,7 @@ async def poll(app, environ, scope, receive, send, *, secure: bool):
     lean = app.lean
     request = await app.run(None, lean.admit_to, environ, DaemonPoll)
     if request is None:  # refused: the full stack answers, and says why (body unread)
-        return await app.wsgi(scope, coroutine(receive), send)
+        return await app.full_stack(scope, receive, send, refused=True)
     try:
         body = await read_all(receive)
     except Disconnected:
@@ -57,7 +50,7 @@ async def poll(app, environ, scope, receive, send, *, secure: bool):
         first = await run(waits.first_step, steps)
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
         await app.run(None, signals.request_finished.send, poll)
-        return await app.wsgi(scope, replay(body, receive), send)
+        return await app.full_stack(scope, receive, send, body)
     status = 200
     try:
         payload = await waits.drive_async(steps, run, first=first)

@@ -51,14 +51,7 @@ from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultS
 from jobs.api.views import JobLogs
 from lakeshore_admin.api_errors import exception_handler as api_exception_handler
 from lakeshore_admin.api_errors import sdk_answer, sdk_error
-from lakeshore_admin.asgi_io import (
-    Disconnected,
-    coroutine,
-    parse_msgpack,
-    read_all,
-    replay,
-    respond,
-)
+from lakeshore_admin.asgi_io import Disconnected, parse_msgpack, read_all, respond
 from lakeshore_admin.fastpath import allow
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
@@ -81,9 +74,9 @@ def door_for(scope):
 
 
 async def _full_stack(app, scope, receive, send, body: bytes | None = None):
-    """The WSGI application answers (the body, if one was read, given again)."""
-    given = coroutine(receive) if body is None else replay(body, receive)
-    return await app.wsgi(scope, given, send)
+    """The WSGI application answers (the body, if one was read, given again; else
+    received first: asgi.Application.full_stack)."""
+    return await app.full_stack(scope, receive, send, body)
 
 
 async def _finished(app) -> None:

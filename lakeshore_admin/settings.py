@@ -183,6 +183,10 @@ USE_I18N = False
 USE_TZ = True
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # a batch of invocations can be large
+# Nothing here takes file uploads: a multipart body's first file part is refused (400)
+# before any of it is stored (the web server refuses multipart bodies before reading
+# them: lakeshore_admin/asgi.py; this holds under any other server too).
+DATA_UPLOAD_MAX_NUMBER_FILES = 0
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
