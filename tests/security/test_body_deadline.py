@@ -35,6 +35,14 @@ CSRF = "a" * 32  # a well-formed CSRF secret: Django reads the form to compare i
 PASSWORD = "pw-for-tests-only"
 
 
+def server_user(username: str) -> None:
+    """A console user with PASSWORD, hashed as the server checks it (the tests' own
+    hasher is MD5, which the server does not know)."""
+    hasher = PBKDF2PasswordHasher()
+    password = hasher.encode(PASSWORD, hasher.salt())
+    get_user_model().objects.create(username=username, password=password)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, django_db_setup):
     """One server for the module, on the test database (django_db_setup made it)."""
@@ -158,9 +166,7 @@ async def _slow_login(port: int, username: str, pieces: int, every: float) -> by
 def test_the_control_a_body_slow_but_within_the_deadline_is_served(server):
     """The form in 4 pieces over 4 s (the deadline is 6 s): logged in, sent home."""
     port, _ = server
-    hasher = PBKDF2PasswordHasher()  # the server's (the tests' own hasher is MD5)
-    password = hasher.encode(PASSWORD, hasher.salt())
-    get_user_model().objects.create(username="slow-body", password=password)
+    server_user("slow-body")
     connection.close()
     head = builders.run_async(_slow_login(port, "slow-body", pieces=4, every=1.0))
     assert head.startswith(b"HTTP/1.1 302 ")
