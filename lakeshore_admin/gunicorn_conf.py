@@ -19,7 +19,6 @@ from uvicorn_worker import UvicornWorker
 
 from lakeshore_admin import metrics
 from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
-from lakeshore_admin.http_protocol import Protocol
 
 try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
@@ -41,7 +40,13 @@ class Worker(UvicornWorker):
     within the keep-alive: http_protocol.py), and the app's lifespan (asgi.py: a stop
     ends the parked long-polls at once)."""
 
-    CONFIG_KWARGS = {"loop": "uvloop", "http": Protocol, "lifespan": "on"}
+    # The protocol by name: uvicorn imports it in the worker, once the app has set Django
+    # up (its 408 is rendered as the site renders its errors).
+    CONFIG_KWARGS = {
+        "loop": "uvloop",
+        "http": "lakeshore_admin.http_protocol:Protocol",
+        "lifespan": "on",
+    }
 
     def init_signals(self) -> None:
         """A stop signal ends the worker with SystemExit, not the signal's default
