@@ -60,7 +60,9 @@ class GeneralShare:
 
     def __init__(self, size: int):
         self.size = size
+        self.lent = 0  # places taken now
         self._places = threading.BoundedSemaphore(size)
+        self._count = threading.Lock()
 
     def take(self, timeout: float) -> None:
         """Wait up to `timeout` s for a place; none free by then: PoolTimeout (the
@@ -71,8 +73,12 @@ class GeneralShare:
                 f"{self.size} other requests may use are lent (LAKESHORE_DB_POOL_RESERVE "
                 "are kept for the daemon protocol)"
             )
+        with self._count:
+            self.lent += 1
 
     def give_back(self) -> None:
+        with self._count:
+            self.lent -= 1
         self._places.release()
 
 
