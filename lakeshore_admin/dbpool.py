@@ -21,7 +21,8 @@ context variable its worker threads inherit); the database backend
 (lakeshore_admin/postgresql) takes a place of the general share before it borrows a
 connection for a general request, and gives it back with the connection. Code outside
 a request (a worker process, a management command, a background thread) has no share
-and borrows from the whole pool, as before."""
+and borrows from the whole pool, as before; so do requests the threaded WSGI server
+serves (lakeshore_admin.wsgi, not what `make run` and production serve)."""
 
 import re
 import select
