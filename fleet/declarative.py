@@ -123,7 +123,7 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
     queues = document.get("queues", [])
     _refuse_duplicates({**_duplicates("providers", providers), **_duplicates("queues", queues)})
     try:
-        return _apply_alone(providers, queues, prune=prune, dry_run=dry_run)
+        return _apply_in_one_transaction(providers, queues, prune=prune, dry_run=dry_run)
     except OperationalError as exc:
         if isinstance(exc.__cause__, LockNotAvailable):
             raise Busy(
@@ -135,7 +135,9 @@ def apply(*, document: dict, prune: bool = False, dry_run: bool = False) -> dict
         raise
 
 
-def _apply_alone(providers: list[dict], queues: list[dict], *, prune: bool, dry_run: bool):
+def _apply_in_one_transaction(
+    providers: list[dict], queues: list[dict], *, prune: bool, dry_run: bool
+):
     with transaction.atomic():
         _take_apply_lock()
         _refuse_immutable_changes(providers, queues)

@@ -21,7 +21,8 @@ context variable its worker threads inherit); the database backend
 (lakeshore_admin/postgresql) takes a place of the general share before it borrows a
 connection for a general request, and gives it back with the connection. Code outside
 a request (a worker process, a management command, a background thread) has no share
-and borrows from the whole pool, as before."""
+and borrows from the whole pool, as before; so do requests the threaded WSGI server
+serves (lakeshore_admin.wsgi, not what `make run` and production serve)."""
 
 import re
 import select
@@ -60,7 +61,9 @@ class GeneralShare:
 
     def __init__(self, size: int):
         self.size = size
+        self.lent = 0  # places taken now
         self._places = threading.BoundedSemaphore(size)
+        self._count = threading.Lock()
 
     def take(self, timeout: float) -> None:
         """Wait up to `timeout` s for a place; none free by then: PoolTimeout (the
@@ -71,8 +74,12 @@ class GeneralShare:
                 f"{self.size} other requests may use are lent (LAKESHORE_DB_POOL_RESERVE "
                 "are kept for the daemon protocol)"
             )
+        with self._count:
+            self.lent += 1
 
     def give_back(self) -> None:
+        with self._count:
+            self.lent -= 1
         self._places.release()
 
 

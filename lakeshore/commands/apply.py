@@ -186,7 +186,9 @@ def apply(client: Client, source: str, dry_run: bool, prune: bool, as_json: bool
             raise _refused_plan(error, as_json) from error
         if error.code == "apply_in_progress":  # not the file's fault: no line to show
             raise CliError(
-                error.message, hint="another 'lakeshore apply' is running: wait for it"
+                error.message,
+                hint="another 'lakeshore apply' is running on the server: run this one again "
+                "when it ends",
             ) from error
         if error.status in (400, 404, 409):
             raise _located(error, document) from error

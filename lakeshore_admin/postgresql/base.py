@@ -16,8 +16,8 @@ from lakeshore_admin import dbpool
 
 class DatabaseWrapper(base.DatabaseWrapper):
     # alias → its GeneralShare: one per process, as Django keeps one pool per alias
-    _general_shares: dict[str, dbpool.GeneralShare] = {}
-    _general_shares_made = threading.Lock()
+    general_shares: dict[str, dbpool.GeneralShare] = {}
+    general_shares_made = threading.Lock()
 
     general_place: dbpool.GeneralShare | None = None  # the place this connection holds
 
@@ -26,11 +26,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         reserve = settings.LAKESHORE_DB_POOL_RESERVE
         if not reserve or not self.pool:
             return None
-        with self._general_shares_made:
-            if self.alias not in self._general_shares:
+        with self.general_shares_made:
+            if self.alias not in self.general_shares:
                 size = self.pool.max_size - reserve
-                self._general_shares[self.alias] = dbpool.GeneralShare(size)
-            return self._general_shares[self.alias]
+                self.general_shares[self.alias] = dbpool.GeneralShare(size)
+            return self.general_shares[self.alias]
 
     def get_new_connection(self, conn_params):
         place = self.general_share() if dbpool.share.get() == dbpool.GENERAL else None

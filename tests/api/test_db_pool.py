@@ -4,15 +4,17 @@ lent. The server really ends it (pg_terminate_backend)."""
 
 import contextlib
 import os
+import threading
 import time
 
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection, connections
 from psycopg_pool import ConnectionPool
 
 from lakeshore_admin import dbpool
+from lakeshore_admin.postgresql.base import DatabaseWrapper
 
 pytestmark = pytest.mark.django_db
 
@@ -61,6 +63,7 @@ def _terminate(pid: int) -> None:
 
 
 def test_the_servers_pool_uses_it():
+    assert settings.DATABASES["default"]["ENGINE"] == "lakeshore_admin.postgresql"  # by share
     options = settings.DATABASES["default"]["OPTIONS"]["pool"]
     assert options["check"] is dbpool.check
     # no reset callback: with one, the pool hands every returned connection to its
@@ -122,3 +125,75 @@ def test_a_connection_past_descriptor_1024_is_checked_without_a_round_trip(make_
     finally:
         for fd in held:
             os.close(fd)
+
+
+# --- the general share (lakeshore_admin/postgresql: a request's share, dbpool.share) ---------
+
+
+def _in_thread(share: str | None, work):
+    """work(its thread's connection) in a thread serving a request of `share`, as the
+    ASGI application marks one; its connection goes back to the pool at the end."""
+    answer = {}
+
+    def run():
+        dbpool.share.set(share)
+        own = connections["default"]  # this thread's own
+        try:
+            answer["value"] = work(own)
+        except Exception as exc:  # noqa: BLE001 - raised again in the caller
+            answer["error"] = exc
+        finally:
+            own.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if "error" in answer:
+        raise answer["error"]
+    return answer.get("value")
+
+
+def _ready(own) -> int:
+    own.ensure_connection()
+    return 1
+
+
+@pytest.fixture
+def one_place(monkeypatch, settings):
+    """The general share of this process made one place wide, a short wait for it."""
+    settings.LAKESHORE_DB_POOL_TIMEOUT = 0.2
+    share = dbpool.GeneralShare(1)
+    monkeypatch.setitem(DatabaseWrapper.general_shares, "default", share)
+    return share
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_general_requests_connection_holds_a_place_until_it_goes_back(one_place):
+    held = _in_thread(dbpool.GENERAL, lambda own: _ready(own) and one_place.lent)
+    assert held == 1
+    assert one_place.lent == 0  # given back with the connection
+    assert _in_thread(dbpool.PROTOCOL, lambda own: _ready(own) and one_place.lent) == 0
+    assert _in_thread(None, lambda own: _ready(own) and one_place.lent) == 0  # no request
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_its_share_lent_a_general_request_fails_and_the_protocols_is_served(one_place):
+    lent, done = threading.Event(), threading.Event()
+
+    def hold(own):
+        _ready(own)
+        lent.set()
+        done.wait(30)
+
+    holder = threading.Thread(target=_in_thread, args=(dbpool.GENERAL, hold))
+    holder.start()
+    try:
+        assert lent.wait(30)
+        with pytest.raises(OperationalError, match="LAKESHORE_DB_POOL_RESERVE"):
+            _in_thread(dbpool.GENERAL, _ready)
+        assert _in_thread(dbpool.PROTOCOL, _ready) == 1
+    finally:
+        done.set()
+        holder.join(30)
+    assert one_place.lent == 0
+    assert _in_thread(dbpool.GENERAL, _ready) == 1  # control: its place free again

@@ -4,9 +4,12 @@ real installed `lakeshore` command against a live server."""
 import json
 import textwrap
 
+import psycopg
 import pytest
 import yaml
+from django.db import connection
 
+from fleet import declarative
 from fleet.models import Provider
 from queues.models import Queue
 from tests import builders
@@ -285,3 +288,19 @@ def test_export_applies_as_up_to_date(sh, workdir):
         "threshold": 0.5,
     }
     assert exported == sh.json("lakeshore export --json")
+
+
+def test_an_apply_while_another_runs_says_so_and_changes_nothing(sh, workdir):
+    write(workdir, LAKESHORE_YAML)
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as another:  # holds the apply lock
+        another.execute("SELECT pg_advisory_lock(hashtext(%s))", [declarative.APPLY_LOCK])
+        stderr = refused(sh, workdir, "lakeshore apply -f lakeshore.yaml")
+
+    assert stderr.splitlines() == [
+        "error: Another apply is in progress; nothing was changed. Try again when it ends.",
+        "another 'lakeshore apply' is running on the server: run this one again when it ends",
+    ]
+    assert names() == ([], [])
+    sh(f"cd {workdir} && lakeshore apply -f lakeshore.yaml")  # control: alone, it applies
+    assert names() == (["here"], ["eval", "train"])
