@@ -99,3 +99,9 @@ LAKESHORE_MAX_WAITS = env_number(
 # thread (jobs/waits.py): at most this many of them per server process, each a few KiB.
 # Past it a claim answers at once, empty, with Retry-After, as above.
 LAKESHORE_MAX_PARKED = env_number("LAKESHORE_MAX_PARKED", 10000, minimum=0)
+# Issue 29: counts before cost. A JSON body (or admin form) may hold at most this many
+# values (array items and object members, nested ones included), counted on its text
+# before anything is decoded (lakeshore_admin/parsers.py); past it: 400 naming the
+# setting. Legit bodies fit: a 10,000-invocation batch submit holds about 80,000, a
+# daemon's log shipment at most 400,000 (lakeshore/joblog.SHIPMENT_MAX_LINES lines).
+LAKESHORE_JSON_MAX_VALUES = env_number("LAKESHORE_JSON_MAX_VALUES", 500_000, minimum=1000)
