@@ -26,6 +26,8 @@ BOOK_MAX_BYTES = 16 * 1024 * 1024
 HEAD_KEEP_BYTES = 1024 * 1024
 SHIPMENT_MAX_BYTES = 4 * 1024 * 1024  # under the server's request limit (10 MiB) as JSON
 SHIPMENT_MAX_CHUNKS = 100
+# 4 JSON values a line: a shipment stays under the server's LAKESHORE_JSON_MAX_VALUES
+SHIPMENT_MAX_LINES = 100_000
 OUT, ERR = "o", "e"
 
 
@@ -154,15 +156,19 @@ class LogBook:
             )
 
     def take(self, keys=None) -> list[dict]:
-        """Chunks to ship (at most SHIPMENT_MAX_BYTES), each with its attempt's next seq.
-        `keys`: only these attempts. What is taken is no longer waiting: give back
-        what could not be shipped with `give_back`."""
-        chunks, size = [], 0
+        """Chunks to ship (at most SHIPMENT_MAX_BYTES and SHIPMENT_MAX_LINES), each with
+        its attempt's next seq. `keys`: only these attempts. What is taken is no longer
+        waiting: give back what could not be shipped with `give_back`."""
+        chunks, size, shipped = [], 0, 0
         with self.lock:
             for key, attempt in self.attempts.items():
                 if keys is not None and key not in keys:
                     continue
-                while (attempt.head or attempt.waiting) and size < SHIPMENT_MAX_BYTES:
+                while (
+                    (attempt.head or attempt.waiting)
+                    and size < SHIPMENT_MAX_BYTES
+                    and shipped < SHIPMENT_MAX_LINES
+                ):
                     if len(chunks) >= SHIPMENT_MAX_CHUNKS:
                         break
                     # the head first, in chunks of its own: a drop count goes with the
@@ -174,6 +180,7 @@ class LogBook:
                         and len(lines) < CHUNK_MAX_LINES
                         and taken < CHUNK_MAX_BYTES
                         and size + taken < SHIPMENT_MAX_BYTES
+                        and shipped + len(lines) < SHIPMENT_MAX_LINES
                     ):
                         line = source.popleft()
                         lines.append(line)
@@ -197,6 +204,7 @@ class LogBook:
                     if not from_head:
                         attempt.dropped = 0
                     size += taken
+                    shipped += len(lines)
             if not any(a.head or a.waiting for a in self.attempts.values()):
                 self.has_lines.clear()
         return chunks

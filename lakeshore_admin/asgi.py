@@ -63,7 +63,7 @@ from lakeshore_admin.asgi_io import (
     replay,
     respond,
 )
-from lakeshore_admin.fastpath import TO_DJANGO, allow, read_body
+from lakeshore_admin.fastpath import ASK_IN_THREAD, TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, body_limit
 from lakeshore_admin.threads import HotFirstExecutor
 
@@ -182,11 +182,12 @@ class Application:
     async def lean_door(self, environ, taken, scope, receive, send):
         """What the lean path answers, without the WSGI bridge. The token is checked
         first, the body unread: on this loop when the process keeps the token, else in
-        a worker thread. Then the body is read here, and the answer runs: a claim's or an
-        exchange's as steps (a turn in a worker thread for its first step, its wait on
-        this loop, its last step in a thread unless the wait ran out: answered), any
-        other (a submit, a heartbeat, a completion) in one worker-thread turn. The
-        response is sent from here."""
+        a worker thread; then whether it may speak for the daemon of the path (on this
+        loop when that takes no query). Then the body is read here, and the answer
+        runs: a claim's or an exchange's as steps (a turn in a worker thread for its
+        first step, its wait on this loop, its last step in a thread unless the wait ran
+        out: answered), any other (a submit, a heartbeat, a completion) in one
+        worker-thread turn. The response is sent from here."""
         lean = self.lean
         admitted = lean.admit_kept(environ, taken)  # a token this process keeps: no query
         if admitted is None:
@@ -195,6 +196,13 @@ class Application:
             return await self.full_stack(scope, receive, send, refused=True)
         request, view, answer = admitted
         route, args, secure = taken
+        refused = lean.refused_before_body(request, taken, known_only=True)
+        if refused is ASK_IN_THREAD:
+            refused = await self.run(None, lean.refused_before_body, request, taken)
+        if refused is not None:  # not its daemon: answered, the body unread
+            await self.run(None, signals.request_finished.send, Application)
+            status, headers, content = lean.rendered(refused, secure, allow(view))
+            return await respond(send, status, headers, content)
         try:
             body = await read_all(receive)
         except Disconnected:

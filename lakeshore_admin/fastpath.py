@@ -20,10 +20,10 @@ takes a request only when it is sure to answer as the full stack would, and hand
 everything else to Django, unchanged:
 
 - JSON only (msgpack and forms go to DRF's parsers), a Host in ALLOWED_HOSTS, headers
-  within RequestHeaderLimitMiddleware's limits, a body within Django's limit and JSON
-  nesting limit, no API rate limit configured (LAKESHORE_API_RATE: DRF throttles), no
-  DISALLOWED_USER_AGENTS or PREPEND_WWW (CommonMiddleware's), and over HTTPS when
-  LAKESHORE_HTTPS redirects plain HTTP;
+  within RequestHeaderLimitMiddleware's limits, a body within Django's limit and the
+  JSON limits (nesting, values), no API rate limit configured (LAKESHORE_API_RATE:
+  DRF throttles), no DISALLOWED_USER_AGENTS or PREPEND_WWW (CommonMiddleware's), and
+  over HTTPS when LAKESHORE_HTTPS redirects plain HTTP;
 - a bearer token that authenticates (accounts/authentication.authenticate_token, the
   rule DRF's authentication uses): a bad one goes the full way, which counts bad
   tokens and answers 401 or 429;
@@ -32,7 +32,9 @@ everything else to Django, unchanged:
 The token and the role are checked before a byte of the body is read: a request
 refused for either goes to Django with its body unread, and DRF refuses it before
 its parsers run, so a stranger's body is never read or parsed (tests/security/
-test_token_before_body.py).
+test_token_before_body.py). So is the daemon's: a token that may not speak for the
+daemon of the path is answered 403 not_your_daemon here, its body unread
+(refused_before_body; tests/security/test_json_body_cost_server.py).
 
 Its answers carry the headers the middleware would add (tests/api/test_fastpath.py
 compares both ways request by request). ACCOUNTED lists every middleware of
@@ -70,7 +72,7 @@ from fleet.api import protocol
 from jobs.api import views
 from lakeshore_admin.api_errors import exception_handler
 from lakeshore_admin.middleware import header_problem
-from lakeshore_admin.parsers import json_depth
+from lakeshore_admin.parsers import refusal
 from lakeshore_admin.urls import handler500
 
 log = logging.getLogger("django.request")
@@ -172,10 +174,14 @@ class LeanPath:
         if admitted is None:
             return self.app(environ, start_response)  # the body unread: DRF refuses first
         request, view, answer = admitted
+        route, args, secure = taken
+        refused = self.refused_before_body(request, taken)
+        if refused is not None:  # not its daemon: answered, the body unread
+            signals.request_finished.send(sender=self.__class__)
+            return self.respond(start_response, refused, secure, allow(view))
         data = read_body(environ)  # only now: the caller is known and may act
         if data is TO_DJANGO:
             return self.app(environ, start_response)
-        route, args, secure = taken
         outcome = self.outcome(request, lambda: answer(request, *args, data))
         return self.respond(start_response, outcome, secure, allow(view))
 
@@ -235,6 +241,20 @@ class LeanPath:
         if not _permitted(request, view):
             return None
         return request, view, answer
+
+    def refused_before_body(self, request, taken, *, known_only: bool = False):
+        """None when the admitted request may go on to its body. Else what it is
+        answered with its body unread: the outcome of a daemon's credential on another
+        daemon's id (403 not_your_daemon: fleet/api/protocol.before_body); or, with
+        `known_only` (the event loop asks), ASK_IN_THREAD when deciding takes a query."""
+        route, args, _secure = taken
+        if route == "submit":
+            return None
+        try:
+            known = protocol.before_body(request, *args, known_only=known_only)
+        except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
+            return self.error(exc, request)
+        return None if known else ASK_IN_THREAD
 
     def _enabled(self) -> bool:
         middleware = settings.MIDDLEWARE
@@ -374,17 +394,16 @@ class LeanPath:
 
 def read_body(environ):
     """The JSON body (its length already checked by _take), or TO_DJANGO when DRF's
-    parser must answer it: text that is not UTF-8 or not JSON, or nested too deep. A
-    body read is put back for Django."""
+    parser must answer it: text that is not UTF-8 or not JSON, nested too deep or
+    holding too many values (lakeshore_admin/parsers.refusal). A body read is put back
+    for Django."""
     length = int(environ.get("CONTENT_LENGTH") or 0)
     raw = environ["wsgi.input"].read(length) if length else b""
     if length:
         environ["wsgi.input"] = io.BytesIO(raw)  # Django reads it again if it must
     try:
         text = raw.decode("utf-8")
-        if json_depth(text, limit=settings.LAKESHORE_JSON_MAX_DEPTH) > (
-            settings.LAKESHORE_JSON_MAX_DEPTH
-        ):
+        if refusal(text) is not None:
             return TO_DJANGO
         return drf_json.loads(text) if text.strip() else {}  # DRF's: no NaN, no Infinity
     except (UnicodeDecodeError, ValueError):
@@ -392,6 +411,7 @@ def read_body(environ):
 
 
 TO_DJANGO = object()  # read_body's "hand it to Django"
+ASK_IN_THREAD = object()  # refused_before_body's "it takes a query: ask in a thread"
 
 
 @functools.cache

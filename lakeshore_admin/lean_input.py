@@ -13,7 +13,8 @@ gives exactly what `SerializerClass(data=data).is_valid(raise_exception=True)` t
   FloatField, BooleanField or ChoiceField with a value of the obvious type (a str, an
   int, ...) is checked directly, and its validators (lengths, bounds, NUL and
   surrogate characters) still run; every other field, and every other kind of value,
-  goes through the field's own run_validation.
+  goes through the field's own run_validation (a list longer than its ListField's
+  max_length is refused before that, as StrictInput refuses it: no item validated).
 - Anything that does not pass (a missing required field, an unknown key, a value DRF
   would coerce, a validator's refusal) is validated again by DRF itself, from scratch:
   so every error a client sees is DRF's, word for word, and so is any value DRF would
@@ -29,7 +30,7 @@ from lakeshore_admin.strict_input import StrictInput
 
 _local = threading.local()
 
-_CHAR, _INT, _FLOAT, _BOOL, _CHOICE, _FIELD, _LIST = range(7)
+_CHAR, _INT, _FLOAT, _BOOL, _CHOICE, _FIELD, _LIST, _BOUNDED = range(8)
 _KINDS = {
     serializers.CharField: _CHAR,
     serializers.IntegerField: _INT,
@@ -85,6 +86,8 @@ def _compile(template):
         if field.read_only or len(field.source_attrs) != 1:
             return None
         kind, child = _KINDS.get(type(field), _FIELD), None
+        if isinstance(field, serializers.ListField) and field.max_length is not None:
+            kind = _BOUNDED  # its length before its items, as StrictInput looks
         if type(field) is serializers.ListSerializer and isinstance(field.child, StrictInput):
             child = _compile(field.child)
             if child is not None and not field.validators:
@@ -113,6 +116,10 @@ def _run(plan, data):
             if not field.allow_null:
                 raise _Refused
         elif kind == _FIELD:
+            value = field.run_validation(value)
+        elif kind == _BOUNDED:
+            if type(value) is list and len(value) > field.max_length:
+                raise _Refused  # DRF says so, before it validates an item
             value = field.run_validation(value)
         elif kind == _LIST:
             value = _run_list(field, child, value)

@@ -151,3 +151,9 @@ LAKESHORE_BODY_SECONDS = env_number("LAKESHORE_BODY_SECONDS", 20, minimum=0.1, k
 LAKESHORE_BODY_BUFFER_BYTES = env_number(
     "LAKESHORE_BODY_BUFFER_BYTES", 256 * 1024 * 1024, minimum=0
 )
+# Issue 29: counts before cost. A JSON body (or admin form) may hold at most this many
+# values (array items and object members, nested ones included), counted on its text
+# before anything is decoded (lakeshore_admin/parsers.py); past it: 400 naming the
+# setting. Legit bodies fit: a 10,000-invocation batch submit holds about 80,000, a
+# daemon's log shipment at most 400,000 (lakeshore/joblog.SHIPMENT_MAX_LINES lines).
+LAKESHORE_JSON_MAX_VALUES = env_number("LAKESHORE_JSON_MAX_VALUES", 500_000, minimum=1000)

@@ -15,7 +15,7 @@ from accounts.permissions import DaemonProtocol, Operate
 from fleet import commands, daemons, protocol
 from fleet.api import serializers as s
 from fleet.models import DaemonState
-from fleet.registration import check_speaker
+from fleet.registration import check_speaker, check_speaker_before_body
 from fleet.services import daemon_get
 from jobs import logs, waits
 from lakeshore_admin.api_docs import errors
@@ -125,6 +125,16 @@ def own_daemon(request, daemon_id):
     return check_speaker(daemon, user=request.user, token=request.auth)
 
 
+def before_body(request, daemon_id, *, known_only: bool = False) -> bool:
+    """What a daemon protocol request is checked for before its body is read: that its
+    token may speak for the daemon (403 not_your_daemon, the body unread). The views
+    ask before they touch request.data; the lean path before it reads the body
+    (`known_only` on its event loop: False when that takes a query)."""
+    return check_speaker_before_body(
+        daemon_id, user=request.user, token=request.auth, known_only=known_only
+    )
+
+
 class DaemonHeartbeat(APIView):
     permission_classes = [DaemonProtocol]
 
@@ -134,6 +144,7 @@ class DaemonHeartbeat(APIView):
         responses={200: s.HeartbeatOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
+        before_body(request, daemon_id)
         return Response(*heartbeat_answer(request, daemon_id, request.data))
 
 
@@ -146,6 +157,7 @@ class DaemonClaim(APIView):
         responses={200: s.ClaimedSerializer(many=True), **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
+        before_body(request, daemon_id)
         payload, code, headers = claim_answer(request, daemon_id, request.data)
         return Response(payload, code, headers=headers)
 
@@ -163,6 +175,7 @@ class DaemonComplete(APIView):
         },
     )
     def post(self, request, daemon_id):
+        before_body(request, daemon_id)
         return Response(*complete_answer(request, daemon_id, request.data))
 
 
@@ -181,6 +194,7 @@ class DaemonExchange(APIView):
         responses={200: s.ExchangeOutput, **errors(400, 404, 409)},
     )
     def post(self, request, daemon_id):
+        before_body(request, daemon_id)
         payload, code, headers = exchange_answer(request, daemon_id, request.data)
         return Response(payload, code, headers=headers)
 

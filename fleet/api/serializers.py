@@ -8,6 +8,7 @@ from rest_framework import serializers
 from fleet.daemons import current_invocation_id
 from fleet.models import Daemon, Provider
 from fleet.parked import CLAIM_WAIT_MAX
+from fleet.registration import MAX_DAEMON_QUEUES
 from fleet.services import provider_status
 from jobs import logs
 from jobs.api.serializers import InvocationSerializer
@@ -107,7 +108,9 @@ class ProviderPatch(StrictInput):
 
 class DaemonRegister(StrictInput):
     name = serializers.CharField(max_length=200)
-    queues = serializers.ListField(child=name_field(), allow_empty=True, default=list)
+    queues = serializers.ListField(
+        child=name_field(), allow_empty=True, default=list, max_length=MAX_DAEMON_QUEUES
+    )
     provider = serializers.CharField(allow_blank=True, allow_null=True, default=None)
     instance_type = serializers.CharField(max_length=100, allow_blank=True, default="")
 
@@ -129,11 +132,16 @@ class DeclaredQueue(Declared, QueueInput):
     pass
 
 
+# Providers, and queues, one lakeshore.yaml may list: each list's length is checked before
+# any of its items is validated (a list of 190,000 bad items cost 396 MiB: issue 29).
+DECLARED_MAX = 10_000
+
+
 class DeclaredDocument(StrictInput):
     """lakeshore.yaml: the providers and queues it declares, with the API's field names."""
 
-    providers = DeclaredProvider(many=True, required=False)
-    queues = DeclaredQueue(many=True, required=False)
+    providers = DeclaredProvider(many=True, required=False, max_length=DECLARED_MAX)
+    queues = DeclaredQueue(many=True, required=False, max_length=DECLARED_MAX)
 
 
 class ApplyInput(StrictInput):
@@ -221,11 +229,13 @@ class WiresField(serializers.ListField):
     SDK's @dls.udf calls, run through the SDK's exec contract: lakeshore/sdk_job.py)."""
 
     NAMES = {"json": Wire.JSON, "envelope": Wire.ENVELOPE}
+    MAX = 16  # names in the list: each wire once, a repeat is dropped
 
     def __init__(self, **kwargs):
         kwargs.setdefault("child", serializers.ChoiceField(choices=list(self.NAMES)))
         kwargs.setdefault("default", lambda: [Wire.JSON])  # as validated: JSON only
         kwargs.setdefault("min_length", 1)
+        kwargs.setdefault("max_length", self.MAX)
         kwargs.setdefault("help_text", 'What the daemon can run: "json" (default), "envelope"')
         super().__init__(**kwargs)
 

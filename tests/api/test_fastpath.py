@@ -151,9 +151,14 @@ def test_refusals_answer_the_same(world, route, body):
 
 
 def test_an_unknown_daemon_and_another_tokens_daemon_answer_the_same(world):
-    _, _, me, daemon, _ = world
-    lean, full = both(world, "/api/v1/daemons/999999/claim/", {}, token=daemon)
+    _, _, me, daemon, operator = world
+    lean, full = both(world, "/api/v1/daemons/999999/claim/", {}, token=operator)
     assert lean == full and lean[0] == 404
+    # a daemon's credential speaks for its own daemon only, whether another one exists
+    # or not: refused before its body is read (issue 29)
+    lean, full = both(world, "/api/v1/daemons/999999/claim/", {}, token=daemon)
+    assert lean == full and lean[0] == 403
+    assert lean[2]["error"]["code"] == "not_your_daemon"
     other = builders.daemon(queues=["w"])
     lean, full = both(world, f"/api/v1/daemons/{other.pk}/claim/", {}, token=daemon)
     assert lean == full and lean[0] == 403

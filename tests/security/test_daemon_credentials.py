@@ -31,6 +31,11 @@ def owner_rule(daemon, *, user, token):
     return daemon
 
 
+def no_rule_before_body(daemon_id, *, user, token, known_only=False):
+    """Before issue 29 nothing was checked before the body: owner_rule decided after."""
+    return True
+
+
 @pytest.fixture(params=["lean", "full"])
 def door(request):
     token_cache.clear()
@@ -85,6 +90,7 @@ def test_negative_control_under_the_owner_rule_a_heartbeat_gives_away_anothers_w
 ):
     a, b, minted, job = fleet
     monkeypatch.setattr(protocol_views, "check_speaker", owner_rule)
+    monkeypatch.setattr(protocol_views, "check_speaker_before_body", no_rule_before_body)
     status, _, _ = call(
         door, f"/api/v1/daemons/{b.pk}/heartbeat/", {"held": []}, token=minted[a.pk]
     )
@@ -123,6 +129,7 @@ def test_negative_control_under_the_owner_rule_the_bootstrap_token_acts_as_its_d
     _, _, made = call(door, "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]},
                       token=bootstrap)  # fmt: skip
     monkeypatch.setattr(protocol_views, "check_speaker", owner_rule)
+    monkeypatch.setattr(protocol_views, "check_speaker_before_body", no_rule_before_body)
     status, _, _ = call(door, f"/api/v1/daemons/{made['id']}/claim/", {}, token=bootstrap)
     assert status == 200
 
