@@ -202,3 +202,37 @@ def test_the_server_owners_command_still_grants(capsys):
     token = ApiToken.objects.get(prefix=raw[:12])
     assert token.user.username == "newcomer"
     assert "operator" in user_roles(token.user)
+
+
+def test_django_admin_lists_and_revokes_by_the_same_rule(client, people):
+    """Staff with the token model's view and change permissions but not add: Django
+    admin shows them their own tokens only (Django alone showed every one)."""
+    User = get_user_model()
+    sam = User.objects.create_user(username="sam", password="x", is_staff=True)  # noqa: S106
+    sam.user_permissions.add(
+        *Permission.objects.filter(
+            content_type__app_label="accounts", codename__in=["view_apitoken", "change_apitoken"]
+        )
+    )
+    own, _ = token_create(username="sam", role="operator", name="sam's")
+    client.force_login(sam)
+    listed = client.get("/admin/accounts/apitoken/")
+    assert listed.status_code == 200
+    shown = {t.pk for t in listed.context["cl"].result_list}
+    assert shown == {own.pk}
+    victim = people["vera_token"]
+    answer = client.post(
+        "/admin/accounts/apitoken/",
+        {"action": "revoke", "_selected_action": [victim.pk, own.pk]},
+    )
+    assert answer.status_code == 302
+    victim.refresh_from_db()
+    own.refresh_from_db()
+    assert victim.revoked_at is None and own.revoked_at is not None
+    # control: given add too, sam is an administrator, and sees everyone's tokens
+    sam.user_permissions.add(
+        Permission.objects.get(content_type__app_label="accounts", codename="add_apitoken")
+    )
+    client.force_login(User.objects.get(pk=sam.pk))
+    listed = client.get("/admin/accounts/apitoken/")
+    assert victim.pk in {t.pk for t in listed.context["cl"].result_list}
