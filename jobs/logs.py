@@ -9,8 +9,12 @@ needs no file shared between the server and the hosts daemons run on.
 
 Bounds. A shipment holds at most CHUNKS_MAX chunks of at most CHUNK_MAX_LINES lines of
 at most LINE_MAX_BYTES each (the daemon splits a longer line). An attempt keeps at most
-LAKESHORE_LOG_MAX_BYTES: the first half (the head) and the last half (the tail), the
-oldest lines of the tail cut as new ones come. A read answers at most READ_MAX_LINES
+LAKESHORE_LOG_MAX_BYTES in at most LAKESHORE_LOG_MAX_ROWS rows: the first half (the
+head) and the last half (the tail) of each, the oldest rows of the tail cut as new ones
+come. A shipment's lines are joined to the attempt's last row while it is small (a
+daemon that ships a line at a time fills a row, not a row a line); a chunk after lines
+the daemon dropped starts a row (its marker's place), so the rows bound is what holds
+a daemon that says it dropped lines before every line. A read answers at most READ_MAX_LINES
 lines and about READ_MAX_BYTES, and sleeps (follow) at most FOLLOW_MAX_SECONDS, with a
 slot of jobs/waits.py.
 
@@ -18,10 +22,12 @@ Fencing. Only the daemon that holds the attempt writes it: the invocation's daem
 attempt must be the chunk's (so a late flush of an attempt that just ended is kept, and
 nothing of a daemon the attempt was taken from is). Each chunk carries the daemon's own
 number (seq): one already stored is a duplicate, so a shipment sent again after a lost
-answer stores nothing twice."""
+answer stores nothing twice. An attempt's log closes LAKESHORE_LOG_APPEND_GRACE_SECONDS
+after the attempt ended (its daemon ships the last lines before it reports the end):
+lines for it after that are refused, 409 log_closed."""
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -29,12 +35,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import services, waits, wakeup
-from jobs.models import Invocation, InvocationState, JobLog, LogChunk
-from lakeshore_admin.errors import Invalid, NotFound
+from jobs.models import TERMINAL_STATES, Invocation, InvocationState, JobLog, LogChunk
+from lakeshore_admin.errors import Conflict, Invalid, NotFound
 
 LINE_MAX_BYTES = 16 * 1024
 CHUNK_MAX_LINES = 10_000
 CHUNKS_MAX = 100
+JOIN_MAX_BYTES = 64 * 1024  # a row grows to this by joining small shipments (at most)
 READ_MAX_LINES = 10_000
 READ_DEFAULT_LINES = 1000
 READ_MAX_BYTES = 1024 * 1024
@@ -86,20 +93,22 @@ def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
     """Store each chunk of an attempt this daemon holds. A chunk: invocation, attempt,
     seq, lines ([stream letter, epoch seconds, text], in the order read), dropped (lines
     lost on the daemon before these). Answers, per chunk, stored, duplicate or stale
-    (the daemon does not hold that attempt: nothing stored). One transaction and a few
-    statements for the whole shipment, however many chunks it holds."""
+    (the daemon does not hold that attempt: nothing stored). A shipment holding a chunk
+    of an attempt that ended more than LAKESHORE_LOG_APPEND_GRACE_SECONDS ago is refused
+    whole (409 log_closed, naming those attempts; nothing stored). One transaction and a
+    few statements for the whole shipment, however many chunks it holds."""
     if len(chunks) > CHUNKS_MAX:
         raise Invalid(f"a shipment holds at most {CHUNKS_MAX} chunks.")
     answers = []
     with transaction.atomic():
-        held = set(
-            Invocation.objects.filter(
-                pk__in={chunk["invocation"] for chunk in chunks}, daemon_id=daemon_id
-            ).values_list("pk", "attempts")
-        )
+        rows = Invocation.objects.filter(
+            pk__in={chunk["invocation"] for chunk in chunks}, daemon_id=daemon_id
+        ).values("pk", "attempts", "state", "finished_at", "scheduled_at")
+        held = {(row["pk"], row["attempts"]): row for row in rows}
+        _refuse_closed({_key(chunk) for chunk in chunks} & set(held), held)
         keys = sorted({key for chunk in chunks if (key := _key(chunk)) in held})
         logs = _locked_logs(keys)
-        made: list[LogChunk] = []
+        kept = _Rows(logs)
         for chunk in chunks:
             key = _key(chunk)
             if key not in held:
@@ -107,18 +116,44 @@ def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
             elif chunk["seq"] < logs[key].next_seq:
                 status = "duplicate"
             else:
-                made += _append(logs[key], chunk)
+                _append(logs[key], chunk, kept)
                 status = "stored"
             answers.append(
                 {"invocation": key[0], "attempt": key[1], "seq": chunk["seq"], "status": status}
             )
-        LogChunk.objects.bulk_create(made)
+        kept.save()
         half = settings.LAKESHORE_LOG_MAX_BYTES // 2
+        rows_half = settings.LAKESHORE_LOG_MAX_ROWS // 2
         for log in logs.values():
-            _cut_tail(log, half)  # only a log whose tail is past its half does anything
+            _cut_tail(log, half, rows_half)  # only a log past a tail's half does anything
             log.updated_at = timezone.now()
         JobLog.objects.bulk_update(list(logs.values()), _LOG_FIELDS)
     return answers
+
+
+def _refuse_closed(keys: set[tuple[int, int]], held: dict) -> None:
+    """409 log_closed if any of these held attempts ended more than the grace ago: its
+    invocation ended then (finished_at), or it failed and waits for its retry, which
+    was due then (scheduled_at: the attempt ended before it)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.LAKESHORE_LOG_APPEND_GRACE_SECONDS)
+    closed = []
+    for key in sorted(keys):
+        row = held[key]
+        if row["state"] == InvocationState.RUNNING:
+            continue
+        ended = row["finished_at"] if row["state"] in TERMINAL_STATES else row["scheduled_at"]
+        if ended is None or ended < cutoff:
+            closed.append({"invocation": key[0], "attempt": key[1]})
+    if closed:
+        grace = settings.LAKESHORE_LOG_APPEND_GRACE_SECONDS
+        named = ", ".join(f"{c['invocation']} attempt {c['attempt']}" for c in closed)
+        raise Conflict(
+            f"The log of invocation {named} is closed: an attempt's lines are taken until "
+            f"{grace:g} s after it ended (LAKESHORE_LOG_APPEND_GRACE_SECONDS). Nothing of "
+            "this shipment was stored: send the other chunks again without these.",
+            extra={"closed": closed},
+            code="log_closed",
+        )
 
 
 _LOG_FIELDS = [
@@ -127,12 +162,16 @@ _LOG_FIELDS = [
     "head_bytes",
     "tail_bytes",
     "head_lines",
+    "head_rows",
+    "tail_rows",
+    "last_row",
     "cut_lines",
     "cut_bytes",
     "dropped_lines",
     "next_seq",
     "updated_at",
 ]
+_JOINED_FIELDS = ["count", "bytes", "streams", "times", "text"]
 
 
 def _key(chunk: dict) -> tuple[int, int]:
@@ -161,9 +200,74 @@ def _locked_logs(keys: list[tuple[int, int]]) -> dict[tuple[int, int], JobLog]:
     }
 
 
-def _append(log: JobLog, chunk: dict) -> list[LogChunk]:
+class _Rows:
+    """The LogChunk rows a shipment writes: new lines are joined to their attempt's last
+    row (one read of those rows, by JobLog.last_row) while that row is of the same part
+    (head or tail), they follow it, no lines were dropped between, and it stays within
+    CHUNK_MAX_LINES lines and _join_bytes(); else they make a new row. A daemon that
+    ships a line at a time so fills a row, not a row a line."""
+
+    def __init__(self, logs: dict[tuple[int, int], JobLog]):
+        wanted = [log.last_row for log in logs.values() if log.last_row is not None]
+        stored = LogChunk.objects.in_bulk(wanted) if wanted else {}
+        self.logs = logs
+        self.last = {key: stored.get(log.last_row) for key, log in logs.items()}
+        self.made: list[tuple[tuple[int, int], LogChunk]] = []
+        self.joined: dict[int, LogChunk] = {}  # stored rows that took new lines
+
+    def joins(
+        self, log: JobLog, first_line: int, size: int, count: int, dropped: int, *, in_head: bool
+    ) -> bool:
+        row = self.last[(log.invocation_id, log.attempt)]
+        return (
+            row is not None
+            and not dropped
+            and row.in_head == in_head
+            and row.first_line + row.count == first_line
+            and row.count + count <= CHUNK_MAX_LINES
+            and row.bytes + size <= _join_bytes()
+        )
+
+    def add(self, log, first_line, lines, sizes, dropped, *, in_head: bool) -> None:
+        key = (log.invocation_id, log.attempt)
+        if self.joins(log, first_line, sum(sizes), len(lines), dropped, in_head=in_head):
+            row = self.last[key]
+            row.count += len(lines)
+            row.bytes += sum(sizes)
+            row.streams += "".join(stream for stream, _, _ in lines)
+            row.times = [*row.times, *(at for _, at, _ in lines)]
+            row.text += "\n" + "\n".join(text for _, _, text in lines)
+            if row.pk is not None:
+                self.joined[row.pk] = row
+            return
+        row = _row(log, first_line, lines, sizes, dropped, in_head=in_head)
+        if in_head:
+            log.head_rows += 1
+        else:
+            log.tail_rows += 1
+        self.last[key] = row
+        self.made.append((key, row))
+
+    def save(self) -> None:
+        """Write the new rows and the joined ones; each log notes its last row."""
+        LogChunk.objects.bulk_create([row for _, row in self.made])
+        if self.joined:
+            LogChunk.objects.bulk_update(list(self.joined.values()), _JOINED_FIELDS)
+        for key, row in self.last.items():
+            if row is not None:
+                self.logs[key].last_row = row.pk
+
+
+def _join_bytes() -> int:
+    """The bytes a row grows to by joining: small against the tail's half, so that
+    cutting the tail's oldest row cuts little."""
+    return min(JOIN_MAX_BYTES, settings.LAKESHORE_LOG_MAX_BYTES // 16)
+
+
+def _append(log: JobLog, chunk: dict, kept: _Rows) -> None:
     """Count the chunk into its log and cut it into what the head keeps and what the
-    tail keeps (its front cut if it alone is past the tail's half): the rows to write."""
+    tail keeps (its front cut if it alone is past the tail's half), into `kept`. The
+    head is full at its half of the bytes, or of the rows (LAKESHORE_LOG_MAX_ROWS)."""
     lines = chunk["lines"]
     sizes = [len(text.encode()) + 1 for _, _, text in lines]
     first = log.lines
@@ -174,14 +278,21 @@ def _append(log: JobLog, chunk: dict) -> list[LogChunk]:
     half = settings.LAKESHORE_LOG_MAX_BYTES // 2
     head = 0
     if log.head_lines is None:
-        while head < len(lines) and log.head_bytes + sizes[head] <= half:
-            log.head_bytes += sizes[head]
+        room = half - log.head_bytes
+        while head < len(lines) and sizes[head] <= room:
+            room -= sizes[head]
             head += 1
+        rows_left = log.head_rows < settings.LAKESHORE_LOG_MAX_ROWS // 2
+        if head and not rows_left:
+            in_place = sum(sizes[:head]), head, chunk["dropped"]
+            if not kept.joins(log, first, *in_place, in_head=True):
+                head = 0  # no row left in the head for these: they go to the tail
+        log.head_bytes += sum(sizes[:head])
         if head < len(lines):
             log.head_lines = first + head  # the head is full: the rest is the tail
-    made, dropped = [], chunk["dropped"]
+    dropped = chunk["dropped"]
     if head:
-        made.append(_row(log, first, lines[:head], sizes[:head], dropped, in_head=True))
+        kept.add(log, first, lines[:head], sizes[:head], dropped, in_head=True)
         dropped = 0
     tail, rest = head, sum(sizes[head:])
     while tail < len(lines) and rest > half:  # more than the tail keeps: its front goes
@@ -190,9 +301,8 @@ def _append(log: JobLog, chunk: dict) -> list[LogChunk]:
         rest -= sizes[tail]
         tail += 1
     if tail < len(lines):
-        made.append(_row(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False))
+        kept.add(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False)
         log.tail_bytes += rest
-    return made
 
 
 def _row(log, first_line, lines, sizes, dropped, *, in_head: bool) -> LogChunk:
@@ -210,23 +320,30 @@ def _row(log, first_line, lines, sizes, dropped, *, in_head: bool) -> LogChunk:
     )
 
 
-def _cut_tail(log: JobLog, half: int) -> None:
-    """Delete the tail's oldest chunks while it holds more than half the bound."""
-    while log.tail_bytes > half:
-        oldest = (
-            LogChunk.objects.filter(
-                invocation_id=log.invocation_id, attempt=log.attempt, in_head=False
-            )
-            .order_by("first_line")
-            .values("pk", "count", "bytes")
-            .first()
-        )
-        if oldest is None:
+CUT_BATCH = 1000  # the tail's oldest rows one look reads
+
+
+def _cut_tail(log: JobLog, half: int, rows_half: int) -> None:
+    """Delete the tail's oldest rows while it holds more than half the bytes, or more
+    than half the rows."""
+    while log.tail_bytes > half or log.tail_rows > rows_half:
+        oldest = LogChunk.objects.filter(
+            invocation_id=log.invocation_id, attempt=log.attempt, in_head=False
+        ).order_by("first_line")
+        doomed = []
+        for row in oldest.values("pk", "count", "bytes")[:CUT_BATCH]:
+            if log.tail_bytes <= half and log.tail_rows <= rows_half:
+                break
+            doomed.append(row["pk"])
+            log.tail_bytes -= row["bytes"]
+            log.tail_rows -= 1
+            log.cut_lines += row["count"]
+            log.cut_bytes += row["bytes"]
+        if not doomed:
             return
-        LogChunk.objects.filter(pk=oldest["pk"]).delete()
-        log.tail_bytes -= oldest["bytes"]
-        log.cut_lines += oldest["count"]
-        log.cut_bytes += oldest["bytes"]
+        LogChunk.objects.filter(pk__in=doomed).delete()
+        if log.last_row in doomed:
+            log.last_row = None
 
 
 # ---------------------------------------------------------------------------- reading
@@ -396,9 +513,11 @@ def _marker(number: int, kind: str, text: str) -> dict:
 
 def _cut_text(log: JobLog) -> str:
     bound = settings.LAKESHORE_LOG_MAX_BYTES
+    rows = settings.LAKESHORE_LOG_MAX_ROWS
     return (
         f"[lakeshore] {log.cut_lines:,} lines ({_size(log.cut_bytes)}) cut here: an attempt's "
-        f"log keeps its first and last {_size(bound // 2)} (LAKESHORE_LOG_MAX_BYTES)"
+        f"log keeps its first and last {_size(bound // 2)} (LAKESHORE_LOG_MAX_BYTES), "
+        f"in {rows // 2:,} rows each (LAKESHORE_LOG_MAX_ROWS)"
     )
 
 

@@ -305,9 +305,10 @@ class TopicWriter(models.Model):
 
 class JobLog(models.Model):
     """One attempt's log, as its daemon ships it (jobs/logs.py): the totals, and what
-    LAKESHORE_LOG_MAX_BYTES cut. Its lines are in LogChunk rows. Lines are numbered
-    from 0 per attempt; numbers stay put when the middle is cut (the head and the tail
-    are kept). No database foreign key: swept with its invocation (jobs/retention.py)."""
+    LAKESHORE_LOG_MAX_BYTES and LAKESHORE_LOG_MAX_ROWS cut. Its lines are in LogChunk
+    rows. Lines are numbered from 0 per attempt; numbers stay put when the middle is cut
+    (the head and the tail are kept). No database foreign key: swept with its invocation
+    (jobs/retention.py)."""
 
     invocation = models.ForeignKey(
         Invocation, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
@@ -318,6 +319,10 @@ class JobLog(models.Model):
     head_bytes = models.BigIntegerField(default=0)  # kept from the start
     tail_bytes = models.BigIntegerField(default=0)  # kept since the head filled
     head_lines = models.BigIntegerField(null=True, blank=True)  # where the head ended
+    head_rows = models.BigIntegerField(default=0, db_default=0)  # LogChunk rows of each part
+    tail_rows = models.BigIntegerField(default=0, db_default=0)
+    # the LogChunk row the next lines may be joined to (jobs/logs.py), if still there
+    last_row = models.BigIntegerField(null=True, blank=True)
     cut_lines = models.BigIntegerField(default=0)
     cut_bytes = models.BigIntegerField(default=0)
     dropped_lines = models.BigIntegerField(default=0)  # lost on the daemon (its buffer)

@@ -19,6 +19,7 @@ or repeated ack answers 2xx with `ignored` (a 4xx would end the stock worker), a
 changes nothing."""
 
 import time
+from contextlib import nullcontext
 
 import msgpack
 from django.conf import settings
@@ -384,10 +385,12 @@ def insert_frame(
         "max_bytes": max_bytes,
         "credential_bytes": settings.LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL,
     }
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_TOPIC_FRAME_SQL if attempt == TOPIC else _ATTEMPT_FRAME_SQL, params)
+    topic = attempt == TOPIC
+    # a topic's statement may count its stream before its credential refuses it: undone
+    with transaction.atomic() if topic else nullcontext(), connection.cursor() as cursor:
+        cursor.execute(_TOPIC_FRAME_SQL if topic else _ATTEMPT_FRAME_SQL, params)
         counted, written = cursor.fetchone()
-        if not counted:  # what was counted before the refusal goes back
+        if topic and not counted:
             transaction.set_rollback(True)
     if not counted:
         raise _refusal(stream, attempt, token_id, len(data))

@@ -207,9 +207,12 @@ class DaemonLogs(APIView):
         description="Each chunk is fenced like a completion: stored only while the daemon "
         "holds that invocation's attempt (else `stale`, nothing stored); a chunk whose "
         "`seq` was stored already is a `duplicate` (a shipment sent again stores nothing "
-        "twice). An attempt keeps at most LAKESHORE_LOG_MAX_BYTES (its head and its tail).",
+        "twice). An attempt keeps at most LAKESHORE_LOG_MAX_BYTES and LAKESHORE_LOG_MAX_ROWS "
+        "(its head and its tail). A shipment with a chunk of an attempt that ended more "
+        "than LAKESHORE_LOG_APPEND_GRACE_SECONDS ago is refused whole: 409 log_closed, "
+        "`closed` naming those attempts.",
         request=s.LogShipInput,
-        responses={200: s.LogShipped(many=True), **errors(400, 403, 404)},
+        responses={200: s.LogShipped(many=True), **errors(400, 403, 404, 409)},
     )
     def post(self, request, daemon_id):
         daemon = own_daemon(request, daemon_id)

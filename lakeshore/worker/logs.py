@@ -6,7 +6,9 @@ reader who sees the job end has every line it printed, up to a kill.
 
 A server that cannot be reached is retried with back-off (the book keeps lines up to
 its bound meanwhile, and counts what it drops); a chunk the server calls stale (the
-attempt is no longer this daemon's) is dropped. A server without the logs route (404:
+attempt is no longer this daemon's) is dropped; a shipment refused for an attempt that
+ended a while ago (log_closed) is sent again without that attempt's lines, which go to
+this daemon's own log. A server without the logs route (404:
 older than the daemon; the daemon itself exists, it claimed the job) gets none: the
 lines then go to this daemon's own log, as before per-job logs."""
 
@@ -20,6 +22,7 @@ from lakeshore.joblog import LogBook, to_daemon_log
 from lakeshore.worker.calls import Stopped
 
 SHIP_EVERY = 0.5  # seconds: lines wait at most about this long while a job runs
+LOG_CLOSED = "log_closed"  # lines for an attempt that ended a while ago: refused whole
 
 
 def attempt_key(item) -> tuple[int, int]:
@@ -107,7 +110,7 @@ class Shipper:
             self._ship(daemon_id, group)
         return bool(chunks)
 
-    def _ship(self, daemon_id, chunks: list[dict]) -> None:
+    def _ship(self, daemon_id, chunks: list[dict], *, resent: bool = False) -> None:
         if not self.enabled or daemon_id is None:
             self._to_own_log(chunks)
             return
@@ -121,6 +124,9 @@ class Shipper:
         try:
             self.call("POST", path("daemons", daemon_id, "logs"), {"chunks": chunks})
         except ApiError as exc:
+            if exc.code == LOG_CLOSED and not resent:
+                self._without_closed(daemon_id, chunks, exc)
+                return
             if exc.status == 404:  # the daemon exists (it claimed): the route does not
                 self.enabled = False
                 self.log("the server takes no job logs (404): job output goes to this log")
@@ -128,6 +134,21 @@ class Shipper:
                 return
             lines = sum(len(chunk["lines"]) for chunk in chunks)
             self.log(f"{lines} log line(s) not shipped ({exc.status} {exc.code}: {exc.message})")
+
+    def _without_closed(self, daemon_id, chunks: list[dict], exc: ApiError) -> None:
+        """The server refused the shipment whole for the attempts it names (their logs
+        closed a while after they ended): their lines go to this daemon's own log, the
+        rest is sent again, once."""
+        closed = {
+            (item.get("invocation"), item.get("attempt")) for item in exc.detail.get("closed", [])
+        }
+        late = [c for c in chunks if (c["invocation"], c["attempt"]) in closed]
+        rest = [c for c in chunks if (c["invocation"], c["attempt"]) not in closed]
+        lines = sum(len(chunk["lines"]) for chunk in late)
+        self.log(f"{lines} log line(s) of ended attempts refused ({exc.code}): kept here")
+        self._to_own_log(late)
+        if rest:
+            self._ship(daemon_id, rest, resent=True)
 
     def _to_own_log(self, chunks: list[dict]) -> None:
         for chunk in chunks:

@@ -320,17 +320,18 @@ def test_a_shipment_costs_the_same_statements_however_many_chunks_it_holds():
     me = jobs[0][1]
     Invocation.objects.filter(pk__in=[job for job, _, _ in jobs]).update(daemon_id=me)
 
-    def cost(count: int, seq: int) -> int:
+    def cost(shipped: list, seq: int) -> int:
         chunks = [
             {"invocation": job, "attempt": 1, "seq": seq, "dropped": 0, "lines": lines(50)}
-            for job, _, _ in jobs[:count]
+            for job, _, _ in shipped
         ]
         with CaptureQueriesContext(connection) as statements:
             answers = logs.ship(daemon_id=me, chunks=chunks)
         assert {a["status"] for a in answers} == {"stored"}
         return len(statements)
 
-    assert cost(1, 0) == cost(6, 1)
+    assert cost(jobs[:1], 0) == cost(jobs[1:], 0)  # new logs: their lines make rows
+    assert cost(jobs[:1], 1) == cost(jobs, 2)  # logs with lines: joined to their last rows
 
 
 def test_a_read_costs_the_same_statements_however_long_the_log():

@@ -5,6 +5,7 @@ the server is unreachable."""
 import threading
 import time
 
+from lakeshore.errors import ApiError
 from lakeshore.joblog import LogBook
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.logs import Shipper
@@ -126,3 +127,34 @@ def test_an_outcome_goes_while_another_job_keeps_printing():
         stop.set()
         noisy.join()
         shipper.close(2)
+
+
+class ClosingServer(Server):
+    """Refuses a shipment whole while it holds a chunk of a closed attempt, as the server
+    answers 409 log_closed (jobs/logs.py), naming those attempts."""
+
+    def __init__(self, closed: set[tuple[int, int]]):
+        super().__init__()
+        self.closed = closed
+        self.refused = 0
+
+    def call(self, method, url, body):
+        named = sorted({(c["invocation"], c["attempt"]) for c in body["chunks"]} & self.closed)
+        if named:
+            self.refused += 1
+            closed = [{"invocation": pk, "attempt": attempt} for pk, attempt in named]
+            error = {"code": "log_closed", "message": "closed", "closed": closed}
+            raise ApiError(409, "log_closed", "closed", detail=error)
+        return super().call(method, url, body)
+
+
+def test_a_shipment_refused_for_a_closed_attempt_goes_again_without_it():
+    server, book, said = ClosingServer({(7, 1)}), LogBook(), []
+    shipper = make(server, book, log=said.append)
+    book.add((7, 1), "d1", "o", ["late"])
+    book.add((8, 1), "d1", "o", ["live"])
+    wait_for(lambda: server.lines() == ["live"])
+    shipper.close(2)
+    assert server.refused == 1  # once: the rest went on the second try
+    assert any("refused (log_closed)" in line for line in said)
+    assert any("late" in line for line in said)  # the refused lines: in the daemon's own log

@@ -1,6 +1,7 @@
 """UDFs for the SDK tests. The producer (the test) and the SDK's worker (a subprocess
 with the project on PYTHONPATH) both import this module."""
 
+import os
 import time
 
 import dreamlake.lakeshore as dls
@@ -40,3 +41,22 @@ def chatty(n):
     for i in range(n):
         print(f"sdk line {i}")
     return n
+
+
+@dls.udf(queue="gpu")
+def count_failing_first(n, marker):
+    """Yields n values; its first run (no `marker` file yet) raises after the first."""
+    for i in range(n):
+        if i == 1 and not os.path.exists(marker):
+            open(marker, "w").close()  # noqa: SIM115 - an empty marker, closed at once
+            raise RuntimeError("the first attempt fails")
+        yield {"i": i}
+
+
+@dls.udf(queue="gpu")
+def count_failing(n):
+    """Yields one value, then raises, whichever attempt runs it."""
+    for i in range(n):
+        if i == 1:
+            raise RuntimeError(f"attempt fails after {i}")
+        yield {"i": i}

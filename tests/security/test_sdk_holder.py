@@ -16,6 +16,7 @@ from jobs import sdk
 from jobs.models import Invocation, InvocationState, ResultFrame, ResultStream
 from jobs.retention import retention_sweep
 from jobs.transitions import rescue
+from lakeshore_admin.errors import Forbidden
 from tests import builders
 from tests.sdk.test_sdk_rules import ENVELOPE, SUBMIT, _call
 
@@ -185,3 +186,42 @@ def test_a_streams_totals_go_with_its_frames_at_retention(settings):
     counts = retention_sweep()
     assert (counts["frames"], counts["streams"]) == (1, 1)
     assert list(ResultStream.objects.values_list("stream", flat=True)) == ["new"]
+
+
+# ---------------------------------------------------------------------------- issue 29: topics
+
+
+def _topic_frames(token, count, size, prefix="topic"):
+    return [
+        _post(
+            "/v1/daemon/result-chunk",
+            {"invocation_id": f"{prefix}-{i}", "seq": 0, "bytes": b"x" * size},
+            token,
+        )[0]  # fmt: skip
+        for i in range(count)
+    ]
+
+
+def test_negative_control_with_no_budget_one_credential_fills_topic_after_topic(settings):
+    """What tests/sdk/test_sdk_streams_server.py refuses past 4 frames is the credential's
+    budget: raised out of reach, the same writer's topics all take their frames."""
+    settings.LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL = 10**12
+    assert _topic_frames(builders.token("daemon"), 6, 64 * 1024) == [200] * 6
+
+
+def test_a_credentials_topic_budget_comes_back_as_retention_sweeps_its_topics(settings):
+    settings.LAKESHORE_SDK_TOPIC_BYTES_PER_CREDENTIAL = 4096
+    writer = builders.token("daemon")
+    assert _topic_frames(writer, 3, 2048) == [200, 200, 413]
+    long_ago = timezone.now() - timedelta(days=settings.LAKESHORE_RETENTION_DAYS + 1)
+    ResultStream.objects.filter(stream="topic-0").update(updated_at=long_ago)
+    ResultFrame.objects.filter(stream="topic-0").update(created_at=long_ago)
+    assert retention_sweep()["streams"] == 1
+    assert _topic_frames(writer, 1, 2048, prefix="again") == [200]  # topic-0's room
+    assert _topic_frames(writer, 1, 2048, prefix="more") == [413]
+
+
+def test_a_session_writes_no_topic():
+    """A console session has no credential to count a topic's frames against."""
+    with pytest.raises(Forbidden):
+        sdk.insert_frame("topic", 0, b"x", False)
