@@ -59,8 +59,16 @@ class Driver:
             self.sync(provider=provider, queue=queue, now=now, observed=observed.get(queue.pk))
 
     def describe(self, *, provider: Provider) -> dict:
-        """What `providers show` adds about the provider's live state."""
+        """What `providers show` adds about the provider's live state, read without asking
+        the provider anything (no shell-out, no HTTP call): a read must stay cheap for
+        any viewer. What must be asked is asked by the tick (observe_status)."""
         return {}
+
+    def observe_status(self, *, provider: Provider) -> dict | None:
+        """The controller's tick, outside its transaction: ask the provider what it runs
+        (slurm: sinfo, squeue), to be stored on the provider with its time and shown by
+        describe. None: nothing to ask. ProviderError: a failed observation."""
+        return None
 
 
 def mint_daemons(*, provider, queue, count: int, now, kind: str) -> list[tuple[Daemon, str]]:

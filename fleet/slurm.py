@@ -393,12 +393,10 @@ class SlurmDriver(Driver):
             SlurmCommands(daemon.provider).scancel(daemon.external_id)
         remove_daemon_home(daemon.name)
 
-    def describe(self, *, provider):
+    def observe_status(self, *, provider):
+        """sinfo's partitions, and the provider's live jobs with their daemons."""
         slurm = SlurmCommands(provider)
-        try:
-            partitions = slurm.sinfo()
-        except ProviderError as exc:
-            return {"reachable": False, "error": str(exc), "partitions": [], "jobs": []}
+        partitions = slurm.sinfo()  # a ProviderError: the cluster is unreachable
         ours = dict(
             Daemon.objects.filter(provider=provider)
             .exclude(external_id="")
@@ -415,3 +413,9 @@ class SlurmDriver(Driver):
             if job_id in ours
         ]
         return {"reachable": True, "error": "", "partitions": partitions, "jobs": listed}
+
+    def describe(self, *, provider):
+        """What the controller's tick last observed, and when (`reachable` null: not
+        observed yet)."""
+        seen = provider.observed or {"reachable": None, "error": "", "partitions": [], "jobs": []}
+        return {**seen, "observed_at": provider.observed_at}
