@@ -9,14 +9,17 @@ what the server asks of Slurm); tests/slurm runs the real ones against a real cl
 import os
 import stat
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import httpx
 import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet import controller
 from tests import builders
+from tests.e2e.servers import environment, gunicorn
 
 pytestmark = pytest.mark.django_db
 
@@ -115,3 +118,27 @@ def test_a_failing_sinfo_is_a_failed_observation_with_its_error_and_time(slurm, 
     )
     assert seen["observed_at"] == later.isoformat().replace("+00:00", "Z")
     assert seen["partitions"] == []  # what it saw before is not shown as current
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_reads_through_make_runs_server_run_nothing(slurm, tmp_path):
+    """The same through `make run`'s gunicorn and uvicorn workers, whose PATH finds the
+    stand-ins: twenty reads at once run no command; after a tick they show its answer."""
+    builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
+    auth = {"Authorization": f"Bearer {builders.token('viewer')}"}
+    with gunicorn(tmp_path, environment(tmp_path / "var")) as (base, _):
+
+        def read(_=None) -> dict:
+            answer = httpx.get(f"{base}/api/v1/providers/hpc/", headers=auth, timeout=30)
+            assert answer.status_code == 200, answer.text
+            return answer.json()["status"]
+
+        with ThreadPoolExecutor(20) as pool:
+            before = list(pool.map(read, range(20)))
+        assert slurm.calls() == []
+        assert {status["reachable"] for status in before} == {None}
+        controller.tick()  # control: the tick asks, and the server shows what it said
+        after = read()
+    assert slurm.calls() == ["sinfo", "squeue"]
+    assert after["reachable"] is True and after["partitions"][0]["partition"] == "debug*"
