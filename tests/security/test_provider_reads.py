@@ -18,7 +18,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from fleet import controller
+from fleet.models import Provider
 from tests import builders
+from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
 from tests.e2e.servers import environment, gunicorn
 
 pytestmark = pytest.mark.django_db
@@ -142,3 +144,20 @@ def test_reads_through_make_runs_server_run_nothing(slurm, tmp_path):
         after = read()
     assert slurm.calls() == ["sinfo", "squeue"]
     assert after["reachable"] is True and after["partitions"][0]["partition"] == "debug*"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_providers_show_says_what_was_observed_and_when(slurm, sh):  # noqa: F811
+    builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
+    assert "Cluster: not observed yet" in sh("lakeshore providers show hpc").stdout
+    controller.tick(now=timezone.now().replace(microsecond=0))
+    at = Provider.objects.get(name="hpc").observed_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    shown = sh("lakeshore providers show hpc").stdout
+    slurm.down()
+    controller.tick(now=timezone.now() + timedelta(seconds=10))
+    failed = sh("lakeshore providers show hpc").stdout
+
+    assert f"Cluster: reachable, observed {at}" in shown and "debug*" in shown
+    assert "Cluster: unreachable: sinfo failed: slurm_load_partitions" in failed
+    assert slurm.calls() == ["sinfo", "squeue", "sinfo"]  # the ticks' only: no show ran one
