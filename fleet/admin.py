@@ -21,7 +21,8 @@ class ProviderAdmin(admin.ModelAdmin):
     search_fields = ["name", "description"]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["name", "kind"] if obj is not None else []
+        observed = ["observed", "observed_at"]  # the controller's tick writes them
+        return ["name", "kind", *observed] if obj is not None else observed
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fleet import controller_acts, controller_tick
+from fleet import controller_acts, controller_tick, services
 from fleet.controller_queues import starting
 from fleet.driver_base import driver_for
 from fleet.models import Daemon
@@ -121,8 +121,12 @@ def beat_due(name: str = "tick", *, now=None) -> bool:
 
 
 def tick(*, now=None) -> dict:
-    """A tick over every queue the controller manages (fleet/controller_tick.py)."""
-    return controller_tick.tick(now=now or timezone.now(), failed=_tick_failed, wake=wake)
+    """A tick over every queue the controller manages (fleet/controller_tick.py); then
+    each provider is observed (fleet/services.providers_observe: what `providers show`
+    reads), after the decisions, so a slow provider delays no queue's."""
+    now = now or timezone.now()
+    done = controller_tick.tick(now=now, failed=_tick_failed, wake=wake)
+    return {**done, "providers": services.providers_observe(now=now)}
 
 
 def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:

@@ -17,8 +17,9 @@ from django.conf import settings
 from accounts.models import Role
 from accounts.services import credential_issue, service_user
 from fleet.models import Daemon, DaemonState, Provider
-from fleet.provider_configs import run_as_problem
+from fleet.provider_configs import SERVER_ONLY, run_as_problem
 from lakeshore.private import private_dir
+from lakeshore.worker.environment import job_environment
 from queues.models import Queue
 
 
@@ -58,8 +59,16 @@ class Driver:
             self.sync(provider=provider, queue=queue, now=now, observed=observed.get(queue.pk))
 
     def describe(self, *, provider: Provider) -> dict:
-        """What `providers show` adds about the provider's live state."""
+        """What `providers show` adds about the provider's live state, read without asking
+        the provider anything (no shell-out, no HTTP call): a read must stay cheap for
+        any viewer. What must be asked is asked by the tick (observe_status)."""
         return {}
+
+    def observe_status(self, *, provider: Provider) -> dict | None:
+        """The controller's tick, outside its transaction: ask the provider what it runs
+        (slurm: sinfo, squeue), to be stored on the provider with its time and shown by
+        describe. None: nothing to ask. ProviderError: a failed observation."""
+        return None
 
 
 def mint_daemons(*, provider, queue, count: int, now, kind: str) -> list[tuple[Daemon, str]]:
@@ -94,14 +103,32 @@ def lakeshore_command() -> str:
     return command
 
 
-# What a server process knows and a daemon must not inherit: the daemon gets its own
-# URL and token, nothing else of the server's configuration; nor the server's XDG
-# folders (XDG_CONFIG_HOME holds the CLI's auth.yml, an operator's token).
-_SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG", "XDG_")
-
-
 def server_free_environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(_SERVER_ONLY)}
+    """The server's environment without its own settings: for the commands the server
+    itself runs (Slurm's clients), never for a daemon (daemon_environ)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(SERVER_ONLY)}
+
+
+def daemon_environ(*, provider: Provider, token: str) -> dict[str, str]:
+    """A provider-started daemon's whole environment, allow-listed: the server's may
+    hold a cloud key or a database password, and a daemon's jobs can read its
+    /proc/PID/environ. It gets what it needs to run (lakeshore.worker.environment's
+    JOB_ENV: PATH, LANG, LC_*, TZ, TMPDIR, its Python's PYTHONPATH and VIRTUAL_ENV),
+    the names its provider's config lists in `environment`, its server's URL, its own
+    credential, and LAKESHORE_ALLOWED_MODULES (the server owner's word). HOME (and
+    USER, LOGNAME) are its own: home_environ."""
+    named = [
+        name
+        for name in (provider.config or {}).get("environment") or []
+        if not name.upper().startswith(SERVER_ONLY)  # refused in the config too
+    ]
+    env = job_environment(dict(os.environ), named, None)
+    env.pop("HOME", None)
+    env["LAKESHORE_URL"] = settings.LAKESHORE_PUBLIC_URL
+    env["LAKESHORE_TOKEN"] = token
+    if settings.LAKESHORE_ALLOWED_MODULES:
+        env["LAKESHORE_ALLOWED_MODULES"] = ",".join(settings.LAKESHORE_ALLOWED_MODULES)
+    return env
 
 
 # ---------------------------------------------------------------------------- job homes
@@ -122,6 +149,12 @@ def daemon_home(name: str, account: pwd.struct_passwd | None) -> Path:
     if account is not None:
         os.chown(home, account.pw_uid, account.pw_gid)
     return home
+
+
+def remove_daemon_home(name: str) -> None:
+    """A daemon that ended: its HOME goes (fd-based: links inside stay inside)."""
+    if name and "/" not in name and name not in (".", ".."):
+        shutil.rmtree(homes_dir() / name, ignore_errors=True)
 
 
 def home_environ(env: dict[str, str], home: Path, account: pwd.struct_passwd | None) -> dict:

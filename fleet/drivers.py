@@ -24,12 +24,12 @@ from fleet.driver_base import (
     Driver,
     ProviderError,
     _die_with_parent,
+    daemon_environ,
     daemon_home,
     home_environ,
     lakeshore_command,
     mint_daemons,
     run_as_account,
-    server_free_environ,
 )
 from fleet.launches import launch_failed_after_commit
 from fleet.models import Daemon, DaemonState, Provider
@@ -93,10 +93,12 @@ class SimulatedDriver(Driver):
 class LocalDriver(Driver):
     """Daemons as processes on this host: `lakeshore daemon run --queues NAME`, each with
     a daemon token of its own, revoked when the daemon ends, and a HOME of its own
-    (var/homes/NAME, removed when it ends). Config: `concurrency` (default 1) and
-    `run_as` (a user: the server, run as root, starts the daemons as that user, who
-    owns their home). The processes stop with the worker that started them (they
-    finish their work and deregister); the controller starts new ones at its next tick."""
+    (var/homes/NAME, removed when it ends), and an allow-listed environment
+    (driver_base.daemon_environ). Config: `concurrency` (default 1), `run_as` (a user:
+    the server, run as root, starts the daemons as that user, who owns their home) and
+    `environment` (names of the server's variables its daemons also get). The processes
+    stop with the worker that started them (they finish their work and deregister); the
+    controller starts new ones at its next tick."""
 
     def __init__(self):
         self.processes: dict[int, subprocess.Popen] = {}  # daemon id → process
@@ -114,21 +116,15 @@ class LocalDriver(Driver):
             daemon.log_path = str(Path(settings.VAR_DIR) / "log" / "daemons" / f"{daemon.name}.log")
             daemon.save(update_fields=["log_path"])
             # The process starts only once the rows and the token are committed.
+            env = daemon_environ(provider=provider, token=raw)
             transaction.on_commit(
-                lambda d=daemon, a=args, r=raw, q=queue.pk: self._start(d, a, r, q, account)
+                lambda d=daemon, a=args, e=env, q=queue.pk: self._start(d, a, e, q, account)
             )
             launched.append(daemon)
         return launched
 
-    def _start(self, daemon, args: list[str], raw_token: str, queue_id: int, account) -> None:
+    def _start(self, daemon, args: list[str], env: dict, queue_id: int, account) -> None:
         logs = Path(settings.VAR_DIR) / "log" / "daemons"
-        env = {
-            **server_free_environ(),
-            "LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL,
-            "LAKESHORE_TOKEN": raw_token,
-        }
-        if settings.LAKESHORE_ALLOWED_MODULES:  # the server owner's word, nobody else's
-            env["LAKESHORE_ALLOWED_MODULES"] = ",".join(settings.LAKESHORE_ALLOWED_MODULES)
         user = {}
         if account is not None and account.pw_uid != os.geteuid():
             groups = os.getgrouplist(account.pw_name, account.pw_gid)  # as initgroups

@@ -28,6 +28,13 @@ class Provider(models.Model):
     kind = models.CharField(max_length=32, choices=Kind.choices)
     description = models.CharField(max_length=500, blank=True)
     config = models.JSONField(default=dict, blank=True)
+    observed = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What the controller's tick last saw of the provider (slurm: its "
+        "partitions and jobs, or why it could not ask); reads show this, never ask.",
+    )
+    observed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

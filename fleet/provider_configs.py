@@ -21,6 +21,12 @@ from fleet.models import Provider
 MAX_STARTUP_SECONDS = 86_400  # a day: timedelta and the tick both stay sane
 MAX_LOCAL_CONCURRENCY = 64
 MAX_TEXT = 500
+MAX_ENVIRONMENT_NAMES = 64
+# What a server process knows and a daemon must not inherit, even named in a provider's
+# `environment`: its configuration (DATABASE_URL, DJANGO_…, LAKESHORE_…: a daemon gets
+# its own URL and token), its broker's and database's, and its XDG folders
+# (XDG_CONFIG_HOME holds the CLI's auth.yml, an operator's token).
+SERVER_ONLY = ("DATABASE_URL", "DJANGO_", "LAKESHORE_", "CELERY_", "REDIS_", "PG", "XDG_")
 
 
 def _number(minimum: float, maximum: float) -> Callable[[object], str | None]:
@@ -166,7 +172,7 @@ MAX_INSTANCE_TYPES = 100
 RAW_SLURM_KEYS = {
     "args", "argv", "arguments", "sbatch", "sbatch_args", "sbatch_arguments", "extra_args",
     "extra", "options", "flags", "script", "wrap", "command", "commands", "prolog",
-    "epilog", "environment", "env", "export",
+    "epilog", "env", "export",
 }  # fmt: skip
 RAW_REFUSED = (
     "raw sbatch arguments and scripts are not accepted (an operator could run any "
@@ -194,6 +200,24 @@ def _instance_types(value) -> str | None:
             if (problem := check.check(item)) is not None:
                 return f"{name}.{key}: {problem}"
     return None
+
+
+def _environment(value) -> str | None:
+    if not isinstance(value, list) or len(value) > MAX_ENVIRONMENT_NAMES:
+        return f'must be a list of at most {MAX_ENVIRONMENT_NAMES} variable names, like ["HF_HOME"]'
+    for name in value:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+            return f"{name!r} is not an environment variable name"
+        if name.upper().startswith(SERVER_ONLY):
+            return f"{name} is the server's own setting: a daemon never gets it"
+    return None
+
+
+ENVIRONMENT = Key(
+    _environment,
+    "names of the server's environment variables its daemons also get (what a daemon "
+    "needs always passes: PATH, LANG, LC_*, TZ, TMPDIR, PYTHONPATH, VIRTUAL_ENV)",
+)
 
 
 def run_as_problem(value) -> str | None:
@@ -235,6 +259,7 @@ SCHEMAS: dict[str, dict[str, Key]] = {
             run_as_problem,
             "the user its daemons and their jobs run as (a server run as root switches to it)",
         ),
+        "environment": ENVIRONMENT,
         "credential_ref": CREDENTIAL_REF,
     },
     Provider.Kind.SLURM: {
@@ -248,6 +273,7 @@ SCHEMAS: dict[str, dict[str, Key]] = {
             "the cluster's slurm.conf, under LAKESHORE_SLURM_CONF_DIRS (default: the "
             "server's SLURM_CONF)",
         ),
+        "environment": ENVIRONMENT,
         "credential_ref": CREDENTIAL_REF,
     },
 }

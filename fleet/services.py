@@ -2,6 +2,7 @@
 admin actions, apply): the rules live here once. The daemon lifecycle (register,
 heartbeat, drop, leave, lost) is fleet/daemons.py and fleet/registration.py."""
 
+import logging
 import re
 
 from django.db import IntegrityError, transaction
@@ -13,6 +14,8 @@ from fleet.models import Daemon, Provider
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 from queues.services import name_list
 
+logger = logging.getLogger("fleet.controller")
+
 
 def provider_get(name: str) -> Provider:
     try:
@@ -22,13 +25,33 @@ def provider_get(name: str) -> Provider:
 
 
 def provider_status(provider: Provider) -> dict:
-    """What the provider runs now, asked of it (a shell-out for slurm, bounded by
-    LAKESHORE_SLURM_TIMEOUT); a provider that cannot answer says why, never a 500."""
+    """What the provider runs, as read without asking it: for slurm, what the
+    controller's tick last observed and when (providers_observe). No read runs a
+    subprocess, whoever asks and however often."""
+    return driver_for(provider).describe(provider=provider)
 
-    try:
-        return driver_for(provider).describe(provider=provider)
-    except ProviderError as exc:
-        return {"reachable": False, "error": str(exc)}
+
+def providers_observe(*, now) -> int:
+    """The controller's tick, outside any transaction: each provider whose driver has
+    something to ask is asked (slurm: sinfo, squeue, each within LAKESHORE_SLURM_TIMEOUT),
+    and what it said is stored on its row with the time. A provider that cannot answer
+    is stored as a failed observation (reachable false, its error, the time); it never
+    stops the tick. Answers how many were observed."""
+    observed = 0
+    for provider in Provider.objects.order_by("pk"):
+        try:
+            seen = driver_for(provider).observe_status(provider=provider)
+        except Exception as exc:  # noqa: BLE001 - one provider's failure is its own
+            error = str(exc)
+            if not isinstance(exc, ProviderError):
+                logger.exception("observing provider %s failed", provider.name)
+                error = f"{type(exc).__name__}: {exc}"
+            seen = {"reachable": False, "error": error, "partitions": [], "jobs": []}
+        if seen is None:
+            continue
+        Provider.objects.filter(pk=provider.pk).update(observed=seen, observed_at=now)
+        observed += 1
+    return observed
 
 
 _SECRET_WORDS = {

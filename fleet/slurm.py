@@ -4,10 +4,12 @@ Slurm client commands reach (`sbatch`, `squeue`, `scancel`, `sinfo`).
 - Scale-up records the daemon and mints its token inside the tick; after the tick
   commits, one `sbatch --parsable` per daemon submits a job named
   `lakeshore-<queue>-<daemon id>` whose script runs `lakeshore daemon run`. The URL
-  and the token travel in the job's environment (sbatch `--export=ALL` of an
-  environment made for it), never on a command line or in the script, where
-  `squeue`/`scontrol` would show them. The Slurm job id becomes the daemon's
-  external id; its output goes to the daemon's `log_path`.
+  and the token travel in the job's environment (sbatch `--export` of the names of an
+  environment made for it, driver_base.daemon_environ: nothing else of the server's),
+  never on a command line or in the script, where `squeue`/`scontrol` would show them.
+  The job starts in the daemon's own HOME (var/homes/NAME, removed when it ends), not
+  in the server's directory. The Slurm job id becomes the daemon's external id; its
+  output goes to the daemon's `log_path`.
 - Scale-down drains the daemon first (controller); once it runs nothing it is ended
   and its job is `scancel`led, after commit.
 - Each tick first asks `squeue` about the provider's jobs (outside the tick's
@@ -38,8 +40,12 @@ from fleet.daemons import daemons_gone, daemons_provider_lost
 from fleet.driver_base import (
     Driver,
     ProviderError,
+    daemon_environ,
+    daemon_home,
+    home_environ,
     lakeshore_command,
     mint_daemons,
+    remove_daemon_home,
     server_free_environ,
 )
 from fleet.launches import launch_failed_after_commit, launch_failed_event
@@ -267,19 +273,18 @@ class SlurmDriver(Driver):
         launch with Slurm's message (one launch_failed event, then back-off)."""
         slurm = SlurmCommands(provider)
         for index, (daemon, raw_token) in enumerate(minted):
-            env = {"LAKESHORE_URL": settings.LAKESHORE_PUBLIC_URL, "LAKESHORE_TOKEN": raw_token}
-            if settings.LAKESHORE_ALLOWED_MODULES:  # the server owner's word only
-                env["LAKESHORE_ALLOWED_MODULES"] = ",".join(settings.LAKESHORE_ALLOWED_MODULES)
-            options = [
-                f"--job-name={job_name(queue.name, daemon.pk)}",
-                f"--output={daemon.log_path}",
-                f"--chdir={settings.VAR_DIR}",
-                "--export=ALL",
-                "--no-requeue",  # a daemon whose node fails is replaced, not rerun by Slurm
-                *t.options,
-            ]
             try:
                 Path(daemon.log_path).parent.mkdir(parents=True, exist_ok=True)
+                home = daemon_home(daemon.name, None)
+                env = home_environ(daemon_environ(provider=provider, token=raw_token), home, None)
+                options = [
+                    f"--job-name={job_name(queue.name, daemon.pk)}",
+                    f"--output={daemon.log_path}",
+                    f"--chdir={home}",
+                    f"--export={','.join(sorted(env))}",  # these names only, never ALL
+                    "--no-requeue",  # a daemon whose node fails is replaced, not rerun
+                    *t.options,
+                ]
                 job_id = slurm.sbatch(batch_script(command, queue, daemon, t), options, env)
             except (ProviderError, OSError) as exc:
                 launch_failed_after_commit(
@@ -357,6 +362,7 @@ class SlurmDriver(Driver):
                 stuck.append((pk, job_id, job["reason"]))
         for pk, why in ended.items():  # each with its own reason
             daemons_provider_lost(daemon_ids=[pk], reason=why, release=False)
+            transaction.on_commit(lambda name=rows[pk].name: remove_daemon_home(name))
         if silent:
             daemons_provider_lost(
                 daemon_ids=silent,
@@ -385,13 +391,12 @@ class SlurmDriver(Driver):
     def release(self, *, daemon):
         if daemon.external_id:
             SlurmCommands(daemon.provider).scancel(daemon.external_id)
+        remove_daemon_home(daemon.name)
 
-    def describe(self, *, provider):
+    def observe_status(self, *, provider):
+        """sinfo's partitions, and the provider's live jobs with their daemons."""
         slurm = SlurmCommands(provider)
-        try:
-            partitions = slurm.sinfo()
-        except ProviderError as exc:
-            return {"reachable": False, "error": str(exc), "partitions": [], "jobs": []}
+        partitions = slurm.sinfo()  # a ProviderError: the cluster is unreachable
         ours = dict(
             Daemon.objects.filter(provider=provider)
             .exclude(external_id="")
@@ -408,3 +413,9 @@ class SlurmDriver(Driver):
             if job_id in ours
         ]
         return {"reachable": True, "error": "", "partitions": partitions, "jobs": listed}
+
+    def describe(self, *, provider):
+        """What the controller's tick last observed, and when (`reachable` null: not
+        observed yet)."""
+        seen = provider.observed or {"reachable": None, "error": "", "partitions": [], "jobs": []}
+        return {**seen, "observed_at": provider.observed_at}

@@ -79,9 +79,10 @@ class ProviderSerializer(serializers.ModelSerializer):
 
 class ProviderDetailSerializer(ProviderSerializer):
     status = serializers.SerializerMethodField(
-        help_text="What the provider runs now, asked of it for this answer (slurm: "
-        "reachable, error, partitions from sinfo, and its live jobs from squeue; local: "
-        "its processes)."
+        help_text="What the provider runs, never asked of it for this answer. slurm: what "
+        "the controller's tick last observed (reachable, error, partitions from sinfo, its "
+        "live jobs from squeue) and observed_at (null, with reachable null: not yet); "
+        "local: its processes."
     )
 
     class Meta(ProviderSerializer.Meta):

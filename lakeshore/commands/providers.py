@@ -97,10 +97,14 @@ def _print_provider(p: dict) -> None:
 
 def _print_cluster(status: dict) -> None:
     click.echo("")
-    if not status.get("reachable"):
-        echo(f"Cluster: unreachable: {status.get('error') or 'no answer'}")
+    if status.get("reachable") is None and "observed_at" in status:
+        click.echo("Cluster: not observed yet (the controller's tick asks it)")
         return
-    click.echo("Cluster: reachable")
+    seen = f", observed {when(status['observed_at'])}" if status.get("observed_at") else ""
+    if not status.get("reachable"):
+        echo(f"Cluster: unreachable: {status.get('error') or 'no answer'}{seen}")
+        return
+    click.echo(f"Cluster: reachable{seen}")
     partitions = status.get("partitions") or []
     if partitions:
         table(

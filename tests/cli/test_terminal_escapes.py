@@ -5,7 +5,9 @@ shell, against a live server. `--json` keeps the exact text."""
 import json
 import time
 
+import msgpack
 import pytest
+from django.test import Client
 
 from fleet import controller
 from tests import builders
@@ -99,3 +101,33 @@ def test_the_json_output_is_plain_on_a_terminal_and_decodes_exactly(sh, job):
     assert _plain(raw.replace("\n", ""))
     assert "\\u009b" in raw and "\\u001b" in raw
     assert json.loads(raw)["error"].endswith(ATTACK)
+
+
+def test_an_sdk_jobs_function_name_is_shown_escaped_in_the_list(sh, live_server):
+    """An SDK job names its function in its Envelope (free text): `jobs list` shows it."""
+    builders.queue(name="gpu")
+    envelope = msgpack.packb(
+        {
+            "v": 1,
+            "id": "01J",
+            "fn": {"kind": "ref", "module": "pkg", "qualname": f"f{ATTACK}", "src_hash": "x"},
+            "args": msgpack.packb([]),
+            "kwargs": msgpack.packb({}),
+        },
+        use_bin_type=True,
+    )
+    submitted = Client().post(
+        "/v1/namespaces/default/producer/submit",
+        data=msgpack.packb(
+            {"queue": "gpu", "args_blob": envelope, "run_config": {"queue": "gpu"}},
+            use_bin_type=True,
+        ),
+        content_type="application/x-msgpack",
+        HTTP_AUTHORIZATION=f"Bearer {builders.token('operator')}",
+    )
+    assert submitted.status_code == 201, submitted.content
+
+    listed = sh("lakeshore jobs list").stdout
+
+    assert f"pkg.f{SHOWN}" in listed and _plain(listed)
+    assert sh.json("lakeshore jobs list --json")[0]["function"] == f"pkg.f{ATTACK}"

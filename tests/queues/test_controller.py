@@ -163,7 +163,7 @@ def test_tick_covers_managed_queues_and_prunes_old_noops(sim, settings):
         reason="-", daemons=0, busy=0, pending=0, utilization=0, desired=1, delta=1,
     )  # fmt: skip
     report = controller.tick()
-    assert report == {"queues": 1, "skipped": 0, "pruned": 1}
+    assert report == {"queues": 1, "skipped": 0, "pruned": 1, "providers": 0}
     assert not QueueEvent.objects.filter(pk=old.pk).exists()
     assert QueueEvent.objects.filter(pk=kept.pk).exists()
     assert not QueueEvent.objects.filter(queue__name="plain").exists()

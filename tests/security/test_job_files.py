@@ -215,7 +215,8 @@ def test_a_local_daemons_job_has_a_home_of_its_own_under_a_closed_var(local, pla
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_the_previous_rule_gave_jobs_the_servers_home(local, monkeypatch):
-    monkeypatch.setattr(drivers, "home_environ", lambda env, home, account: env)
+    server_home = {"HOME": os.environ["HOME"]}  # the daemon kept the server's HOME
+    monkeypatch.setattr(drivers, "home_environ", lambda env, home, account: env | server_home)
     report, _ = local({})
     assert report["home"] == str(local.server_home)  # where the operator's token is
 

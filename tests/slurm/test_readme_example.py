@@ -91,9 +91,14 @@ def test_the_readme_example_works_as_printed(slurm_cluster, live_server, tmp_pat
                     timeout=60,
                     what="two daemons from Slurm jobs",
                 )
-                shown = run(line)
-                assert "Cluster: reachable" in shown and "Slurm jobs: 2" in shown, shown
-                assert len(re.findall(r"lakeshore-train-\d+\s+RUNNING", shown)) == 2, shown
+                seen = []  # what the beat's tick last observed: its next tick sees both
+
+                def both_running(seen=seen, line=line):
+                    seen.append(run(line))
+                    return len(re.findall(r"lakeshore-train-\d+\s+RUNNING", seen[-1])) == 2
+
+                _wait_for(both_running, timeout=60, what="the tick to observe both jobs")
+                assert "Cluster: reachable" in seen[-1] and "Slurm jobs: 2" in seen[-1], seen[-1]
             elif line.startswith("lakeshore jobs list"):
                 _wait_for(
                     lambda: Invocation.objects.filter(state="succeeded").count() == 1,

@@ -267,6 +267,7 @@ def test_providers_show_says_whether_the_cluster_answers_and_lists_its_jobs(
     _tick("train")
     _wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
     daemon = Daemon.objects.get()
+    controller.tick()  # the tick observes the cluster; a read shows what it saw
     out = _cli(live_server, tmp_path, "providers", "show", "hpc")
     assert out.returncode == 0, out.stderr
     assert "Cluster: reachable" in out.stdout
