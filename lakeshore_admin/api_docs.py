@@ -23,7 +23,8 @@ _TEXT = {
     403: "The token's role may not do this.",
     404: "No such object.",
     409: "The object's state forbids this.",
-    429: "The queue's backlog is full.",
+    429: "A bound is reached; `error.code` says which (backlog_full: the queue's backlog "
+    "is full; daemons_per_token: the token's live daemons).",
 }
 
 
