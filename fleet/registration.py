@@ -61,18 +61,26 @@ def admit_registration(*, token, returning: Daemon | None = None) -> int | None:
         registrar = token.pk if token is not None else None
     if registrar is None:
         return None
-    ApiToken.objects.select_for_update().filter(pk=registrar).first()  # others wait here
+    lock_registrar(registrar)
     live = Daemon.objects.live().filter(registered_with_id=registrar)
     if returning is not None:
         live = live.exclude(pk=returning.pk)
     limit = settings.LAKESHORE_DAEMONS_PER_TOKEN
-    if live.count() >= limit:
+    counted = live.count()
+    hooks.point("registration.counted")
+    if counted >= limit:
         raise QuotaReached(
             f"The token that registers this daemon already has {limit} live daemons "
             "(LAKESHORE_DAEMONS_PER_TOKEN): one must end first, or use another token.",
             code="daemons_per_token",
         )
     return registrar
+
+
+def lock_registrar(token_id: int) -> None:
+    """Hold the registering token's row until the registration commits: another
+    registration with it waits here, then counts the daemon this one made."""
+    ApiToken.objects.select_for_update().filter(pk=token_id).first()
 
 
 # ---------------------------------------------------------------------------- register

@@ -23,8 +23,9 @@ _TEXT = {
     403: "The token's role may not do this.",
     404: "No such object.",
     409: "The object's state forbids this.",
-    429: "The queue's backlog is full (`backlog_full`), or the caller already runs as many "
-    "heavy requests as it may (`busy`, with Retry-After).",
+    429: "A bound is reached; `error.code` says which (`backlog_full`: the queue's backlog "
+    "is full; `daemons_per_token`: the token's live daemons; `busy`, with Retry-After: the "
+    "caller already runs as many heavy requests as it may).",
     503: "The server cannot take this now (`busy`, with Retry-After), or its database is "
     "unavailable (`unavailable`).",
 }

@@ -183,13 +183,6 @@ CHECKS = {
     "SDK worker poll, as a new worker": sdk_poll,
 }
 
-# Cells the README states before the branch that makes them true is merged.
-AWAITING = {
-    ("`apply` dry run", "viewer"): "AWAITING t29-b (issue 29, item 3): a viewer's dry run "
-    "is still allowed on this branch; t29-b makes apply's dry run operator-only. Remove "
-    "this entry when merging t29-b.",
-}
-
 
 def test_every_row_has_a_check_and_every_check_a_row():
     assert set(TABLE) == set(CHECKS)
@@ -208,18 +201,5 @@ def _observed(row: str, columns: list[str], client) -> dict[str, str]:
 @pytest.mark.django_db
 @pytest.mark.parametrize("row", list(TABLE))
 def test_the_rows_cells_are_what_the_server_does(row, client):
-    columns = [column for column in COLUMNS if (row, column) not in AWAITING]
-    expected = {column: TABLE[row][column] for column in columns}
-    assert _observed(row, columns, client) == expected
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize(
-    ("row", "column"),
-    [
-        pytest.param(*cell, marks=pytest.mark.xfail(reason=why, strict=True))
-        for cell, why in AWAITING.items()
-    ],
-)
-def test_the_awaited_cell_is_what_the_server_does(row, column, client):
-    assert _observed(row, [column], client) == {column: TABLE[row][column]}
+    expected = {column: TABLE[row][column] for column in COLUMNS}
+    assert _observed(row, list(COLUMNS), client) == expected

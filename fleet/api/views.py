@@ -96,9 +96,11 @@ class DaemonRegisterView(APIView):
         description="Answers the daemon and, once, its own credential in `token`: from "
         "then on only that credential (or an operator) speaks for the daemon; the token "
         "that registered it may register more but never acts as them. A token scoped to "
-        "queues registers daemons on those only (403 queue_not_in_scope).",
+        "queues registers daemons on those only (403 queue_not_in_scope). A daemon's own "
+        "credential registers no other daemon (403 not_your_daemon); a token holds at most "
+        "LAKESHORE_DAEMONS_PER_TOKEN live daemons (429 daemons_per_token).",
         request=s.DaemonRegister,
-        responses={201: s.RegisteredDaemonSerializer, **errors(400, 403)},
+        responses={201: s.RegisteredDaemonSerializer, **errors(400, 403, 429)},
     )
     def post(self, request):
         data = s.DaemonRegister(data=request.data)

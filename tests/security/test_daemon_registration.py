@@ -9,15 +9,20 @@ credential's poll makes rows, as it did; under the limit, registrations pass.
 tests/security/test_principals_server.py repeats the first attack through make run's
 server."""
 
+import threading
+import time
 from datetime import timedelta
 
 import msgpack
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from accounts.services import token_create
 from fleet import daemons, registration
 from fleet.models import Daemon
+from lakeshore_admin import hooks
+from lakeshore_admin.errors import QuotaReached
 from tests import builders
 from tests.sdk.answers import answer_of
 
@@ -138,3 +143,65 @@ def test_sdk_workers_polling_with_one_token_are_bounded_and_admitted_again(api, 
     settings.LAKESHORE_DAEMONS_PER_TOKEN = 3  # control: with room, it comes back
     assert poll(api, raw, "host-a")[0] == 200
     assert Daemon.objects.get(worker_id="host-a").state == "idle"
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _registrations_at_once(settings) -> tuple[int, list]:
+    """Two first polls with one token, limit 1: the second comes while the first has
+    counted and not yet made its row (the hook point between the two), and the first
+    goes on once the second has finished or waits on a lock. Answers the live workers
+    after both, and the second's answer (its daemon's id, or the refusal's code)."""
+    settings.LAKESHORE_DAEMONS_PER_TOKEN = 1
+    builders.queue(name="w")
+    token, _ = token_create(username="pool", role="daemon")
+    second, started = [], []
+
+    def second_poll():
+        try:
+            seen = registration.sdk_worker_seen(
+                owner=token.user, worker_id="host-b", queue="w", token=token
+            )
+            second.append(seen.pk)
+        except QuotaReached as refused:
+            second.append(refused.code)
+        finally:
+            connection.close()
+
+    def the_second_comes_now():
+        hooks.clear("registration.counted")  # the second goes straight through
+        thread = threading.Thread(target=second_poll)
+        thread.start()
+        started.append(thread)
+        for _ in range(3000):  # until it is done, or waits for the first to commit
+            if not thread.is_alive() or _waiting_on_a_lock():
+                return
+            time.sleep(0.01)
+
+    hooks.register("registration.counted", the_second_comes_now)
+    try:
+        registration.sdk_worker_seen(owner=token.user, worker_id="host-a", queue="w", token=token)
+    finally:
+        hooks.clear()
+    started[0].join(30)
+    return Daemon.objects.live().count(), second
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_registrations_at_once_count_each_other(settings):
+    live, second = _registrations_at_once(settings)
+    assert (live, second) == (1, ["daemons_per_token"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_control_without_the_tokens_lock_both_pass_the_count(monkeypatch, settings):
+    monkeypatch.setattr(registration, "lock_registrar", lambda token_id: None)
+    live, second = _registrations_at_once(settings)
+    assert live == 2 and isinstance(second[0], int)
