@@ -37,12 +37,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 IDLE_CHECK_SECONDS = 30.0
 
 PROTOCOL, GENERAL = "protocol", "general"
-# the daemon's and the SDK worker's own requests (fleet/api/urls.py, fleet/api/sdk_urls.py)
+# the daemon's and the SDK worker's own requests (fleet/api/urls.py, fleet/api/sdk_urls.py;
+# not exec: an operator orders it)
 PROTOCOL_PATHS = re.compile(
     r"^/(?:readyz$"
     r"|v1/daemon/"
     r"|api/v1/daemons/(?:register"
-    r"|[^/]+/(?:heartbeat|claim|complete|exchange|logs|exec|deregister)"
+    r"|[^/]+/(?:heartbeat|claim|complete|exchange|logs|deregister)"
     r"|[^/]+/commands/[^/]+/done)/$)"
 )
 # The share of the request this thread (or task) serves: PROTOCOL, GENERAL, or None
