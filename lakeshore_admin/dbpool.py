@@ -9,7 +9,7 @@ connection idle longer than IDLE_CHECK_SECONDS (a quiet drop by a firewall sends
 nothing), the stock check runs and the pool replaces a connection that fails it.
 
 The pool is also shared out. A request's connections come from one of two shares: the
-daemon protocol's (a daemon's heartbeat, claim, exchange, completion, logs, commands,
+daemon protocol's (a daemon's heartbeat, claim, exchange, completion, logs, orders done,
 registration; an SDK worker's poll, ack and result chunks) and /readyz may use the whole
 pool, every other request (the console, the API, the SDK's producer) at most
 LAKESHORE_DB_POOL_MAX − LAKESHORE_DB_POOL_RESERVE connections of a process at once.
