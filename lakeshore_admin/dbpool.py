@@ -9,7 +9,7 @@ connection idle longer than IDLE_CHECK_SECONDS (a quiet drop by a firewall sends
 nothing), the stock check runs and the pool replaces a connection that fails it.
 
 The pool is also shared out. A request's connections come from one of two shares: the
-daemon protocol's (a daemon's heartbeat, claim, exchange, completion, logs, commands,
+daemon protocol's (a daemon's heartbeat, claim, exchange, completion, logs, orders done,
 registration; an SDK worker's poll, ack and result chunks) and /readyz may use the whole
 pool, every other request (the console, the API, the SDK's producer) at most
 LAKESHORE_DB_POOL_MAX − LAKESHORE_DB_POOL_RESERVE connections of a process at once.
@@ -37,12 +37,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 IDLE_CHECK_SECONDS = 30.0
 
 PROTOCOL, GENERAL = "protocol", "general"
-# the daemon's and the SDK worker's own requests (fleet/api/urls.py, fleet/api/sdk_urls.py)
+# the daemon's and the SDK worker's own requests (fleet/api/urls.py, fleet/api/sdk_urls.py;
+# not exec: an operator orders it)
 PROTOCOL_PATHS = re.compile(
     r"^/(?:readyz$"
     r"|v1/daemon/"
     r"|api/v1/daemons/(?:register"
-    r"|[^/]+/(?:heartbeat|claim|complete|exchange|logs|exec|deregister)"
+    r"|[^/]+/(?:heartbeat|claim|complete|exchange|logs|deregister)"
     r"|[^/]+/commands/[^/]+/done)/$)"
 )
 # The share of the request this thread (or task) serves: PROTOCOL, GENERAL, or None

@@ -33,6 +33,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
             return self.general_shares[self.alias]
 
     def get_new_connection(self, conn_params):
+        self.give_back_place()  # a connection dropped without close() (none known) held one
         place = self.general_share() if dbpool.share.get() == dbpool.GENERAL else None
         if place is not None:
             place.take(timeout=settings.LAKESHORE_DB_POOL_TIMEOUT)
@@ -50,6 +51,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
             super().close()
         finally:
             # with a pool, the connection is back in it (or dropped) once it is None
-            if self.general_place is not None and self.connection is None:
-                place, self.general_place = self.general_place, None
-                place.give_back()
+            if self.connection is None:
+                self.give_back_place()
+
+    def give_back_place(self) -> None:
+        if self.general_place is not None:
+            place, self.general_place = self.general_place, None
+            place.give_back()

@@ -197,3 +197,31 @@ def test_with_its_share_lent_a_general_request_fails_and_the_protocols_is_served
         holder.join(30)
     assert one_place.lent == 0
     assert _in_thread(dbpool.GENERAL, _ready) == 1  # control: its place free again
+
+
+@pytest.mark.parametrize(
+    "path, share",
+    [
+        ("/api/v1/daemons/7/heartbeat/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/claim/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/exchange/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/complete/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/logs/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/deregister/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/commands/3/done/", dbpool.PROTOCOL),
+        ("/api/v1/daemons/register/", dbpool.PROTOCOL),
+        ("/v1/daemon/poll", dbpool.PROTOCOL),
+        ("/v1/daemon/result-chunk", dbpool.PROTOCOL),
+        ("/readyz", dbpool.PROTOCOL),
+        ("/api/v1/daemons/7/exec/", dbpool.GENERAL),  # an operator's order
+        ("/api/v1/daemons/7/", dbpool.GENERAL),
+        ("/api/v1/daemons/", dbpool.GENERAL),
+        ("/api/v1/apply/", dbpool.GENERAL),
+        ("/api/v1/jobs/", dbpool.GENERAL),
+        ("/v1/namespaces/default/producer/submit", dbpool.GENERAL),
+        ("/readyz/more", dbpool.GENERAL),
+        ("/jobs/", dbpool.GENERAL),
+    ],
+)
+def test_each_request_borrows_from_its_share(path, share):
+    assert dbpool.share_of(path) == share
