@@ -124,7 +124,7 @@ class Application:
                 "(forms post application/x-www-form-urlencoded, the API JSON)."
             )
             return await self.refuse(scope, send, 415, "unsupported_media_type", message)
-        if not length or refused or length > largest_body():
+        if not length or refused or length > largest_body(media_type):
             return await self.wsgi(scope, replay(b"", receive), send)
         if bearer is not None and not await self.authenticates(bearer):
             return await self.wsgi(scope, replay(b"", receive), send)
@@ -249,9 +249,10 @@ class Application:
                 return
 
 
-def largest_body() -> int:
-    """The largest body any route takes: Django's limit, or the SDK's msgpack one."""
-    return max(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, body_limit())
+def largest_body(media_type: str) -> int:
+    """The largest body of this type a route takes: the SDK's msgpack limit, or
+    Django's (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+    return body_limit() if media_type == MEDIA_TYPE else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
 def _answer_once(lean, request, answer, args, environ):
