@@ -56,7 +56,9 @@ from lakeshore_admin import asgi_streams as streams_door
 from lakeshore_admin import dbpool
 from lakeshore_admin.api_errors import error_response
 from lakeshore_admin.asgi_io import (
+    Bodies,
     Disconnected,
+    OverBudget,
     body_head,
     gone_when_closed,
     read_all,
@@ -83,7 +85,8 @@ class Application:
         self.wsgi = WSGIMiddleware(lean, workers=threads)
         # its pool too hands each request to the thread that finished last (threads.py)
         self.wsgi.executor = HotFirstExecutor(threads, thread_name_prefix="WSGI")
-        self.held = 0  # bytes of bodies received for the full stack, not yet answered
+        # bodies received for the full stack, not yet answered
+        self.bodies = Bodies(lambda: settings.LAKESHORE_BODY_BUFFER_BYTES)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -113,8 +116,9 @@ class Application:
         None is received when Django answers without it: a multipart body (415 here),
         a request whose bearer token is refused (`refused`: a door checked it; DRF
         refuses before its parsers run), a body with no length (Django reads none)
-        or past every route's limit (Django answers 413 from the length), and while
-        this process holds LAKESHORE_BODY_BUFFER_BYTES of bodies (503 busy here)."""
+        or past every route's limit (Django answers 413 from the length). Past the
+        bodies this process may hold (LAKESHORE_BODY_BUFFER_BYTES: asgi_io.Bodies),
+        503 busy here, the rest unread."""
         if body is not None:
             return await self.wsgi(scope, replay(body, receive), send)
         media_type, length, bearer = body_head(scope)
@@ -124,22 +128,21 @@ class Application:
                 "(forms post application/x-www-form-urlencoded, the API JSON)."
             )
             return await self.refuse(scope, send, 415, "unsupported_media_type", message)
-        if not length or refused or length > largest_body():
+        if not length or refused or length > largest_body(media_type):
             return await self.wsgi(scope, replay(b"", receive), send)
         if bearer is not None and not await self.authenticates(bearer):
             return await self.wsgi(scope, replay(b"", receive), send)
-        if self.held and self.held + length > settings.LAKESHORE_BODY_BUFFER_BYTES:
+        try:
+            body, held = await self.bodies.read(receive, length)
+        except Disconnected:  # the client went, or its body was late (408 sent)
+            return None
+        except OverBudget:
             message = "The server holds as many request bodies as it may; try again shortly."
             return await self.refuse(scope, send, 503, "busy", message, retry_after="1")
-        self.held += length
         try:
-            try:
-                body = await read_all(receive)
-            except Disconnected:  # the client went, or its body was late (408 sent)
-                return None
             return await self.wsgi(scope, replay(body, receive), send)
         finally:
-            self.held -= length
+            self.bodies.release(held)
 
     async def authenticates(self, bearer: str) -> bool:
         """Whether a bearer token authenticates (no query when this process keeps it)."""
@@ -260,9 +263,10 @@ class Application:
                 return
 
 
-def largest_body() -> int:
-    """The largest body any route takes: Django's limit, or the SDK's msgpack one."""
-    return max(settings.DATA_UPLOAD_MAX_MEMORY_SIZE, body_limit())
+def largest_body(media_type: str) -> int:
+    """The largest body of this type a route takes: the SDK's msgpack limit, or
+    Django's (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+    return body_limit() if media_type == MEDIA_TYPE else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
 def _answer_once(lean, request, answer, args, environ):

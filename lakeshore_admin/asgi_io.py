@@ -38,6 +38,53 @@ async def read_all(receive) -> bytes:
             return b"".join(chunks)
 
 
+class OverBudget(Exception):
+    """The bodies a process holds would pass its bound (Bodies)."""
+
+
+SMALL_BODY_BYTES = 64 * 1024  # what the server buffers of any connection's body unasked
+
+
+class Bodies:
+    """The bytes of request bodies one process holds at once, received but not yet
+    answered, bounded by `budget()`. A body of at most SMALL_BODY_BYTES is not counted
+    (the server buffers that much of any connection's body anyway); a larger one counts
+    its bytes as they arrive, so a length declared and never sent costs nothing. One
+    body is always taken when no other is held."""
+
+    def __init__(self, budget):
+        self.budget = budget
+        self.held = 0
+
+    async def read(self, receive, length: int) -> tuple[bytes, int]:
+        """The whole body and the bytes it holds of the bound (give them back with
+        `release`). Disconnected: the client went; OverBudget: past the bound, the
+        rest unread."""
+        counted = length > SMALL_BODY_BYTES
+        chunks, got = [], 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise Disconnected
+                chunk = message.get("body", b"")
+                if counted and chunk:
+                    others = self.held - got
+                    if others and self.held + len(chunk) > self.budget():
+                        raise OverBudget
+                    self.held += len(chunk)
+                    got += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return b"".join(chunks), got
+        except BaseException:
+            self.release(got)
+            raise
+
+    def release(self, got: int) -> None:
+        self.held -= got
+
+
 def gone_when_closed(receive) -> asyncio.Future:
     """A task done when the client closes its connection, once its body has been read
     (the server's next message is then http.disconnect). Cancel it once answered."""

@@ -146,8 +146,9 @@ LAKESHORE_HEAVY_PER_PRINCIPAL = env_number("LAKESHORE_HEAVY_PER_PRINCIPAL", 2, m
 # (lakeshore_admin/asgi.py), so a body that never comes holds no thread.
 LAKESHORE_BODY_SECONDS = env_number("LAKESHORE_BODY_SECONDS", 20, minimum=0.1, kind=float)
 # Bytes of request bodies one web process holds at once for the full stack (received on
-# its event loop, then served): past it a request with a body gets 503 busy with
-# Retry-After before its body is read. A body is always taken when none is held.
+# its event loop, then served; lakeshore_admin/asgi_io.Bodies): past it a request gets
+# 503 busy with Retry-After, the rest of its body unread. Bodies of at most 64 KiB are
+# not counted, and one body is always taken when no other is held.
 LAKESHORE_BODY_BUFFER_BYTES = env_number(
     "LAKESHORE_BODY_BUFFER_BYTES", 256 * 1024 * 1024, minimum=0
 )

@@ -1,10 +1,11 @@
 """Issue 29, item 1: the web process receives a request's body on its event loop before
 a thread serves it (lakeshore_admin/asgi.py), so the bodies it holds at once are
-bounded in bytes (LAKESHORE_BODY_BUFFER_BYTES): past it a request with a body gets
-503 `busy` with Retry-After at once, its body unread, and a body is taken again once
-one held is let go. The control: a body that fits is served. Through the real ASGI
-application in process (the bound is the application's; the transport does not
-matter here)."""
+bounded in bytes received (LAKESHORE_BODY_BUFFER_BYTES; lakeshore_admin/asgi_io.Bodies):
+past it a request whose body is larger than 64 KiB gets 503 `busy` with Retry-After,
+the rest of its body unread, and such a body is taken again once one held is let go.
+The controls: a body that fits is served, a small one is always served, and a length
+declared but not sent holds nothing. Through the real ASGI application in process (the
+bound is the application's; the transport does not matter here)."""
 
 import asyncio
 
@@ -16,6 +17,8 @@ from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+KIB = 1024
 
 
 def scope(length: int) -> dict:
@@ -39,16 +42,19 @@ def scope(length: int) -> dict:
     }
 
 
-async def _ask(app, length: int, body: asyncio.Future) -> tuple[int, dict, bytes]:
-    """A POST declaring `length` bytes, its body given when `body` is done (None: the
-    client goes): (status, headers, answer)."""
+async def _ask(app, length: int, *pieces) -> tuple[int, dict, bytes]:
+    """A POST declaring `length` bytes, its body in `pieces`, each given when its future
+    is done (its result None: the client goes): (status, headers, answer)."""
     sent = []
+    pieces = list(pieces)
 
     async def receive():
-        raw = await body
+        if not pieces:
+            await asyncio.sleep(3600)
+        raw = await pieces.pop(0)
         if raw is None:
             return {"type": "http.disconnect"}
-        return {"type": "http.request", "body": raw, "more_body": False}
+        return {"type": "http.request", "body": raw, "more_body": bool(pieces)}
 
     async def send(message):
         sent.append(message)
@@ -61,33 +67,43 @@ async def _ask(app, length: int, body: asyncio.Future) -> tuple[int, dict, bytes
     return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
 
 
-async def _three(app):
+def given(raw: bytes | None) -> asyncio.Future:
+    done = asyncio.get_running_loop().create_future()
+    done.set_result(raw)
+    return done
+
+
+def json_of(size: int) -> bytes:
+    return b'{"name": ""}' + b" " * (size - 12)
+
+
+async def _bound(app):
     loop = asyncio.get_running_loop()
-    held = loop.create_future()  # 800 bytes declared, still arriving
-    waiting = asyncio.ensure_future(_ask(app, 800, held))
+    # 800 KiB declared: 700 KiB arrived, the rest still coming
+    rest = loop.create_future()
+    first = asyncio.ensure_future(_ask(app, 800 * KIB, given(b" " * 700 * KIB), rest))
+    # declared 10 MiB, nothing sent: holds nothing
+    never = asyncio.ensure_future(_ask(app, 10 * 1024 * KIB, loop.create_future()))
     await asyncio.sleep(0.1)
-    over = loop.create_future()  # its body comes in 0.5 s, if it is read at all
-    loop.call_later(0.5, over.set_result, b'{"name": ""}' + b" " * 488)
-    refused = await _ask(app, 500, over)  # 800 + 500 > 1000: refused before its body
-    fits = loop.create_future()
-    fits.set_result(b'{"name": ""}' + b" " * 88)
-    served = await _ask(app, 100, fits)  # 800 + 100 fits: served
-    held.set_result(None)  # the first client goes: its 800 bytes are let go
-    await waiting
-    again = loop.create_future()
-    again.set_result(b'{"name": ""}' + b" " * 488)
-    after = await _ask(app, 500, again)
-    return refused, served, after, app.held
+    held_while = app.bodies.held
+    refused = await _ask(app, 500 * KIB, given(json_of(500 * KIB)))  # 700 + 500 > 1024
+    fits = await _ask(app, 100 * KIB, given(json_of(100 * KIB)))  # 700 + 100 fits
+    small = await _ask(app, 60 * KIB, given(json_of(60 * KIB)))  # small: never counted
+    rest.set_result(None)  # the first client goes: its 700 KiB are let go
+    await first
+    after = await _ask(app, 500 * KIB, given(json_of(500 * KIB)))
+    never.cancel()
+    return held_while, refused, fits, small, after
 
 
-def test_past_the_bodies_a_process_holds_a_request_is_refused_busy(settings):
-    settings.LAKESHORE_BODY_BUFFER_BYTES = 1000
+def test_past_the_bodies_a_process_holds_a_large_body_is_refused_busy(settings):
+    settings.LAKESHORE_BODY_BUFFER_BYTES = 1024 * KIB
     app = Application(LeanPath(WSGIHandler()), threads=2)
-    refused, served, after, held = builders.run_async(_three(app))
+    held_while, refused, fits, small, after = builders.run_async(_bound(app))
+    assert held_while == 700 * KIB  # the 10 MiB declared and not sent: nothing
     status, headers, answer = refused
     assert status == 503 and headers["retry-after"] == "1"
     assert b'"code":"busy"' in answer.replace(b" ", b"")
-    # the controls: a body that fits, and one after the held body is let go, are served
-    # (by Django: no token, 401)
-    assert served[0] == 401 and after[0] == 401
-    assert held == 0
+    # the controls are served (by Django: no token, 401)
+    assert (fits[0], small[0], after[0]) == (401, 401, 401)
+    assert app.bodies.held == 0

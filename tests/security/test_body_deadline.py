@@ -120,6 +120,7 @@ def test_300_bodiless_posts_at_once_leave_the_pages_and_the_api_answering(server
     operator = builders.token("operator")
     connection.close()
     reads, answers = builders.run_async(_stall(port, base, operator))
+    print(f"\n{SOCKETS} bodiless POSTs held: reads answered in {[f'{t:.2f} s' for _, t in reads]}")
     assert [status for status, _ in reads] == [200, 200, 200], reads
     assert max(seconds for _, seconds in reads) < 2, reads
     # and every bodiless POST got its 408 at the deadline, its connection closed
@@ -144,6 +145,38 @@ def test_a_lone_bodiless_post_gets_408_at_the_deadline(server):
     assert line == b"HTTP/1.1 408 Request Timeout"
     assert b"did not arrive within 6 s" in rest and b"connection: close" in rest.lower()
     assert BODY_SECONDS - 0.2 <= took < BODY_SECONDS + 3
+
+
+async def _past_the_limit(port: int, operator: str) -> tuple[bytes, float]:
+    """An API write declaring 20 MiB and sending none of it: (its answer, seconds)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    try:
+        writer.write(
+            (
+                "POST /api/v1/queues/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Bearer {operator}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {20 * 1024 * 1024}\r\n\r\n"
+            ).encode()
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BODY_SECONDS + 10)
+        took = time.monotonic() - started
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        return head + await reader.readexactly(length), took
+    finally:
+        writer.close()
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_received(server):
+    """Django's limit (10 MiB) holds at receive time: 413 from the declared length, at
+    once, not a 408 after waiting for 20 MiB."""
+    port, _ = server
+    operator = builders.token("operator")
+    connection.close()
+    answer, took = builders.run_async(_past_the_limit(port, operator))
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert answer.endswith(b"}") and b'"code":"too_large"' in answer
+    assert took < BODY_SECONDS
 
 
 async def _slow_login(port: int, username: str, pieces: int, every: float) -> bytes:
