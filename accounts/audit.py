@@ -63,6 +63,11 @@ def record(action: str, *, queue: str = "", target: str = "", summary: str = "",
     )
 
 
+def serving_request():
+    """The request being served (serving, AuditMiddleware), or None."""
+    return _request.get()
+
+
 @contextlib.contextmanager
 def serving(request):
     """While it lasts, record() names this request's user and door."""

@@ -440,14 +440,16 @@ def open_frames(stream: str, since: int) -> waits.Holding:
     `busy` with Retry-After before its first byte: the SDK reads a stream that ends as
     complete, so a stream is refused whole rather than cut short. One that is over
     (a final frame stored, or its invocation ended) never waits: it is served."""
-    held = waits.slots.take()
+    who = waits.serving_principal()
+    held = waits.slots.take(who)
     if not held and not _over(stream):
         raise Busy(
-            "The server is serving as many waiting requests as it may "
-            "(LAKESHORE_MAX_WAITS); open the stream again shortly.",
+            "The server is serving as many waiting requests as it may (LAKESHORE_MAX_WAITS), "
+            "or as many of this token's as it may (LAKESHORE_MAX_WAITS_PER_PRINCIPAL); open "
+            "the stream again shortly.",
             retry_after=waits.retry_after(1),
         )
-    return waits.Holding(frames(stream, since), held)
+    return waits.Holding(frames(stream, since), held, who)
 
 
 def _over(stream: str) -> bool:

@@ -25,7 +25,15 @@ poll, await and result stream, and a log follow hold no thread while they wait: 
 services are written as steps (a generator that yields a Wait where it would sleep),
 which `drive` runs in a thread, sleeping there, and `drive_async` runs on the event
 loop, each step in a thread and each wait a coroutine. Those waits are bounded by
-LAKESHORE_MAX_PARKED a process instead: they cost memory, not threads."""
+LAKESHORE_MAX_PARKED a process instead: they cost memory, not threads.
+
+Each bound has a share per principal too (issue 29): one token (or a console user)
+holds at most LAKESHORE_MAX_WAITS_PER_PRINCIPAL of a process's thread waits and
+LAKESHORE_MAX_PARKED_PER_PRINCIPAL of its parked ones. Past its share, its wait is
+refused as past the whole bound (a claim answers at once with Retry-After, a follow
+what it has), while other principals still wait: one viewer's follows, or one
+daemon's claims, cannot take the room of the fleet. A daemon waits once at a time; an
+SDK worker a few."""
 
 import asyncio
 import contextlib
@@ -36,6 +44,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from accounts import audit
 from jobs import wakeup
 
 RETRY_AFTER_MAX = 30  # seconds: no refused wait is told to stay away longer
@@ -50,36 +59,82 @@ def arrived(request) -> float | None:
     return request.META.get(ARRIVED)
 
 
+def principal(request) -> tuple[str, int] | None:
+    """Whose wait a request's is: its bearer token (each daemon's credential is its
+    own), else its signed-in user (a console session); None for nobody's."""
+    if request is None:
+        return None
+    token = getattr(request, "auth", None)
+    if getattr(token, "pk", None) is not None:
+        return "token", token.pk
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        return "user", user.pk
+    return None
+
+
+def serving_principal() -> tuple[str, int] | None:
+    """The principal of the request this thread serves (the audit trail keeps it)."""
+    return principal(audit.serving_request())
+
+
+class _Shares:
+    """How many waits each principal holds, within `share` (a setting's name)."""
+
+    def __init__(self, share: str):
+        self.share = share
+        self.held: dict[tuple[str, int], int] = {}
+
+    def full(self, who) -> bool:
+        return who is not None and self.held.get(who, 0) >= getattr(settings, self.share)
+
+    def take(self, who) -> None:
+        if who is not None:
+            self.held[who] = self.held.get(who, 0) + 1
+
+    def release(self, who) -> None:
+        if who is not None:
+            left = self.held[who] - 1
+            if left:
+                self.held[who] = left
+            else:
+                del self.held[who]
+
+
 class Slots:
-    """A bounded counter: `take` never blocks; it says whether a slot was free."""
+    """A bounded counter: `take` never blocks; it says whether a slot was free, within
+    the whole bound and the principal's share."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.held = 0
         self.refused = 0  # waits refused since the process started
+        self.shares = _Shares("LAKESHORE_MAX_WAITS_PER_PRINCIPAL")
 
-    def take(self) -> bool:
+    def take(self, who=None) -> bool:
         with self._lock:
-            if self.held >= settings.LAKESHORE_MAX_WAITS:
+            if self.held >= settings.LAKESHORE_MAX_WAITS or self.shares.full(who):
                 self.refused += 1
                 return False
             self.held += 1
+            self.shares.take(who)
             return True
 
-    def release(self) -> None:
+    def release(self, who=None) -> None:
         with self._lock:
             self.held -= 1
+            self.shares.release(who)
 
     @contextlib.contextmanager
-    def admit(self) -> Iterator[bool]:
-        """`with slots.admit() as admitted:` sleep only when admitted; the slot (if
+    def admit(self, who=None) -> Iterator[bool]:
+        """`with slots.admit(who) as admitted:` sleep only when admitted; the slot (if
         any) is given back when the block ends, however it ends."""
-        admitted = self.take()
+        admitted = self.take(who)
         try:
             yield admitted
         finally:
             if admitted:
-                self.release()
+                self.release(who)
 
 
 slots = Slots()
@@ -87,21 +142,25 @@ slots = Slots()
 
 class Parked:
     """The count of waits parked on an event loop (no thread each), bounded by
-    LAKESHORE_MAX_PARKED. Touched from the loop's thread only."""
+    LAKESHORE_MAX_PARKED and each principal's share. Touched from the loop's thread
+    only."""
 
     def __init__(self):
         self.held = 0
         self.refused = 0
+        self.shares = _Shares("LAKESHORE_MAX_PARKED_PER_PRINCIPAL")
 
-    def take(self) -> bool:
-        if self.held >= settings.LAKESHORE_MAX_PARKED:
+    def take(self, who=None) -> bool:
+        if self.held >= settings.LAKESHORE_MAX_PARKED or self.shares.full(who):
             self.refused += 1
             return False
         self.held += 1
+        self.shares.take(who)
         return True
 
-    def release(self) -> None:
+    def release(self, who=None) -> None:
         self.held -= 1
+        self.shares.release(who)
 
 
 parked = Parked()
@@ -131,12 +190,14 @@ Steps = Generator[Wait, bool | None, object]
 
 
 def drive(steps: Steps):
-    """Run long-poll steps in this thread, sleeping where they wait (a slot first: a
-    wait refused one is sent None). Returns what the steps return."""
+    """Run long-poll steps in this thread, sleeping where they wait (a slot first, for
+    the principal of the request served: a wait refused one is sent None). Returns what
+    the steps return."""
+    who = serving_principal()
     try:
         wait = next(steps)
         while True:
-            with slots.admit() as admitted:
+            with slots.admit(who) as admitted:
                 woken = (
                     wakeup.listener.wait(wait.queues, wait.seen, wait.seconds, wait.renew)
                     if admitted
@@ -170,22 +231,24 @@ async def drive_async(
     *,
     first=None,
     gone: asyncio.Future | None = None,
+    who: tuple[str, int] | None = None,
 ):
     """Run long-poll steps on the event loop: each step through `run` (a worker thread:
     they touch the database), each wait a coroutine holding no thread. `first`: what
     first_step answered, when the caller ran it. `gone`: done when the client goes away;
     then the steps are closed where they wait (a claim woken after its daemon went
-    would take work for nobody) and Gone is raised. Returns what the steps return."""
+    would take work for nobody) and Gone is raised. `who`: the request's principal
+    (principal()), whose share each wait counts in. Returns what the steps return."""
     got = first if first is not None else await run(_step, steps, None)
     while not (isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE):
-        if parked.take():
+        if parked.take(who):
             try:
                 woken = await _wait(got, gone)
             except Gone:
                 await run(steps.close)
                 raise
             finally:
-                parked.release()
+                parked.release(who)
         else:
             woken = None
         if woken is False and got.ends_quietly:
@@ -241,12 +304,14 @@ def headers(claimed: list) -> dict[str, str]:
 
 
 class Holding:
-    """An iterator that holds a slot until it is closed (a streamed response: the
-    server closes it when the stream ends or the client goes, started or not)."""
+    """An iterator that holds a slot (of principal `who`) until it is closed (a
+    streamed response: the server closes it when the stream ends or the client goes,
+    started or not)."""
 
-    def __init__(self, iterator: Iterator, held: bool):
+    def __init__(self, iterator: Iterator, held: bool, who=None):
         self._iterator = iterator
         self._held = held
+        self._who = who
 
     def __iter__(self):
         return self
@@ -262,4 +327,4 @@ class Holding:
         finally:
             if self._held:
                 self._held = False
-                slots.release()
+                slots.release(self._who)

@@ -230,7 +230,12 @@ class Application:
         steps = self.answered(request, answer_steps, args, environ)
         gone = gone_when_closed(receive)
         try:
-            return await waits.drive_async(steps, functools.partial(self.run, request), gone=gone)
+            return await waits.drive_async(
+                steps,
+                functools.partial(self.run, request),
+                gone=gone,
+                who=waits.principal(request),
+            )
         finally:
             gone.cancel()
 

@@ -53,7 +53,7 @@ async def poll(app, environ, scope, receive, send, *, secure: bool):
         return await app.full_stack(scope, receive, send, body)
     status = 200
     try:
-        payload = await waits.drive_async(steps, run, first=first)
+        payload = await waits.drive_async(steps, run, first=first, who=waits.principal(request))
     except (OperationalError, InterfaceError) as exc:
         log.warning("SDK poll: database unavailable (%s); answering no work", exc)
         await asyncio.sleep(PAUSE_ON_DATABASE_ERROR)

@@ -122,7 +122,7 @@ async def await_door(app, scope, receive, send, *, namespace):
         await _finished(app)
         return await _full_stack(app, scope, receive, send, body)
     try:
-        answer = await waits.drive_async(steps, run, first=first)
+        answer = await waits.drive_async(steps, run, first=first, who=waits.principal(request))
     except Exception as exc:  # noqa: BLE001 - the view's error answer (a gone invocation)
         response = await run(_sdk_error, exc, request)
         headers = [*response.items(), ("Content-Length", str(len(response.content)))]
@@ -164,7 +164,8 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
     request, allowed = await _admitted(app, environ, _media(environ), ProducerResultStream)
     if request is None:
         return await _full_stack(app, scope, receive, send)
-    if not waits.parked.take():  # no room to park: a thread serves it, or says busy
+    who = waits.principal(request)
+    if not waits.parked.take(who):  # no room to park: a thread serves it, or says busy
         await _finished(app)
         return await _full_stack(app, scope, receive, send)
     run = functools.partial(app.run, request)
@@ -175,7 +176,7 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
         steps = sdk.frame_steps(stream, since)
         got = await run(_next, steps)
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
-        waits.parked.release()
+        waits.parked.release(who)
         if steps is not None:
             await run(steps.close)
         await _finished(app)
@@ -184,7 +185,7 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
         headers = [*_stream_headers(lean), *lean.secure_headers(allowed[1])]
         await respond_stream(send, headers, _chunks(got, steps, run, receive))
     finally:
-        waits.parked.release()
+        waits.parked.release(who)
         await run(steps.close)
         await _finished(app)
 
@@ -284,7 +285,7 @@ async def follow_door(app, scope, receive, send, *, invocation_id):
         await _finished(app)
         return await _full_stack(app, scope, receive, send)
     try:
-        page = await waits.drive_async(steps, run, first=first)
+        page = await waits.drive_async(steps, run, first=first, who=waits.principal(request))
         outcome = (serializers.LogPage(page).data, 200, ())
     except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
         outcome = await run(lean.error, exc, request)

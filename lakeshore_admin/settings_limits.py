@@ -158,3 +158,14 @@ LAKESHORE_BODY_BUFFER_BYTES = env_number(
 # setting. Legit bodies fit: a 10,000-invocation batch submit holds about 80,000, a
 # daemon's log shipment at most 400,000 (lakeshore/joblog.SHIPMENT_MAX_LINES lines).
 LAKESHORE_JSON_MAX_VALUES = env_number("LAKESHORE_JSON_MAX_VALUES", 500_000, minimum=1000)
+# Issue 29: one principal (a token, or a console user) holds at most this many of a
+# process's thread waits (LAKESHORE_MAX_WAITS) and parked waits (LAKESHORE_MAX_PARKED):
+# past its share its wait answers at once, as past the whole bound, while others still
+# wait. A daemon waits once at a time, an SDK worker a few; SDK workers that share a
+# token share its share.
+LAKESHORE_MAX_WAITS_PER_PRINCIPAL = env_number(
+    "LAKESHORE_MAX_WAITS_PER_PRINCIPAL", max(1, LAKESHORE_MAX_WAITS // 4), minimum=0
+)
+LAKESHORE_MAX_PARKED_PER_PRINCIPAL = env_number(
+    "LAKESHORE_MAX_PARKED_PER_PRINCIPAL", 1000, minimum=0
+)
