@@ -85,7 +85,7 @@ async def _requests(base: str, token: str, ids: list[int], server: psutil.Proces
         await asyncio.sleep(WAIT / 2)  # every one is waiting by now
         seen["threads"] = _threads(server)
         written = time.monotonic()
-        await asyncio.to_thread(_final_frame, ids[0])
+        await asyncio.to_thread(_final_frame, ids[-1])  # a job no follow reads
         seen["awaits"] = await asyncio.gather(*awaits)
         seen["streams"] = await asyncio.gather(*streams)
         seen["follows"] = await asyncio.gather(*follows)
@@ -136,7 +136,7 @@ def test_many_awaits_streams_and_follows_wait_at_once_holding_no_thread(tmp_path
     assert min(took for _, took in awaits) >= WAIT - 0.5
     assert max(took for _, took in awaits) < 3 * WAIT
     assert all(r.status_code == 200 for r, _, _ in streams)
-    done, *quiet = streams
+    *quiet, done = streams
     assert msgpack.unpackb(done[2]) == [2, 0, "done", None]
     assert seen["frame_after"] is not None and seen["frame_after"] < 1.0
     assert all(body == b"" and took >= WAIT - 0.5 for _, took, body in quiet)
