@@ -287,6 +287,8 @@ class SlurmDriver(Driver):
                 ]
                 job_id = slurm.sbatch(batch_script(command, queue, daemon, t), options, env)
             except (ProviderError, OSError) as exc:
+                for unsubmitted, _ in minted[index:]:
+                    remove_daemon_home(unsubmitted.name)
                 launch_failed_after_commit(
                     queue_id=queue.pk,
                     daemon_ids=[d.pk for d, _ in minted[index:]],

@@ -20,6 +20,7 @@ from rest_framework.test import APIClient
 from fleet import controller
 from fleet.driver_base import DRIVERS, server_free_environ
 from fleet.models import Daemon
+from queues.models import QueueEvent
 from tests import builders
 from tests.api.assertions import assert_error
 from tests.e2e.test_daemon import _wait_for
@@ -85,6 +86,8 @@ FAKE_SBATCH = """\
         seen = {{"argv": sys.argv[1:], "env": dict(os.environ), "script": sys.stdin.read()}}
         json.dump(seen, out)
         out.write("\\n")
+    if os.environ.get("FAKE_SBATCH_REFUSES"):
+        sys.exit("sbatch: error: invalid partition specified: nope")
     print("4242")
 """
 
@@ -133,6 +136,21 @@ def test_a_slurm_job_exports_only_the_daemons_names_and_starts_in_its_home(
     assert home.is_dir() and home.stat().st_mode & 0o777 == 0o700
     assert call["env"]["LAKESHORE_TOKEN"] not in call["script"] + " ".join(call["argv"])
     assert Daemon.objects.get().external_id == "4242"
+
+
+def test_a_refused_sbatch_leaves_no_home_behind(settings, tmp_path, sbatch, monkeypatch):
+    settings.VAR_DIR = tmp_path / "var"
+    monkeypatch.setenv("FAKE_SBATCH_REFUSES", "1")
+    builders.provider(name="hpc", kind="slurm", config={"partition": "nope"})
+    queue = builders.queue(
+        name="train", provider="hpc", elasticity_spec={"kind": "fixed", "min": 2}
+    )
+
+    controller.tick_queue(queue.pk)
+
+    assert len(sbatch()) == 1  # the first refusal fails the rest of the launch
+    assert "invalid partition specified" in QueueEvent.objects.get(action="launch_failed").reason
+    assert list((tmp_path / "var" / "homes").iterdir()) == []
 
 
 @pytest.fixture
