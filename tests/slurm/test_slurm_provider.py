@@ -14,7 +14,7 @@ from django.utils import timezone
 from accounts.models import ApiToken
 from fleet import controller
 from fleet.models import Daemon
-from fleet.services import provider_status
+from fleet.services import provider_status, providers_observe
 from jobs import services
 from jobs.models import Invocation
 from queues.models import Queue, QueueEvent
@@ -324,6 +324,8 @@ def test_a_server_without_slurm_conf_says_how_to_point_it_at_the_cluster(
 ):
     monkeypatch.delenv("SLURM_CONF", raising=False)
     provider = builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
+    providers_observe(now=timezone.now())  # the tick observes; a read shows what it saw
+    provider.refresh_from_db()
     status = provider_status(provider)
     assert status["reachable"] is False
     assert "sinfo failed" in status["error"]
