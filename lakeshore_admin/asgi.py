@@ -47,6 +47,8 @@ from django.db import close_old_connections
 from lakeshore_admin.wsgi import application as lean_path  # sets Django up: before the apps
 
 # isort: split
+from rest_framework.exceptions import AuthenticationFailed
+
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
 from fleet.api import protocol
@@ -64,6 +66,7 @@ from lakeshore_admin.asgi_io import (
     read_all,
     replay,
     respond,
+    withheld,
 )
 from lakeshore_admin.fastpath import ASK_IN_THREAD, TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, body_limit
@@ -114,11 +117,12 @@ class Application:
         """The WSGI application answers in a thread of its pool, given the whole body:
         `body` when a door has read it, else the body received here first, on this loop.
         None is received when Django answers without it: a multipart body (415 here),
-        a request whose bearer token is refused (`refused`: a door checked it; DRF
-        refuses before its parsers run), a body with no length (Django reads none)
-        or past every route's limit (Django answers 413 from the length). Past the
-        bodies this process may hold (LAKESHORE_BODY_BUFFER_BYTES: asgi_io.Bodies),
-        503 busy here, the rest unread."""
+        a body with no length (Django reads none), a request whose bearer token is
+        refused (`refused`: a door checked it; DRF refuses before its parsers run) or
+        whose length is past its type's limit (Django answers 413 from the length):
+        for these two a read of the body fails (asgi_io.withheld), never finds it
+        empty. Past the bodies this process may hold (LAKESHORE_BODY_BUFFER_BYTES:
+        asgi_io.Bodies), 503 busy here, the rest unread."""
         if body is not None:
             return await self.wsgi(scope, replay(body, receive), send)
         media_type, length, bearer = body_head(scope)
@@ -128,10 +132,12 @@ class Application:
                 "(forms post application/x-www-form-urlencoded, the API JSON)."
             )
             return await self.refuse(scope, send, 415, "unsupported_media_type", message)
-        if not length or refused or length > largest_body(media_type):
+        if not length:  # none, or no length: Django reads nothing
             return await self.wsgi(scope, replay(b"", receive), send)
+        if refused or length > largest_body(media_type):
+            return await self.wsgi(scope, withheld, send)
         if bearer is not None and not await self.authenticates(bearer):
-            return await self.wsgi(scope, replay(b"", receive), send)
+            return await self.wsgi(scope, withheld, send)
         try:
             body, held = await self.bodies.read(receive, length)
         except Disconnected:  # the client went, or its body was late (408 sent)
@@ -150,8 +156,10 @@ class Application:
             return True
         try:
             await self.run(None, authenticate_token, bearer)
-        except Exception:  # noqa: BLE001 - refused, or the database: Django says which
+        except AuthenticationFailed:
             return False
+        except Exception:  # noqa: BLE001 - the database: the body is taken, Django answers
+            return True
         return True
 
     async def refuse(self, scope, send, status, code, message, *, retry_after=None):

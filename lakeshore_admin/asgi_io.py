@@ -113,6 +113,17 @@ def body_head(scope) -> tuple[str, int | None, str | None]:
     return media_type, length, bearer
 
 
+class Withheld(OSError):
+    """A body the server did not receive was read (Django: UnreadablePostError)."""
+
+
+async def withheld():
+    """A receive for a request whose body is not received (Django answers it without
+    one): reading the body fails, as a broken connection's does, rather than finding
+    it empty."""
+    raise Withheld("the request body was not received")
+
+
 def replay(body: bytes, receive):
     """A receive (a coroutine function, which a2wsgi needs) that gives the body read
     once more, then the client's messages."""
