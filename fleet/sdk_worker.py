@@ -9,12 +9,12 @@ from jobs.models import SDK_WIRES, TOPIC, Invocation, InvocationState
 from jobs.sdk import (
     POLL_MAX_SECONDS,
     SDK_STATE,
-    insert_frame,
     read_blob,
     read_invocation_id,
     read_number,
     read_text,
 )
+from jobs.sdk_frames import insert_frame
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 
 # What the SDK's worker acks: its own words, and ours (protocol.invocation_complete).

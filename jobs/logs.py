@@ -35,13 +35,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs import services, waits, wakeup
+from jobs.log_rows import CHUNK_MAX_LINES, KeptRows, cut_tail
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState, JobLog, LogChunk
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
 
 LINE_MAX_BYTES = 16 * 1024
-CHUNK_MAX_LINES = 10_000
 CHUNKS_MAX = 100
-JOIN_MAX_BYTES = 64 * 1024  # a row grows to this by joining small shipments (at most)
 READ_MAX_LINES = 10_000
 READ_DEFAULT_LINES = 1000
 READ_MAX_BYTES = 1024 * 1024
@@ -108,7 +107,7 @@ def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
         _refuse_closed({_key(chunk) for chunk in chunks} & set(held), held)
         keys = sorted({key for chunk in chunks if (key := _key(chunk)) in held})
         logs = _locked_logs(keys)
-        kept = _Rows(logs)
+        kept = KeptRows(logs)
         for chunk in chunks:
             key = _key(chunk)
             if key not in held:
@@ -125,7 +124,7 @@ def ship(*, daemon_id: int, chunks: list[dict]) -> list[dict]:
         half = settings.LAKESHORE_LOG_MAX_BYTES // 2
         rows_half = settings.LAKESHORE_LOG_MAX_ROWS // 2
         for log in logs.values():
-            _cut_tail(log, half, rows_half)  # only a log past a tail's half does anything
+            cut_tail(log, half, rows_half)  # only a log past a tail's half does anything
             log.updated_at = timezone.now()
         JobLog.objects.bulk_update(list(logs.values()), _LOG_FIELDS)
     return answers
@@ -171,7 +170,6 @@ _LOG_FIELDS = [
     "next_seq",
     "updated_at",
 ]
-_JOINED_FIELDS = ["count", "bytes", "streams", "times", "text"]
 
 
 def _key(chunk: dict) -> tuple[int, int]:
@@ -200,71 +198,7 @@ def _locked_logs(keys: list[tuple[int, int]]) -> dict[tuple[int, int], JobLog]:
     }
 
 
-class _Rows:
-    """The LogChunk rows a shipment writes: new lines are joined to their attempt's last
-    row (one read of those rows, by JobLog.last_row) while that row is of the same part
-    (head or tail), they follow it, no lines were dropped between, and it stays within
-    CHUNK_MAX_LINES lines and _join_bytes(); else they make a new row. A daemon that
-    ships a line at a time so fills a row, not a row a line."""
-
-    def __init__(self, logs: dict[tuple[int, int], JobLog]):
-        wanted = [log.last_row for log in logs.values() if log.last_row is not None]
-        stored = LogChunk.objects.in_bulk(wanted) if wanted else {}
-        self.logs = logs
-        self.last = {key: stored.get(log.last_row) for key, log in logs.items()}
-        self.made: list[tuple[tuple[int, int], LogChunk]] = []
-        self.joined: dict[int, LogChunk] = {}  # stored rows that took new lines
-
-    def joins(
-        self, log: JobLog, first_line: int, size: int, count: int, dropped: int, *, in_head: bool
-    ) -> bool:
-        row = self.last[(log.invocation_id, log.attempt)]
-        return (
-            row is not None
-            and not dropped
-            and row.in_head == in_head
-            and row.first_line + row.count == first_line
-            and row.count + count <= CHUNK_MAX_LINES
-            and row.bytes + size <= _join_bytes()
-        )
-
-    def add(self, log, first_line, lines, sizes, dropped, *, in_head: bool) -> None:
-        key = (log.invocation_id, log.attempt)
-        if self.joins(log, first_line, sum(sizes), len(lines), dropped, in_head=in_head):
-            row = self.last[key]
-            row.count += len(lines)
-            row.bytes += sum(sizes)
-            row.streams += "".join(stream for stream, _, _ in lines)
-            row.times = [*row.times, *(at for _, at, _ in lines)]
-            row.text += "\n" + "\n".join(text for _, _, text in lines)
-            if row.pk is not None:
-                self.joined[row.pk] = row
-            return
-        row = _row(log, first_line, lines, sizes, dropped, in_head=in_head)
-        if in_head:
-            log.head_rows += 1
-        else:
-            log.tail_rows += 1
-        self.last[key] = row
-        self.made.append((key, row))
-
-    def save(self) -> None:
-        """Write the new rows and the joined ones; each log notes its last row."""
-        LogChunk.objects.bulk_create([row for _, row in self.made])
-        if self.joined:
-            LogChunk.objects.bulk_update(list(self.joined.values()), _JOINED_FIELDS)
-        for key, row in self.last.items():
-            if row is not None:
-                self.logs[key].last_row = row.pk
-
-
-def _join_bytes() -> int:
-    """The bytes a row grows to by joining: small against the tail's half, so that
-    cutting the tail's oldest row cuts little."""
-    return min(JOIN_MAX_BYTES, settings.LAKESHORE_LOG_MAX_BYTES // 16)
-
-
-def _append(log: JobLog, chunk: dict, kept: _Rows) -> None:
+def _append(log: JobLog, chunk: dict, kept: KeptRows) -> None:
     """Count the chunk into its log and cut it into what the head keeps and what the
     tail keeps (its front cut if it alone is past the tail's half), into `kept`. The
     head is full at its half of the bytes, or of the rows (LAKESHORE_LOG_MAX_ROWS)."""
@@ -303,47 +237,6 @@ def _append(log: JobLog, chunk: dict, kept: _Rows) -> None:
     if tail < len(lines):
         kept.add(log, first + tail, lines[tail:], sizes[tail:], dropped, in_head=False)
         log.tail_bytes += rest
-
-
-def _row(log, first_line, lines, sizes, dropped, *, in_head: bool) -> LogChunk:
-    return LogChunk(
-        invocation_id=log.invocation_id,
-        attempt=log.attempt,
-        first_line=first_line,
-        count=len(lines),
-        bytes=sum(sizes),
-        streams="".join(stream for stream, _, _ in lines),
-        times=[at for _, at, _ in lines],
-        text="\n".join(text for _, _, text in lines),
-        dropped=dropped,
-        in_head=in_head,
-    )
-
-
-CUT_BATCH = 1000  # the tail's oldest rows one look reads
-
-
-def _cut_tail(log: JobLog, half: int, rows_half: int) -> None:
-    """Delete the tail's oldest rows while it holds more than half the bytes, or more
-    than half the rows."""
-    while log.tail_bytes > half or log.tail_rows > rows_half:
-        oldest = LogChunk.objects.filter(
-            invocation_id=log.invocation_id, attempt=log.attempt, in_head=False
-        ).order_by("first_line")
-        doomed = []
-        for row in oldest.values("pk", "count", "bytes")[:CUT_BATCH]:
-            if log.tail_bytes <= half and log.tail_rows <= rows_half:
-                break
-            doomed.append(row["pk"])
-            log.tail_bytes -= row["bytes"]
-            log.tail_rows -= 1
-            log.cut_lines += row["count"]
-            log.cut_bytes += row["bytes"]
-        if not doomed:
-            return
-        LogChunk.objects.filter(pk__in=doomed).delete()
-        if log.last_row in doomed:
-            log.last_row = None
 
 
 # ---------------------------------------------------------------------------- reading

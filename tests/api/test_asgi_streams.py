@@ -15,7 +15,7 @@ from django.db import connection
 from django.urls import reverse
 
 from accounts.authentication import token_cache
-from jobs import sdk, services, waits, wakeup
+from jobs import sdk_frames, services, waits, wakeup
 from jobs.models import Invocation
 from lakeshore_admin.asgi import Application
 from lakeshore_admin.fastpath import LeanPath
@@ -176,7 +176,7 @@ def _running_sdk_job() -> Invocation:
 def _write(job: Invocation, seq: int, frame: bytes, final: bool = False) -> None:
     """A frame of the job's attempt, as its holder writes it; a final one, then the ack
     (an attempt's final frame ends the stream once its invocation has ended)."""
-    sdk.insert_frame(str(job.pk), seq, frame, final, attempt=job.attempts)
+    sdk_frames.insert_frame(str(job.pk), seq, frame, final, attempt=job.attempts)
     if final:
         Invocation.objects.filter(pk=job.pk).update(state="succeeded")
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from django.db import connection
 
-from jobs import sdk, services
+from jobs import sdk_frames, services
 from jobs.models import Invocation
 from tests import builders
 from tests.e2e.servers import gunicorn
@@ -100,7 +100,7 @@ def _final_frame(pk: int) -> None:
         # the awaits); the stream then waits for more (an attempt's final frame ends it
         # only once the invocation has ended)
         Invocation.objects.filter(pk=pk).update(attempts=1)
-        sdk.insert_frame(str(pk), 0, msgpack.packb([2, 0, "done", None]), False, attempt=1)
+        sdk_frames.insert_frame(str(pk), 0, msgpack.packb([2, 0, "done", None]), False, attempt=1)
     finally:
         connection.close()
 

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from accounts.services import token_create
 from fleet import sdk_worker
 from fleet.models import Daemon
-from jobs import sdk
+from jobs import sdk, sdk_frames
 from jobs.models import Invocation, InvocationState, ResultFrame, ResultStream
 from jobs.retention import retention_sweep
 from jobs.transitions import rescue
@@ -224,4 +224,4 @@ def test_a_credentials_topic_budget_comes_back_as_retention_sweeps_its_topics(se
 def test_a_session_writes_no_topic():
     """A console session has no credential to count a topic's frames against."""
     with pytest.raises(Forbidden):
-        sdk.insert_frame("topic", 0, b"x", False)
+        sdk_frames.insert_frame("topic", 0, b"x", False)
