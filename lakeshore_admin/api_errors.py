@@ -146,7 +146,7 @@ def _leaves(detail, prefix: str = ""):
         yield prefix or "__all__", str(detail)
 
 
-def first_errors(detail) -> tuple[dict[str, str], int]:
+def _first_errors(detail) -> tuple[dict[str, str], int]:
     """({field: message} of the first ERRORS_SHOWN errors, how many more there are)."""
     shown: dict[str, str] = {}
     more = 0
@@ -195,7 +195,7 @@ def exception_handler(exc, context):
     if response is None:
         return None
     if isinstance(exc, exceptions.ValidationError):
-        fields, more = first_errors(exc.detail)
+        fields, more = _first_errors(exc.detail)
         extra = {"more_errors": more} if more else {}
         response.data = error_body("invalid", _summary(fields, more), fields, **extra)
         response.status_code = status.HTTP_400_BAD_REQUEST

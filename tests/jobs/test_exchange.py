@@ -275,10 +275,14 @@ def test_a_viewer_may_not_exchange(world):
     assert _exchange(viewer, me, limit=1).status_code == 403
 
 
-def test_an_unknown_daemon_is_404(daemon_client, world):
-    response = _exchange(daemon_client, 999_999, limit=1)
+def test_an_unknown_daemon_is_404(operator, daemon_client, world):
+    response = _exchange(operator, 999_999, limit=1)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
+    # a daemon token speaks for no other daemon, whether it exists or not (issue 29)
+    response = _exchange(daemon_client, 999_999, limit=1)
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "not_your_daemon"
 
 
 @pytest.mark.parametrize(
