@@ -43,6 +43,7 @@ BAD_TEXT = {
     "CSRF_TRUSTED_ORIGINS": "admin.example.com",
     "LAKESHORE_PUBLIC_URL": "127.0.0.1:8080",
     "LAKESHORE_ALLOWED_MODULES": "my_jobs,my-jobs",
+    "LAKESHORE_SLURM_CONF_DIRS": "etc/slurm",
 }
 FREE_TEXT = {
     "DJANGO_SECRET_KEY": "any text is a key",
