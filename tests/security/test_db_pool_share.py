@@ -110,11 +110,13 @@ def stuck_patches(base: str, count: int) -> InThreads:
 
 
 def a_daemon(base: str) -> tuple[str, str, str]:
-    """(daemon id, its own credential, the bootstrap token), registered through the API."""
+    """(daemon id, its own credential, the bootstrap token), registered through the API,
+    on queue d: not the queue whose row the test holds, which a claim waits for (by
+    design: a queue's change fences its claims), whatever the pool."""
     bootstrap = builders.token("daemon")
     answer = httpx.post(
         f"{base}/api/v1/daemons/register/",
-        json={"name": f"d-{time.monotonic_ns()}", "queues": ["w"]},
+        json={"name": f"d-{time.monotonic_ns()}", "queues": ["d"]},
         headers=bearer(bootstrap),
     )
     assert answer.status_code == 201, answer.text
@@ -134,7 +136,7 @@ def status(method: str, url: str, token: str | None = None, body: dict | None = 
 def daemon_calls(base: str, daemon: str, token: str, bootstrap: str) -> dict:
     """What each of a daemon's calls and /readyz answered, sent one after another."""
     at = f"{base}/api/v1/daemons/{daemon}"
-    another = {"name": f"d-{time.monotonic_ns()}", "queues": ["w"]}
+    another = {"name": f"d-{time.monotonic_ns()}", "queues": ["d"]}
     return {
         "heartbeat": status("POST", f"{at}/heartbeat/", token, {"held": []}),
         "claim": status("POST", f"{at}/claim/", token, {"limit": 1, "wait": 0}),
@@ -145,6 +147,7 @@ def daemon_calls(base: str, daemon: str, token: str, bootstrap: str) -> dict:
 
 def test_the_daemons_keep_their_connections_while_other_requests_hold_the_rest(server):
     builders.queue("w")
+    builders.queue("d")
     daemon, token, bootstrap = a_daemon(server)
     operator = builders.token("operator")
 
@@ -167,6 +170,7 @@ def test_control_with_no_reserve_other_requests_take_the_daemons_connections(
     env = environment(tmp_path, **POOL, LAKESHORE_DB_POOL_RESERVE="0")
     with gunicorn(tmp_path, env) as (base, _):
         builders.queue("w")
+        builders.queue("d")
         daemon, token, bootstrap = a_daemon(base)
         with held_row("w"):
             patches = stuck_patches(base, 4)  # the whole pool
