@@ -19,6 +19,7 @@ from django.db import connection
 from django.utils import timezone
 
 from fleet.models import Daemon, DaemonState
+from jobs.models import Invocation
 from tests import builders
 from tests.e2e.servers import environment, gunicorn
 
@@ -93,6 +94,7 @@ async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) 
                 "/api/v1/jobs/", json={"function": ECHO, "queue": "idle"}, headers=headers
             )
         assert job.status_code == 201, job.text
+        seen["job"] = job.json()["id"]
         answers = []
         for done in asyncio.as_completed(tasks):
             response, took = await done
@@ -101,6 +103,15 @@ async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) 
                 seen["claimed"] = time.monotonic() - submitted
     seen["answers"] = answers
     return seen
+
+
+def _submit_to_claim(pk: int) -> float:
+    """Seconds from the job's submit to its claim, as the server recorded them (its
+    INSERT, the claim's UPDATE): what the clients' loop, busy with 1,000 answers on the
+    same 2 cores, adds before it reads the answer is not the server's."""
+    job = Invocation.objects.get(pk=pk)
+    connection.close()
+    return (job.started_at - job.created_at).total_seconds()
 
 
 def _run(base: str, server: psutil.Process) -> dict:
@@ -126,7 +137,9 @@ def test_a_thousand_idle_daemons_wait_at_once_holding_no_thread(tmp_path):
     claimed = [r.json() for r, _ in answers if r.json()]
     assert len(claimed) == 1 and claimed[0][0]["function"] == ECHO
     # the job reached a parked claim at once (a generous bound: 2 cores, 1,000 clients)
-    assert seen["claimed"] is not None and seen["claimed"] < 2.0
+    claimed_after = _submit_to_claim(seen["job"])
+    print(f"submit to claim: {claimed_after:.3f} s (the clients read it {seen['claimed']:.3f} s)")
+    assert claimed_after < 2.0
     # every other claim waited its whole wait, all at once: in turns through the 2 × 32
     # threads they would take 1,000 / 64 × 6 s, over 90 s (the bound leaves room for the
     # first steps of 1,000 claims on 2 cores, which also run the clients)
