@@ -20,10 +20,17 @@ import os
 import threading
 from pathlib import Path
 
+import django
 import psycopg
 from a2wsgi import WSGIMiddleware
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The server's own HTTP protocol (lakeshore_admin/http_protocol.py, which gunicorn_conf
+# names) renders a late body's 408 as the site renders its errors, so a worker needs
+# Django set up before it loads it: done once as the app loads, never per request.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
+django.setup()
 
 
 def _statement() -> str:
