@@ -15,20 +15,10 @@ from rest_framework.test import APIClient
 from accounts.services import token_create
 from fleet import registration
 from tests import builders
+from tests.sdk.test_sdk_rules import ENVELOPE  # an SDK call's envelope, as its producer packs it
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["viewer", "operator", "daemon token (bootstrap)", "daemon credential", "administrator"]
-ENVELOPE = msgpack.packb(
-    {
-        "v": 1,
-        "id": "01J",
-        "fn": {"kind": "ref", "module": "pkg.mod", "qualname": "train", "src_hash": "x"},
-        "args": msgpack.packb([1]),
-        "kwargs": msgpack.packb({}),
-        "prefix": "",
-        "key": None,
-    }
-)
 
 
 def roles_table() -> dict[str, dict[str, str]]:
