@@ -12,13 +12,13 @@ from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts import audit, services
-from accounts.console import console_view
+from accounts.console_access import console_view
 from accounts.filters import EventFilter, TokenFilter
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
 from fleet.models import Daemon
-from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.lists import ConsoleListView
+from lakeshore_admin.pages import after_action, back_url
 from queues.models import Queue
 
 DAEMON_TARGET = re.compile(r"^daemon (\d+)$")
@@ -26,7 +26,7 @@ MOMENT = {"type": "datetime-local"}
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
-class EventList(ConsoleListView):
+class EventListPage(ConsoleListView):
     """Newest first. Its rows come from two tables, merged by accounts/audit.py, so its
     key is a row's (at, kind, id) and its pages are read by audit.timeline_rows()."""
 
@@ -83,7 +83,7 @@ class EventList(ConsoleListView):
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
-class TokenList(ConsoleListView):
+class TokenListPage(ConsoleListView):
     """API tokens, newest first: what each may do and whether it still works. Never a
     secret: tokens are stored hashed, and the page shows a token's first characters."""
 

@@ -21,7 +21,7 @@ from django.db import connection
 from bench import queue_bench as qb  # sets up Django on the bench's own database
 from fleet import protocol
 from fleet.models import Daemon
-from jobs.transitions import claiming
+from jobs.transitions import claim
 from queues.models import Queue
 
 CLAIMS = int(os.environ.get("BENCH_CLAIMS", "1000"))  # per thread, alternating
@@ -55,7 +55,7 @@ WITH me AS (
 )
 SELECT * FROM taken
 """
-NOW = claiming._CLAIM_SQL
+NOW = claim._CLAIM_SQL
 VARIANTS = {"issue 17": NOW, "before": BEFORE}
 
 
@@ -63,7 +63,7 @@ _chosen = threading.local()
 
 
 class _ThreadsChoice(str):
-    """In place of claiming._CLAIM_SQL: the statement this thread chose."""
+    """In place of claim._CLAIM_SQL: the statement this thread chose."""
 
     def format(self, *args, **kwargs):
         return VARIANTS[getattr(_chosen, "name", "issue 17")].format(*args, **kwargs)
@@ -101,7 +101,7 @@ def latency(kind: str, threads: int, limit: int, claims: int) -> dict:
 
 
 def claim_latency() -> None:
-    claiming._CLAIM_SQL = _ThreadsChoice(NOW)
+    claim._CLAIM_SQL = _ThreadsChoice(NOW)
     for kind in ("fifo", "priority"):
         for threads, limit in ((1, 1), (1, 10), (4, 10)):
             seen = latency(kind, threads, limit, CLAIMS)
@@ -111,13 +111,13 @@ def claim_latency() -> None:
                 f"{now:6,.0f} µs now, {before:6,.0f} µs before ({now / before - 1:+.1%}); "
                 f"{len(seen['issue 17']):,} claims of each"
             )
-    claiming._CLAIM_SQL = NOW
+    claim._CLAIM_SQL = NOW
 
 
 def large(size: int = 1024 * 1024, n: int = 200, limit: int = 100) -> None:
     """One claim of `limit` over invocations of `size` bytes of arguments each."""
     for name, sql in VARIANTS.items():
-        claiming._CLAIM_SQL = sql
+        claim._CLAIM_SQL = sql
         qb.reset()
         Queue.objects.create(name="L")
         with connection.cursor() as cursor:
@@ -140,7 +140,7 @@ def large(size: int = 1024 * 1024, n: int = 200, limit: int = 100) -> None:
             f"({len(got) * size / 1024 / 1024:,.0f} MiB; "
             f"LAKESHORE_CLAIM_MAX_BYTES {settings.LAKESHORE_CLAIM_MAX_BYTES / 1024 / 1024:g} MiB)"
         )
-    claiming._CLAIM_SQL = NOW
+    claim._CLAIM_SQL = NOW
 
 
 def main() -> None:

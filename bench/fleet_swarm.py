@@ -59,7 +59,7 @@ from lakeshore.client import TIMEOUT_SECONDS, long_poll, retry_after
 from lakeshore.commands.daemon_run import run as daemon_run_command
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import BACKOFF_MAX, BACKOFF_START, DAEMON_LOST, DAEMON_TERMINATED
-from lakeshore.worker.claiming import WIRES
+from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.daemon import Worker
 from lakeshore.worker.heartbeat import claims_renew
 from lakeshore.worker.lifecycle import Lifecycle

@@ -6,7 +6,7 @@ changed rather than how many queues there are.
    `squeue` for all of a Slurm provider's queues), outside any transaction.
 2. In one transaction: take the queues' locks in one statement (a queue another tick
    holds is skipped); bring the records up to date, once per provider
-   (Driver.sync_queues); read every queue's signals (queues/signals.py), its
+   (Driver.sync_queues); read every queue's signals (queues/pressure.py), its
    scale-down window (elasticity.window_peaks) and its latest event, a statement each.
 3. Decide in memory with `plan`, as a tick of one queue does. Only a queue that
    launches or terminates runs statements of its own (in a savepoint: its failure
@@ -35,7 +35,7 @@ from fleet.controller_queues import managed, starting
 from fleet.driver_base import driver_for
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin import hooks
-from queues import samples, signals
+from queues import pressure, samples
 from queues import services as queue_services
 from queues.elasticity import plan, window_peaks
 from queues.models import EventAction, Queue, QueueEvent
@@ -73,7 +73,7 @@ def tick(
         ready = [q for q in fresh if q.pk not in errors]
         if any(observed.get(q.pk) is not None for q in ready):
             _refresh_launch_fields(ready)  # a sync may have counted a failed launch
-        signals.read(ready)
+        pressure.read(ready)
         peaks = window_peaks([q.pk for q in ready], now=now)
         latest = _latest_events(ready)
         for queue in sorted(ready, key=lambda q: q.pk):

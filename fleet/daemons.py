@@ -30,7 +30,7 @@ from fleet.models import (
 )
 from fleet.parked import write_every
 from jobs.models import Invocation
-from jobs.transitions import claiming, completion, kill, rescue
+from jobs.transitions import claim, completion, kill, rescue
 from jobs.transitions.states import RUNNING
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
 from lakeshore_admin.errors import Conflict
@@ -75,7 +75,7 @@ def refresh_live(daemon: Daemon) -> Daemon:
 
 # Busy/idle follow what the daemon runs, lazily, so that the daemon's row is not written
 # on every call: a claim that takes work marks it busy in its own statement (when it is
-# not busy already: jobs/transitions/claiming.py), and it goes back to idle here (touch), at its
+# not busy already: jobs/transitions/claim.py), and it goes back to idle here (touch), at its
 # next claim that finds nothing, at a completion when nothing is queued for it
 # (completed), or at its next heartbeat, whichever comes first. So a daemon working
 # through a backlog, completing and claiming again, writes its row at neither. At worst
@@ -150,11 +150,7 @@ def completed(daemon: Daemon, *, claim_follows: bool = False) -> None:
     claim comes at once: it has a free slot), that claim says busy or idle, and only a
     heartbeat that is due is renewed. Otherwise (the daemon long-polls an empty queue
     while this report goes on its own) it becomes idle now if it runs nothing more."""
-    if (
-        claim_follows
-        or daemon.state != DaemonState.BUSY
-        or claiming.any_queued(daemon.queues or [""])
-    ):
+    if claim_follows or daemon.state != DaemonState.BUSY or claim.any_queued(daemon.queues or [""]):
         if heartbeat_due(daemon):
             touch(daemon.pk)
         return

@@ -1,7 +1,7 @@
 """The daemon protocol's claim and completion: a daemon takes queued invocations of its
 queues (each to exactly one daemon, in its queues' order and each queue's kind) and
 reports how they ended. Its doors: POST /api/v1/daemons/ID/claim|exchange|complete/
-(fleet/api/protocol.py, and the lean path) and the SDK worker's poll and ack
+(fleet/api/protocol_views.py, and the lean path) and the SDK worker's poll and ack
 (fleet/sdk_worker.py). The state changes themselves are in jobs/transitions/."""
 
 import random
@@ -17,7 +17,7 @@ from jobs import waits, wakeup
 from jobs.claim_room import ClaimRoom
 from jobs.models import Invocation, InvocationState, Wire
 from jobs.services import boltzmann_pick, levels_for, levels_learnt
-from jobs.transitions import claiming, completion
+from jobs.transitions import claim, completion
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict, NotFound
 from queues.models import Queue, QueueKind
@@ -51,7 +51,7 @@ def _claim_boltzmann(
         level = boltzmann_pick(levels, queue.temperature, rng)
         ran = True
         got = room.took(
-            claiming.claim(
+            claim.claim(
                 daemon_id=daemon_id,
                 queue=queue.name,
                 order="oldest",
@@ -197,7 +197,7 @@ def _none_queued(names: list[str]) -> bool:
     if wakeup.listener.known_empty(names):
         return True
     mark = wakeup.listener.empty_mark(names)
-    if claiming.any_queued(names):
+    if claim.any_queued(names):
         return False
     wakeup.listener.note_empty(names, mark)
     return True
@@ -249,7 +249,7 @@ def _claim_once(
                 break
             if isinstance(queue, str):
                 claimed += room.took(
-                    claiming.claim(
+                    claim.claim(
                         daemon_id=daemon.pk,
                         queue=queue,
                         order="oldest",
@@ -265,7 +265,7 @@ def _claim_once(
                 locked = locked or ran
             else:
                 claimed += room.took(
-                    claiming.claim(
+                    claim.claim(
                         daemon_id=daemon.pk,
                         queue=queue.name,
                         order=_ORDER[queue.kind],

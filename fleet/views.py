@@ -8,22 +8,22 @@ from django.urls import reverse
 from django.utils.decorators import method_decorator
 from django.views.decorators.http import require_GET, require_POST
 
-from accounts.console import console_view
+from accounts.console_access import console_view
 from accounts.roles import can_operate
-from fleet import commands, daemons, services
+from fleet import daemons, orders, services
 from fleet.filters import DaemonFilter
 from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs import services as job_services
 from jobs.models import Invocation, InvocationState
-from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.errors import Conflict, DomainError, NotFound
 from lakeshore_admin.lists import ConsoleListView
+from lakeshore_admin.pages import after_action, back_url
 
 DAEMON_PAGE = 100
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
-class DaemonList(ConsoleListView):
+class DaemonListPage(ConsoleListView):
     """Newest first; the live ones unless the address asks for states or an id."""
 
     template_name = "queues/daemon_list.html"
@@ -103,7 +103,7 @@ def job_stop(request, invocation_id: int):
                 f"Job {job.pk} is not running on a daemon ({job.state}).",
                 code="invocation_not_running",
             )
-        commands.daemon_exec(daemon=job.daemon, verb="kill", invocation_id=job.pk)
+        orders.daemon_exec(daemon=job.daemon, verb="kill", invocation_id=job.pk)
         messages.success(
             request,
             f"Job {job.pk} killed; daemon {job.daemon_id} stops its processes at its next "

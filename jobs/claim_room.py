@@ -1,7 +1,7 @@
 """A claim's answer is bounded by bytes (issue 17): LAKESHORE_CLAIM_MAX_BYTES of
 arguments, and always at least one invocation.
 
-The claim statement (jobs/transitions/claiming.py) enforces the bound itself: of the candidates
+The claim statement (jobs/transitions/claim.py) enforces the bound itself: of the candidates
 it locks, in its order, it takes those whose arguments add up to at most its `room`,
 and the first whatever it weighs when it starts the answer. A claim of several
 statements (a daemon with several queues, a Boltzmann queue's levels) carries what is

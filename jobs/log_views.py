@@ -6,7 +6,7 @@ from django.http import Http404, StreamingHttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from accounts.console import console_view
+from accounts.console_access import console_view
 from jobs import logs
 from jobs.models import Invocation
 from lakeshore_admin.errors import NotFound

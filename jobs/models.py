@@ -51,7 +51,7 @@ TERMINAL_STATES = [
 ACTIVE_STATES = [InvocationState.QUEUED, InvocationState.RUNNING]
 # `jobs kill` (services.invocation_kill, transitions.kill.kill_queued): only while it waits.
 KILLABLE_STATES = [InvocationState.QUEUED]
-# `daemon exec kill` (fleet.commands.daemon_exec, transitions.kill.kill_running): while it runs.
+# `daemon exec kill` (fleet.orders.daemon_exec, transitions.kill.kill_running): while it runs.
 STOPPABLE_STATES = [InvocationState.RUNNING]
 # What a daemon may report of an attempt it ran (transitions.complete).
 REPORTED_STATES = [InvocationState.SUCCEEDED, InvocationState.FAILED, InvocationState.TIMEOUT]

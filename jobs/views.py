@@ -12,16 +12,16 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts import heavy
-from accounts.console import console_view
+from accounts.console_access import console_view
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
 from jobs import sdk, services, serving
 from jobs.filters import InvocationFilter
 from jobs.log_views import log_context
 from jobs.models import Invocation, InvocationState
-from lakeshore_admin.console import after_action, back_url
 from lakeshore_admin.errors import DomainError
 from lakeshore_admin.lists import ConsoleListView
+from lakeshore_admin.pages import after_action, back_url
 from queues.models import Queue
 
 PAGE_SIZE = 50
@@ -32,7 +32,7 @@ CANCEL_COUNT_CAP = 10_000  # the bulk-cancel button counts up to this, then says
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
-class JobList(ConsoleListView):
+class JobListPage(ConsoleListView):
     """Newest first, with the API's FilterSet; an operator filtering by queue gets a
     button that cancels what is queued there."""
 

@@ -51,7 +51,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
-from fleet.api import protocol
+from fleet.api import protocol_views
 from jobs import waits, wakeup
 from lakeshore_admin import asgi_sdk as sdk_door
 from lakeshore_admin import asgi_streams as streams_door
@@ -72,7 +72,10 @@ from lakeshore_admin.fastpath import ASK_IN_THREAD, TO_DJANGO, allow, read_body
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, body_limit
 from lakeshore_admin.threads import HotFirstExecutor
 
-STEPPED = {"claim": protocol.claim_answer_steps, "exchange": protocol.exchange_answer_steps}
+STEPPED = {
+    "claim": protocol_views.claim_answer_steps,
+    "exchange": protocol_views.exchange_answer_steps,
+}
 # the paths the lean path may take (lakeshore_admin/fastpath.LeanPath.take decides)
 LEAN_ENDINGS = ("/claim/", "/exchange/", "/complete/", "/heartbeat/", "/api/v1/jobs/")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)

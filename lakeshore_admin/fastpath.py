@@ -13,7 +13,7 @@ submit still 1.5–1.9×. So it stays, in this one module. This WSGI wrapper
     POST /api/v1/jobs/                                   submit, batch submit
     POST /api/v1/daemons/<id>/claim|exchange|complete|heartbeat/
 
-through the same answer functions as the DRF views (fleet/api/protocol.py and
+through the same answer functions as the DRF views (fleet/api/protocol_views.py and
 jobs/api/views.py: the rules, the validation, the services, the serializers, the error
 bodies of api_errors). It
 takes a request only when it is sure to answer as the full stack would, and hands
@@ -68,7 +68,7 @@ from rest_framework.utils import json as drf_json
 
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
-from fleet.api import protocol
+from fleet.api import protocol_views
 from jobs.api import views
 from lakeshore_admin.api_errors import exception_handler
 from lakeshore_admin.middleware import header_problem
@@ -126,10 +126,10 @@ def _routes():
     """route → (its DRF view, the answer function the view serves)."""
 
     return {
-        "claim": (protocol.DaemonClaim, protocol.claim_answer),
-        "exchange": (protocol.DaemonExchange, protocol.exchange_answer),
-        "complete": (protocol.DaemonComplete, protocol.complete_answer),
-        "heartbeat": (protocol.DaemonHeartbeat, protocol.heartbeat_answer),
+        "claim": (protocol_views.DaemonClaim, protocol_views.claim_answer),
+        "exchange": (protocol_views.DaemonExchange, protocol_views.exchange_answer),
+        "complete": (protocol_views.DaemonComplete, protocol_views.complete_answer),
+        "heartbeat": (protocol_views.DaemonHeartbeat, protocol_views.heartbeat_answer),
         "submit": (views.JobList, views.submit_answer),
     }
 
@@ -245,13 +245,13 @@ class LeanPath:
     def refused_before_body(self, request, taken, *, known_only: bool = False):
         """None when the admitted request may go on to its body. Else what it is
         answered with its body unread: the outcome of a daemon's credential on another
-        daemon's id (403 not_your_daemon: fleet/api/protocol.before_body); or, with
+        daemon's id (403 not_your_daemon: fleet/api/protocol_views.before_body); or, with
         `known_only` (the event loop asks), ASK_IN_THREAD when deciding takes a query."""
         route, args, _secure = taken
         if route == "submit":
             return None
         try:
-            known = protocol.before_body(request, *args, known_only=known_only)
+            known = protocol_views.before_body(request, *args, known_only=known_only)
         except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
             return self.error(exc, request)
         return None if known else ASK_IN_THREAD

@@ -420,7 +420,7 @@ SECURE_CSP = {
     "form-action": [CSP.SELF],
 }
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
-TEMPLATES[0]["OPTIONS"]["context_processors"].append("lakeshore_admin.console.context")
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("lakeshore_admin.pages.context")
 
 # Bad input never gets a 500: JSON nested deeper than this is refused (400), and a header
 # value over LAKESHORE_MAX_HEADER_BYTES (or 32 KiB of headers, or 100 of them) gets 431.

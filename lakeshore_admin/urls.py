@@ -14,14 +14,14 @@ from drf_spectacular.views import (
 from rest_framework.permissions import AllowAny
 
 from accounts import views as account_views
-from accounts.console import console_view
+from accounts.console_access import console_view
 from accounts.permissions import ReadOrOperate
 from fleet import views as daemon_views
 from jobs import log_views
 from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request, error_body, is_sdk, sdk_error
-from lakeshore_admin.console import favicon
 from lakeshore_admin.health import healthz, readyz
+from lakeshore_admin.pages import favicon
 from queues import views as queue_views
 from queues.metrics import metrics_view
 
@@ -95,8 +95,8 @@ def _docs(view_class, *, page: bool, **options):
 
 
 urlpatterns = [
-    path("", queue_views.QueueList.as_view(), name="console-home"),
-    path("jobs/", job_views.JobList.as_view(), name="console-jobs"),
+    path("", queue_views.QueueListPage.as_view(), name="console-home"),
+    path("jobs/", job_views.JobListPage.as_view(), name="console-jobs"),
     path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
     path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
     path("jobs/<int:invocation_id>/log/", log_views.job_log, name="console-job-log"),
@@ -104,9 +104,9 @@ urlpatterns = [
     path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
     path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
     path("jobs/<int:invocation_id>/stop/", daemon_views.job_stop, name="console-job-stop"),
-    path("daemons/", daemon_views.DaemonList.as_view(), name="console-daemons"),
-    path("events/", account_views.EventList.as_view(), name="console-events"),
-    path("tokens/", account_views.TokenList.as_view(), name="console-tokens"),
+    path("daemons/", daemon_views.DaemonListPage.as_view(), name="console-daemons"),
+    path("events/", account_views.EventListPage.as_view(), name="console-events"),
+    path("tokens/", account_views.TokenListPage.as_view(), name="console-tokens"),
     path("tokens/<int:token_id>/revoke/", account_views.token_revoke, name="console-token-revoke"),
     path("daemons/<int:daemon_id>/drop/", daemon_views.daemon_drop, name="console-daemon-drop"),
     path("queues/add/", queue_views.queue_add, name="console-queue-add"),

@@ -395,7 +395,7 @@ def queue_signals(queue: Queue) -> dict:
 
 def signals_from(live: dict[str, int], *, pending: int, running: int) -> dict:
     """queue_signals' answer from its counts: live daemons by state, queued (capped),
-    running (capped). queues/signals.py counts them for many queues at once."""
+    running (capped). queues/pressure.py counts them for many queues at once."""
     counts = {state: live.get(state, 0) for state in LIVE_DAEMON_STATES}
     working = counts[DaemonState.PROVISIONING] + counts[DaemonState.IDLE] + counts[DaemonState.BUSY]
     return {

@@ -15,7 +15,7 @@ from django.views.decorators.csrf import requires_csrf_token
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts import audit
-from accounts.console import console_view
+from accounts.console_access import console_view
 from accounts.roles import can_operate, roles_of
 from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation, InvocationState
@@ -120,7 +120,7 @@ def add_sparklines(queues: list[Queue], *, now=None) -> None:
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
-class QueueList(ConsoleListView):
+class QueueListPage(ConsoleListView):
     """The queues, by name, with what each holds and does now (the console's home)."""
 
     template_name = "queues/queue_list.html"

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from accounts.models import Role
 from accounts.services import credential_issue, service_user, token_create
-from fleet import commands, protocol
+from fleet import orders, protocol
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
 from jobs import services as jobs
@@ -54,7 +54,7 @@ def invocation(
         runner = daemon(queues=[name], last_heartbeat_at=timezone.now())
         (inv,) = protocol.invocation_claim(daemon=runner)
         if state == InvocationState.KILLED:
-            commands.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
+            orders.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
         elif state != InvocationState.RUNNING:
             protocol.invocation_complete(
                 daemon=runner, invocation_id=inv.pk, attempt=1, outcome=state, retry=False

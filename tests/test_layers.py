@@ -63,7 +63,7 @@ def add_import(path: Path, line: str) -> None:
         ),
         # a lower app calling a rule of a higher one
         (
-            "jobs/transitions/claiming.py",
+            "jobs/transitions/claim.py",
             "from queues import services",
             "jobs is not allowed to import queues",
         ),

@@ -16,7 +16,7 @@ from bench.compare.rowkit import Budget, Row, Section
 from bench.compare.systems import NOOP, Lakeshore, stop_gunicorn
 from bench.fleet_swarm import CLAIM_WAIT, percentile
 from lakeshore.pool.job_process import Running
-from lakeshore.worker.claiming import WIRES
+from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.reporting import Outcome
 
 WAKE_QUEUE = "wake"

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from fleet.api import protocol, views
+from fleet.api import protocol_views, views
 
 NAME = "<str:name>"
 
@@ -14,30 +14,32 @@ urlpatterns = [
     path("daemons/<str:daemon_id>/", views.DaemonDetail.as_view(), name="daemon-detail"),
     path(
         "daemons/<str:daemon_id>/heartbeat/",
-        protocol.DaemonHeartbeat.as_view(),
+        protocol_views.DaemonHeartbeat.as_view(),
         name="daemon-heartbeat",
     ),
-    path("daemons/<str:daemon_id>/claim/", protocol.DaemonClaim.as_view(), name="daemon-claim"),
+    path(
+        "daemons/<str:daemon_id>/claim/", protocol_views.DaemonClaim.as_view(), name="daemon-claim"
+    ),
     path(
         "daemons/<str:daemon_id>/complete/",
-        protocol.DaemonComplete.as_view(),
+        protocol_views.DaemonComplete.as_view(),
         name="daemon-complete",
     ),
     path(
         "daemons/<str:daemon_id>/exchange/",
-        protocol.DaemonExchange.as_view(),
+        protocol_views.DaemonExchange.as_view(),
         name="daemon-exchange",
     ),
-    path("daemons/<str:daemon_id>/logs/", protocol.DaemonLogs.as_view(), name="daemon-logs"),
-    path("daemons/<str:daemon_id>/exec/", protocol.DaemonExec.as_view(), name="daemon-exec"),
+    path("daemons/<str:daemon_id>/logs/", protocol_views.DaemonLogs.as_view(), name="daemon-logs"),
+    path("daemons/<str:daemon_id>/exec/", protocol_views.DaemonExec.as_view(), name="daemon-exec"),
     path(
         "daemons/<str:daemon_id>/commands/<str:command_id>/done/",
-        protocol.DaemonCommandDone.as_view(),
+        protocol_views.DaemonCommandDone.as_view(),
         name="daemon-command-done",
     ),
     path(
         "daemons/<str:daemon_id>/deregister/",
-        protocol.DaemonDeregister.as_view(),
+        protocol_views.DaemonDeregister.as_view(),
         name="daemon-deregister",
     ),
 ]

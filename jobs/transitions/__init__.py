@@ -18,7 +18,7 @@ from the rows its statement returns, once the transaction commits.
 Where each change is, a module for each:
 
 - `submit`: nothing → queued (submit, retry)
-- `claiming`: queued → running (a daemon's claim)
+- `claim`: queued → running (a daemon's claim)
 - `completion`: running → succeeded | failed | timeout, or back to queued for a failure
   with attempts left (a daemon's report); running → timeout past timeout_s (the reaper)
 - `rescue`: running → queued, or failed with no attempt left, when its daemon is gone

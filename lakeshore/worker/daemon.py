@@ -16,7 +16,7 @@ from lakeshore.joblog import LogBook
 from lakeshore.pool.job_process import Running
 from lakeshore.pool.pool import Pool
 from lakeshore.worker.calls import Calls
-from lakeshore.worker.claiming import ClaimLoop
+from lakeshore.worker.claim_loop import ClaimLoop
 from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names
 from lakeshore.worker.heartbeat import Heartbeats
 from lakeshore.worker.lifecycle import Lifecycle

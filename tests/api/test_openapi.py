@@ -46,12 +46,12 @@ def schema(operator) -> dict:
 
 def queue_api_paths() -> set[str]:
     """Every route of queues/, fleet/ and accounts/ api/urls.py but the daemon
-    protocol's (fleet/api/protocol.py, tested with the jobs API), spelt as OpenAPI
+    protocol's (fleet/api/protocol_views.py, tested with the jobs API), spelt as OpenAPI
     spells it."""
     paths = set()
     for pattern in [*queue_urls.urlpatterns, *fleet_urls.urlpatterns, *account_urls.urlpatterns]:
         assert isinstance(pattern, URLPattern)
-        if pattern.callback.view_class.__module__ == "fleet.api.protocol":
+        if pattern.callback.view_class.__module__ == "fleet.api.protocol_views":
             continue
         route = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", str(pattern.pattern))
         paths.add(f"/api/v1/{route}")

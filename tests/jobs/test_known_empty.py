@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from jobs import services, wakeup
-from jobs.transitions import claiming
+from jobs.transitions import claim
 from tests import builders
 from tests.jobs.test_long_poll import Claimer
 
@@ -82,7 +82,7 @@ def test_a_row_queued_after_the_look_but_heard_before_the_note_is_not_forgotten(
     the notification was heard would say empty with the row there)."""
     builders.queue(name="ke-gap")
     mark = listener.empty_mark(["ke-gap"])
-    assert not claiming.any_queued(["ke-gap"])  # the look: nothing
+    assert not claim.any_queued(["ke-gap"])  # the look: nothing
     before = _heard("ke-gap")
     services.invocation_submit(function=ECHO, queue="ke-gap")
     _until(lambda: _heard("ke-gap") != before)

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.models import AuditEvent
-from fleet import commands
+from fleet import orders
 from fleet.models import Daemon, DaemonCommand
 from jobs import services
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState, JobLog, LogChunk, ResultFrame
@@ -235,8 +235,8 @@ def test_daemon_commands_go_with_the_invocations_age():
     builders.queue(name="q")
     daemon = builders.daemon(queues=["q"])
     inv = _invocations(1)[0]
-    old = commands.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="x")
-    new = commands.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="y")
+    old = orders.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="x")
+    new = orders.command_add(daemon=daemon, invocation=inv, verb="kill", signal="KILL", by="y")
     DaemonCommand.objects.filter(pk=old.pk).update(created_at=OLD)
     DaemonCommand.objects.filter(pk=new.pk).update(created_at=YOUNG)
 

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from fleet import commands, daemons, protocol
+from fleet import daemons, orders, protocol
 from jobs import services, transitions
 from jobs.models import (
     ACTIVE_STATES,
@@ -76,7 +76,7 @@ NEW = "a new queued invocation retries it"
 # leave-*         fleet.daemons.daemon_deregister: its daemon leaves (attempt left/none)
 # lost-*          daemons.reap: its daemon went silent past the heartbeat timeout
 # drop            fleet.daemons.daemon_drop: an operator drops its daemon
-# exec-kill       commands.daemon_exec kill on its daemon (console: Stop on daemon)
+# exec-kill       orders.daemon_exec kill on its daemon (console: Stop on daemon)
 # kill            services.invocation_kill (jobs kill)
 # bulk-cancel     services.invocation_bulk_cancel of its queue
 # queue-remove    queues.services.queue_delete of its queue, with force
@@ -197,7 +197,7 @@ def _drop(inv):
 
 
 def _exec_kill(inv):
-    return commands.daemon_exec(daemon=_its_daemon(inv), verb="kill", invocation_id=inv.pk)
+    return orders.daemon_exec(daemon=_its_daemon(inv), verb="kill", invocation_id=inv.pk)
 
 
 def _kill(inv):

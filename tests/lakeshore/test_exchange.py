@@ -17,7 +17,7 @@ from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
 from lakeshore.worker import calls
 from lakeshore.worker.calls import Stopped
-from lakeshore.worker.claiming import WIRES
+from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.daemon import Worker
 from lakeshore.worker.reporting import Outcome, Reporter
 from tests import builders

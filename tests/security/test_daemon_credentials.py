@@ -11,7 +11,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
 from fleet import controller, protocol
-from fleet.api import protocol as protocol_views
+from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation

@@ -17,7 +17,7 @@ from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from jobs.transitions import claiming
+from jobs.transitions import claim
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict
 from queues import services as queue_services
@@ -40,9 +40,9 @@ def _no_hooks_left():
 @pytest.fixture
 def unlocked_claim(monkeypatch):
     """The claim as it was before issue 17: it reads the queue's row without a lock."""
-    unlocked, found = LOCK.subn("", claiming._CLAIM_SQL)
+    unlocked, found = LOCK.subn("", claim._CLAIM_SQL)
     assert found == 1
-    monkeypatch.setattr(claiming, "_CLAIM_SQL", unlocked)
+    monkeypatch.setattr(claim, "_CLAIM_SQL", unlocked)
 
 
 class _Other:

@@ -18,13 +18,13 @@ from django.utils import timezone
 from accounts.models import ApiToken, AuditEvent
 from accounts.roles import grant
 from accounts.services import token_create
-from accounts.views import EventList, TokenList
-from fleet.views import DaemonList
+from accounts.views import EventListPage, TokenListPage
+from fleet.views import DaemonListPage
 from jobs.models import Invocation
-from jobs.views import JobList
+from jobs.views import JobListPage
 from queues.models import Queue, QueueEvent
 from queues.services import queue_transition
-from queues.views import QueueList
+from queues.views import QueueListPage
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -90,11 +90,11 @@ class Case:
 
 
 CASES = [
-    Case(QueueList, "/?state=paused", _queues, "state=nope"),
-    Case(JobList, "/jobs/?function=keep.", _jobs, "id=abc"),
-    Case(DaemonList, "/daemons/?queue=keep", _daemons, "state=nope"),
-    Case(EventList, "/events/?queue=keep-q0", _events, "action=nope"),
-    Case(TokenList, "/tokens/?user=keep-user", _tokens, "role=nope", role="admin"),
+    Case(QueueListPage, "/?state=paused", _queues, "state=nope"),
+    Case(JobListPage, "/jobs/?function=keep.", _jobs, "id=abc"),
+    Case(DaemonListPage, "/daemons/?queue=keep", _daemons, "state=nope"),
+    Case(EventListPage, "/events/?queue=keep-q0", _events, "action=nope"),
+    Case(TokenListPage, "/tokens/?user=keep-user", _tokens, "role=nope", role="admin"),
 ]
 
 
@@ -190,8 +190,8 @@ def test_page_numbers_show_for_a_small_list_only(client, case, small, monkeypatc
 
 
 def test_a_big_jobs_table_is_never_counted(client, monkeypatch):
-    monkeypatch.setattr(JobList, "page_size", 2)
-    monkeypatch.setattr(JobList, "max_pages", 3)
+    monkeypatch.setattr(JobListPage, "page_size", 2)
+    monkeypatch.setattr(JobListPage, "max_pages", 3)
     _jobs(10)
     user = _login(client, "viewer")
     with CaptureQueriesContext(connection) as ctx:
@@ -259,7 +259,8 @@ def test_a_page_costs_the_same_queries_for_1_and_many_rows(client, case, monkeyp
 
 def test_an_htmx_request_gets_the_table_of_any_list(client):
     user = _login(client, "viewer")
-    for view, url in ((JobList, "/jobs/"), (DaemonList, "/daemons/"), (EventList, "/events/")):
+    pages = ((JobListPage, "/jobs/"), (DaemonListPage, "/daemons/"), (EventListPage, "/events/"))
+    for view, url in pages:
         headers = {"HX-Request": "true", "HX-Target": view.table_id}
         body = user.get(url, headers=headers).content.decode()
         assert body.lstrip().startswith(f'<div id="{view.table_id}"') and "<html" not in body

@@ -13,7 +13,7 @@ from jobs.models import Invocation
 from jobs.services import invocation_submit
 from queues.models import QueueSample
 from queues.services import queue_transition
-from queues.views import QueueList, short_age
+from queues.views import QueueListPage, short_age
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -297,7 +297,7 @@ def test_the_default_queue_is_listed_first_with_its_figures_and_sparkline(alice)
 
 
 def test_the_default_queue_is_on_the_first_page_only_and_only_for_active_queues(alice, monkeypatch):
-    monkeypatch.setattr(QueueList, "page_size", 2)
+    monkeypatch.setattr(QueueListPage, "page_size", 2)
     for i in range(3):
         builders.queue(name=f"q{i}")
     builders.queue(name="held")

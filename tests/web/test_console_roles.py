@@ -1,5 +1,5 @@
 """The console applies the API's roles: no role, no page; viewers read; operators (and
-staff) act. Every console route goes through one check (accounts.console.console_view)."""
+staff) act. Every console route goes through one check (accounts.console_access.console_view)."""
 
 import pytest
 from django.contrib.auth import get_user_model

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from accounts.authentication import recheck_token
 from accounts.permissions import DaemonProtocol, Operate
-from fleet import commands, daemons, protocol
+from fleet import daemons, orders, protocol
 from fleet.api import serializers as s
 from fleet.models import DaemonState
 from fleet.registration import check_speaker, check_speaker_before_body
@@ -246,7 +246,7 @@ class DaemonExec(APIView):
         daemon = daemon_get(daemon_id, with_provider=False)
         data = s.ExecInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        answer = commands.daemon_exec(
+        answer = orders.daemon_exec(
             daemon=daemon,
             verb=data.validated_data["verb"],
             invocation_id=data.validated_data["job"],
@@ -267,7 +267,7 @@ class DaemonCommandDone(APIView):
         daemon = own_daemon(request, daemon_id)
         data = s.CommandDoneInput(data=request.data or {})
         data.is_valid(raise_exception=True)
-        command = commands.command_done(
+        command = orders.command_done(
             daemon=daemon, command_id=command_id, result=data.validated_data["result"]
         )
         return Response(
