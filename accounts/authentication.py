@@ -125,7 +125,7 @@ def _kept(digest: str):
 
 def authenticate_token(raw: str):
     """(user, token) for a bearer token, or AuthenticationFailed saying why. DRF's
-    authentication above and the lean path (lakeshore_admin/fastpath.py) both ask here."""
+    authentication above and the lean path (edge/lean_path.py) both ask here."""
     digest = hash_token(raw)
     if (kept := _kept(digest)) is not None:
         return kept

@@ -1,4 +1,4 @@
-"""What the lean path (lakeshore_admin/fastpath.py) saves: the server's CPU per request
+"""What the lean path (edge/lean_path.py) saves: the server's CPU per request
 for the daemon protocol's hot requests and a submit, through the real WSGI application,
 three ways:
 
@@ -39,7 +39,7 @@ from django.db import connection  # noqa: E402
 from django.test.utils import override_settings  # noqa: E402
 
 from accounts.services import token_create  # noqa: E402
-from lakeshore_admin.fastpath import LeanPath  # noqa: E402
+from edge.lean_path import LeanPath  # noqa: E402
 from queues import services as queue_services  # noqa: E402
 
 ECHO = "lakeshore.functions.echo"

@@ -20,7 +20,7 @@ Heartbeats, completions and everything else never sleep, so they never need a sl
 The count is per process (gunicorn's workers are processes): a server admits
 workers × LAKESHORE_MAX_WAITS waits in all.
 
-Under the ASGI server (lakeshore_admin/asgi.py) a daemon's claim and exchange, the SDK's
+Under the ASGI server (edge/application.py) a daemon's claim and exchange, the SDK's
 poll, await and result stream, and a log follow hold no thread while they wait: their
 services are written as steps (a generator that yields a Wait where it would sleep),
 which `drive` runs in a thread, sleeping there, and `drive_async` runs on the event

@@ -1,6 +1,6 @@
 """gunicorn's configuration for `make run` and production: a few worker processes, each
 an event loop (uvicorn's worker, with uvloop and httptools) serving the ASGI application
-(lakeshore_admin/asgi.py). An idle daemon's long-poll waits on the loop, holding no
+(edge/application.py). An idle daemon's long-poll waits on the loop, holding no
 thread; everything else runs in a bounded pool of threads per process, with database
 connections from a bounded pool per process (settings.py).
 
@@ -44,7 +44,7 @@ class Worker(UvicornWorker):
     # up (its 408 is rendered as the site renders its errors).
     CONFIG_KWARGS = {
         "loop": "uvloop",
-        "http": "lakeshore_admin.http_protocol:Protocol",
+        "http": "edge.http_protocol:Protocol",
         "lifespan": "on",
     }
 

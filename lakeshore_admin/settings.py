@@ -185,7 +185,7 @@ USE_TZ = True
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024  # a batch of invocations can be large
 # Nothing here takes file uploads: a multipart body's first file part is refused (400)
 # before any of it is stored (the web server refuses multipart bodies before reading
-# them: lakeshore_admin/asgi.py; this holds under any other server too).
+# them: edge/application.py; this holds under any other server too).
 DATA_UPLOAD_MAX_NUMBER_FILES = 0
 
 STATIC_URL = "static/"
@@ -246,7 +246,7 @@ LAKESHORE_TOKEN_CACHE_SECONDS = env_number(
 LAKESHORE_CREDENTIAL_CACHE_SECONDS = env_number(
     "LAKESHORE_CREDENTIAL_CACHE_SECONDS", 60, minimum=0, kind=float
 )
-# The lean path (lakeshore_admin/fastpath.py): the daemon protocol and submit served
+# The lean path (edge/lean_path.py): the daemon protocol and submit served
 # without the middleware stack and DRF's dispatch, with the same answers. 0: off.
 LAKESHORE_LEAN_PATH = env_bool("LAKESHORE_LEAN_PATH", True)
 # An optional rate for every API request, per user (per address when anonymous), in

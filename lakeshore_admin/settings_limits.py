@@ -141,9 +141,9 @@ LAKESHORE_APPLY_LOCK_TIMEOUT = env_number(
 # in one server process; past it, 429 busy with Retry-After (accounts/heavy.py).
 LAKESHORE_HEAVY_PER_PRINCIPAL = env_number("LAKESHORE_HEAVY_PER_PRINCIPAL", 2, minimum=1)
 # Issue 29: a request's body. It is due within this many seconds of the request's head
-# (lakeshore_admin/http_protocol.py): past it, 408 body_timeout and the connection closed.
+# (edge/http_protocol.py): past it, 408 body_timeout and the connection closed.
 # The web process receives a body on its event loop before a thread serves the request
-# (lakeshore_admin/asgi.py), so a body that never comes holds no thread.
+# (edge/application.py), so a body that never comes holds no thread.
 LAKESHORE_BODY_SECONDS = env_number("LAKESHORE_BODY_SECONDS", 20, minimum=0.1, kind=float)
 # Bytes of request bodies one web process holds at once for the full stack (received on
 # its event loop, then served; lakeshore_admin/asgi_io.Bodies): past it a request gets

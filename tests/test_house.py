@@ -14,7 +14,16 @@ from jobs.models import InvocationState
 from queues.models import QueueKind, QueueState
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("accounts", "fleet", "jobs", "queues", "lakeshore", "lakeshore_admin", "scripts")
+PACKAGES = (
+    "accounts",
+    "fleet",
+    "jobs",
+    "queues",
+    "lakeshore",
+    "lakeshore_admin",
+    "edge",
+    "scripts",
+)
 MAX_LINES = 500
 # Leading underscore, public all the same: Model._meta is Django's documented model
 # API, Model._default_manager its documented first manager, os._exit the documented

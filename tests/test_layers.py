@@ -9,13 +9,14 @@ modules, counting imports made inside functions."""
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("lakeshore", "lakeshore_admin", "accounts", "jobs", "queues", "fleet")
+PACKAGES = ("lakeshore", "lakeshore_admin", "edge", "accounts", "jobs", "queues", "fleet")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 # No cycle is left (the fleet move broke the last one, inside queues/): keep it so.
@@ -75,6 +76,18 @@ def add_import(path: Path, line: str) -> None:
             "from jobs import transitions",
             "lakeshore_admin is not allowed to import jobs",
         ),
+        # the wiring reaching into the serving door, outside the entry points
+        (
+            "lakeshore_admin/pagination.py",
+            "from edge import threads",
+            "lakeshore_admin is not allowed to import edge",
+        ),
+        # an app reaching up into the serving door
+        (
+            "fleet/protocol.py",
+            "from edge import lean_path",
+            "fleet is not allowed to import edge",
+        ),
     ],
 )
 def test_an_import_against_a_contract_fails_lint_imports(tmp_path, module, line, refusal):
@@ -85,6 +98,18 @@ def test_an_import_against_a_contract_fails_lint_imports(tmp_path, module, line,
     broken = lint_imports(tree)
     assert broken.returncode != 0
     assert refusal in " ".join(broken.stdout.split()), broken.stdout
+
+
+def test_the_wiring_names_the_apps_in_its_entry_points_only():
+    """lakeshore_admin imports a domain module (or the edge) only where it mounts them:
+    the URLs and the two entry points. A new exemption fails here."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    wiring = next(c for c in contracts["contracts"] if c["source_modules"] == ["lakeshore_admin"])
+    assert sorted(wiring["ignore_imports"]) == [
+        "lakeshore_admin.asgi -> **",
+        "lakeshore_admin.urls -> **",
+        "lakeshore_admin.wsgi -> **",
+    ]
 
 
 def strongly_connected(graph, modules: set[str]) -> list[set[str]]:

@@ -2,7 +2,7 @@
 and client cost before any of Lakeshore's own work. `make bench` serves this WSGI app
 under the same gunicorn configuration as Lakeshore (uvicorn workers) and sends it the same
 requests; like Lakeshore's submit it runs on a2wsgi's pool of LAKESHORE_WEB_THREADS threads
-(lakeshore_admin/asgi.py), as `application`:
+(edge/application.py), as `application`:
 
     POST /hello    answers {} (a hello world: the HTTP round trip alone)
     POST /insert   runs the submit's own INSERT (jobs/transitions/submit.py, read from its
@@ -26,7 +26,7 @@ from a2wsgi import WSGIMiddleware
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The server's own HTTP protocol (lakeshore_admin/http_protocol.py, which gunicorn_conf
+# The server's own HTTP protocol (edge/http_protocol.py, which gunicorn_conf
 # names) renders a late body's 408 as the site renders its errors, so a worker needs
 # Django set up before it loads it: done once as the app loads, never per request.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "lakeshore_admin.settings")
@@ -88,6 +88,6 @@ def app(environ, start_response):
     return [answer]
 
 
-# What the server serves: the WSGI app above as lakeshore_admin/asgi.py serves Lakeshore's
+# What the server serves: the WSGI app above as edge/application.py serves Lakeshore's
 # submit (a2wsgi, one pool of threads a process, as many as Lakeshore's).
 application = WSGIMiddleware(app, workers=int(os.environ.get("LAKESHORE_WEB_THREADS", "128")))

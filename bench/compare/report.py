@@ -213,7 +213,7 @@ PROFILED = [
     "- **Batch submit** (10,000): the INSERT returns the rows (no second SELECT), queue names "
     "are checked once per process, and the answer renders through the plan: 1.52 → 0.91 s "
     "in process.",
-    "- **The lean path** (`lakeshore_admin/fastpath.py`): the daemon protocol and submit "
+    "- **The lean path** (`edge/lean_path.py`): the daemon protocol and submit "
     "skip the 13 middlewares and DRF's dispatch (same answers, bodies and headers: tested "
     "request by request against the full stack); input is validated without building DRF "
     "serializers (`lean_input.py`, checked equal to DRF on generated input); raw rows "
@@ -265,7 +265,7 @@ PROFILED = [
     "parked on the event loop it costs about 1.9 ms, one round trip (its daemon's row): "
     "a process that found the daemon's queues empty and has heard of nothing queued "
     "there since does not look again (jobs/wakeup.known_empty), and its worker threads "
-    "take calls hot first (the thread that finished last: lakeshore_admin/threads.py; "
+    "take calls hot first (the thread that finished last: edge/threads.py; "
     "with the pool as before, which ran a steady load over all 128 threads in turn, "
     "5,000 idle daemons cost 8–9 % more).",
     "- **End to end**: the daemon claimed only for free slots, so each slot sat idle for a "

@@ -1,5 +1,5 @@
 """The daemon protocol's doors: heartbeat, claim, complete, exchange, deregister, an
-operator's exec, and a command's report. The lean path (lakeshore_admin/fastpath.py)
+operator's exec, and a command's report. The lean path (edge/lean_path.py)
 serves the hot ones through the same answer functions."""
 
 import functools

@@ -67,7 +67,7 @@ class JobList(APIView):
 
 # The daemon protocol's and submit's answers: (payload, status) from the request's
 # user and its parsed body. The DRF views below serve them, and so does the lean path
-# (lakeshore_admin/fastpath.py) that skips the middleware and DRF's dispatch for them.
+# (edge/lean_path.py) that skips the middleware and DRF's dispatch for them.
 # A claim's and an exchange's add their headers (Retry-After when a long-poll was
 # refused a slot: jobs/waits.py).
 

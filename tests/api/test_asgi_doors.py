@@ -1,4 +1,4 @@
-"""The ASGI server's doors (lakeshore_admin/asgi.py, asgi_sdk.py) answer as the WSGI
+"""The ASGI server's doors (edge/application.py, asgi_sdk.py) answer as the WSGI
 application does: a daemon's claim and exchange as the lean path (status, headers,
 body), the SDK worker's poll as the full stack, request by request, through the real
 ASGI application in process. What a door may not answer (a bad token, a wrong role, a
@@ -14,9 +14,9 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.db import connection
 
 from accounts.authentication import token_cache
+from edge.application import Application
+from edge.lean_path import LeanPath
 from jobs import services
-from lakeshore_admin.asgi import Application
-from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 from tests.api.test_fastpath import call
 

@@ -1,5 +1,5 @@
 """The ASGI server's doors for the SDK's await and result stream and a log's follow
-(lakeshore_admin/asgi_streams.py) answer as the full stack does, header for header,
+(edge/streams.py) answer as the full stack does, header for header,
 through the real ASGI application in process; what they may not answer (a refused
 token, a bad query, an unknown invocation) goes to Django with its body. A stream is
 sent as frames come, a client that goes ends it, and a stopping server cuts it short."""
@@ -15,10 +15,10 @@ from django.db import connection
 from django.urls import reverse
 
 from accounts.authentication import token_cache
+from edge.application import Application
+from edge.lean_path import LeanPath
 from jobs import sdk_frames, services, waits, wakeup
 from jobs.models import Invocation
-from lakeshore_admin.asgi import Application
-from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 from tests.api.test_asgi_doors import Counting, _normal, _title
 from tests.jobs.test_logs import running_job, ship

@@ -1,4 +1,4 @@
-"""The lean path (lakeshore_admin/fastpath.py) answers the daemon protocol and submit
+"""The lean path (edge/lean_path.py) answers the daemon protocol and submit
 exactly as the full stack (middleware, DRF) does: the same status, body and headers,
 request by request, through the real WSGI application. What it may not answer as
 the full stack would (a bad token, a role that is refused, a form or msgpack body,
@@ -13,10 +13,10 @@ from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
 from accounts.authentication import token_cache
+from edge.lean_path import LeanPath
 from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
-from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

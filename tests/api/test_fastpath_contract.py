@@ -1,4 +1,4 @@
-"""The lean path's contract with the framework it skips (lakeshore_admin/fastpath.py):
+"""The lean path's contract with the framework it skips (edge/lean_path.py):
 every middleware in settings.MIDDLEWARE is accounted for, a middleware it does not
 know turns it off, and every security header Django can send comes out of it the
 same. A new middleware, or a Django with a new security setting, fails here until the
@@ -10,7 +10,7 @@ import pytest
 from django.conf import global_settings, settings
 
 from accounts.authentication import token_cache
-from lakeshore_admin.fastpath import ACCOUNTED, LeanPath, unaccounted
+from edge.lean_path import ACCOUNTED, LeanPath, unaccounted
 from tests import builders
 from tests.api.test_fastpath import Counting, call
 

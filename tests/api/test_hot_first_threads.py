@@ -1,4 +1,4 @@
-"""The web process's worker threads (lakeshore_admin/threads.py): each call goes to the
+"""The web process's worker threads (edge/threads.py): each call goes to the
 thread that finished last, at most max_workers run at once, the rest wait in order,
 and errors reach the caller."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lakeshore_admin.threads import HotFirstExecutor
+from edge.threads import HotFirstExecutor
 
 
 @pytest.fixture

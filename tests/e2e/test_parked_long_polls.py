@@ -1,5 +1,5 @@
 """1,000 idle daemons long-poll one server at once (issue 21): under `make run`'s server
-(gunicorn's uvicorn workers, lakeshore_admin/asgi.py) each waiting claim is parked on
+(gunicorn's uvicorn workers, edge/application.py) each waiting claim is parked on
 the event loop, holding no thread. All 1,000 wait their whole wait at once, none is
 refused with Retry-After, a job submitted meanwhile is claimed at once, and the server's
 threads stay a small fixed number (counted from /proc).

@@ -1,5 +1,5 @@
 """Many SDK awaits, result streams and log follows wait on one server at once (issue 21):
-under `make run`'s server (gunicorn's uvicorn workers, lakeshore_admin/asgi_streams.py)
+under `make run`'s server (gunicorn's uvicorn workers, edge/streams.py)
 each is parked on the event loop between its looks, holding no thread. All of them wait
 their whole time at once, none is refused, a frame written meanwhile reaches its stream
 at once, and the server's threads stay a small fixed number (counted from /proc).

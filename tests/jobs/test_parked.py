@@ -13,13 +13,13 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from edge.application import Application
+from edge.lean_path import LeanPath
 from fleet import daemons, parked
 from fleet.models import Daemon, DaemonState
 from jobs import services
 from jobs.models import Invocation
 from jobs.wakeup import listener
-from lakeshore_admin.asgi import Application
-from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 from tests.api.test_asgi_doors import Counting, post_scope
 from tests.jobs.test_long_poll import Claimer

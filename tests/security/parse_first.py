@@ -16,8 +16,8 @@ import io
 import msgpack
 from rest_framework.utils import json as drf_json
 
+from edge.lean_path import LeanPath, read_body
 from lakeshore_admin import wsgi  # first: it sets Django up, which fastpath needs
-from lakeshore_admin.fastpath import LeanPath, read_body
 
 KEPT = "tests.parse_first.body"  # where the parsed body stays until the answer
 

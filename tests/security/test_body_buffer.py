@@ -1,5 +1,5 @@
 """Issue 29, item 1: the web process receives a request's body on its event loop before
-a thread serves it (lakeshore_admin/asgi.py), so the bodies it holds at once are
+a thread serves it (edge/application.py), so the bodies it holds at once are
 bounded in bytes received (LAKESHORE_BODY_BUFFER_BYTES; lakeshore_admin/asgi_io.Bodies):
 past it a request whose body is larger than 64 KiB gets 503 `busy` with Retry-After,
 the rest of its body unread, and such a body is taken again once one held is let go.
@@ -12,8 +12,8 @@ import asyncio
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
 
-from lakeshore_admin.asgi import Application
-from lakeshore_admin.fastpath import LeanPath
+from edge.application import Application
+from edge.lean_path import LeanPath
 from tests import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -2,9 +2,9 @@
 Any POST with a well-formed `csrftoken` cookie makes Django's CSRF check read the body;
 through the ASGI→WSGI bridge that read held a worker thread with no deadline, so a few
 hundred such requests stalled every page. Now the body is received on the event loop
-before a thread serves the request (lakeshore_admin/asgi.py), and it is due within
+before a thread serves the request (edge/application.py), and it is due within
 LAKESHORE_BODY_SECONDS of the head: past it the server answers 408 `body_timeout`
-and closes the connection (lakeshore_admin/http_protocol.py).
+and closes the connection (edge/http_protocol.py).
 
 Against `make run`'s server (one worker: 128 threads, fewer than the 300 sockets),
 its body deadline shortened to 6 s. The control: a body sent slowly but within the

@@ -10,12 +10,12 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
+from edge.lean_path import LeanPath
 from fleet import controller, protocol
 from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from lakeshore_admin.fastpath import LeanPath
 from tests import builders
 from tests.api.test_fastpath import call
 

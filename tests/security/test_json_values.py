@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from rest_framework import serializers
 
 from accounts.authentication import token_cache
+from edge.lean_path import LeanPath
 from fleet.api import serializers as fleet_inputs
 from lakeshore import joblog
 from lakeshore_admin.api_errors import ERRORS_SHOWN
-from lakeshore_admin.fastpath import LeanPath
 from lakeshore_admin.parsers import DepthLimitedJSONFormField, json_values
 from lakeshore_admin.strict_input import StrictInput, name_field
 from tests import builders

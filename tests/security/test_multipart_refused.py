@@ -2,7 +2,7 @@
 unauthenticated multipart POST to /login/ had Django write a 200 MiB temporary upload
 file before its 403 (DATA_UPLOAD_MAX_MEMORY_SIZE does not count file parts). Now a
 multipart body is refused with 415 `unsupported_media_type` on every path, before a
-byte of it is read (lakeshore_admin/asgi.py); under any other server Django refuses
+byte of it is read (edge/application.py); under any other server Django refuses
 its first file part (DATA_UPLOAD_MAX_NUMBER_FILES = 0).
 
 Against `make run`'s server, its temporary directory (TMPDIR) watched while a 200 MiB

@@ -1,5 +1,5 @@
 """A connection may not hold a socket of the server for good by never finishing its
-request's head (lakeshore_admin/http_protocol.py): silent, stopped after a few bytes,
+request's head (edge/http_protocol.py): silent, stopped after a few bytes,
 or trickling a byte at a time, it is closed once the server's keep-alive has passed
 since it opened (or since its last answer) without a whole request line and headers.
 uvicorn alone kept all three open. The controls: a head sent in pieces within the

@@ -13,7 +13,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from rest_framework.utils import json as drf_json
 
 from accounts.authentication import BearerTokenAuthentication, token_cache
-from lakeshore_admin.fastpath import LeanPath
+from edge.lean_path import LeanPath
 from tests import builders
 from tests.sdk.answers import decoded as sdk_decoded
 from tests.security.parse_first import ParseFirst

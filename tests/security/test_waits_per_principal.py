@@ -13,9 +13,9 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 
 from accounts.authentication import authenticate_token
+from edge.lean_path import LeanRequest
 from jobs import waits
 from jobs.wakeup import listener
-from lakeshore_admin.fastpath import LeanRequest
 from tests import builders
 from tests.e2e.test_daemon import _wait_for
 from tests.security.test_long_poll_admission import WAIT, claim, register

@@ -1,4 +1,4 @@
-"""What the ASGI doors (lakeshore_admin/asgi.py, asgi_sdk.py) need of ASGI itself: what
+"""What the ASGI doors (edge/application.py, sdk_poll.py, streams.py) need of ASGI itself: what
 the headers say of a body, reading it, giving it again to the WSGI application,
 answering."""
 

@@ -1,4 +1,4 @@
-"""The ASGI server's doors (lakeshore_admin/asgi.py) for the other requests that wait:
+"""The ASGI server's doors (edge/application.py) for the other requests that wait:
 the SDK's await and result stream, and a job log's follow. Each runs as steps
 (jobs/waits.py): each step in a worker thread (they touch the database), each wait a
 coroutine on the event loop, holding no thread.
@@ -8,7 +8,7 @@ coroutine on the event loop, holding no thread.
     GET  /api/v1/jobs/<id>/logs/?follow=…                            jobs/logs.read_steps
 
 A door takes a request only when the lean path's checks of the request line and
-headers pass (lakeshore_admin/fastpath.py), and its bearer token authenticates with the
+headers pass (edge/lean_path.py), and its bearer token authenticates with the
 view's role, before a byte of the body is read; a log read also only when its answer is
 plain JSON (no `format`, an Accept that JSONRenderer answers as it is). Then it reads
 and parses the body and the query and runs the first step; if any of that fails, the
@@ -45,14 +45,14 @@ from django.core.handlers.wsgi import get_str_from_wsgi
 from django.http import QueryDict
 from rest_framework.renderers import JSONRenderer
 
+from edge.lean_path import allow
+from edge.messages import Disconnected, parse_msgpack, read_all, respond
 from jobs import logs, sdk, waits, wakeup
 from jobs.api import serializers
 from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultStream
 from jobs.api.views import JobLogs
 from lakeshore_admin.api_errors import exception_handler as api_exception_handler
 from lakeshore_admin.api_errors import sdk_answer, sdk_error
-from lakeshore_admin.asgi_io import Disconnected, parse_msgpack, read_all, respond
-from lakeshore_admin.fastpath import allow
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
 AWAIT = re.compile(r"^/v1/namespaces/([^/]+)/producer/await$")

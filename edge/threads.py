@@ -1,4 +1,4 @@
-"""The web process's worker threads (lakeshore_admin/asgi.py): a pool that hands each
+"""The web process's worker threads (edge/application.py): a pool that hands each
 call to the thread that went idle last.
 
 concurrent.futures.ThreadPoolExecutor hands each call to whichever idle thread its

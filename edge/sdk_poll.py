@@ -1,10 +1,10 @@
-"""The SDK worker's poll through the ASGI server (lakeshore_admin/asgi.py): POST
+"""The SDK worker's poll through the ASGI server (edge/application.py): POST
 /v1/daemon/poll, a long-poll of up to a second that every idle SDK worker repeats, is
 served as steps (fleet/sdk_worker.poll_steps): each step in a worker thread, the wait
 parked on the event loop, holding no thread.
 
 It takes a poll only when the lean path's checks of the request line and headers pass
-(lakeshore_admin/fastpath.py, for a msgpack body), and its bearer token authenticates
+(edge/lean_path.py, for a msgpack body), and its bearer token authenticates
 with the view's role, before a byte of the body is read. Then it reads and parses the
 body and runs the first step; if any of that fails, the whole request goes to the full
 stack with its body given again, which answers as it always has (the SDK's one line of
@@ -18,12 +18,12 @@ import logging
 from django.core import signals
 from django.db import InterfaceError, OperationalError
 
+from edge.lean_path import allow
+from edge.messages import Disconnected, parse_msgpack, read_all, respond
 from fleet import sdk_worker
 from fleet.api.sdk_worker import DaemonPoll
 from jobs import waits
 from lakeshore_admin.api_errors import sdk_error
-from lakeshore_admin.asgi_io import Disconnected, parse_msgpack, read_all, respond
-from lakeshore_admin.fastpath import allow
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
 POLL_PATH = "/v1/daemon/poll"

@@ -11,7 +11,7 @@ A request's body is due within LAKESHORE_BODY_SECONDS of its head (the same clas
 bound, for the bytes after the head): a body that has not all arrived by then is
 answered 408 `body_timeout` and its connection closed, unless the application has
 begun its answer (it needs no more of the body). The application receives a body on
-the event loop before a thread serves the request (lakeshore_admin/asgi.py), so a
+the event loop before a thread serves the request (edge/application.py), so a
 body that never comes holds a socket for that long, never a thread. The timer is
 armed only when a body is still arriving once the bytes at hand are parsed: a request
 whose body comes with its head (the daemon protocol's) costs nothing more.

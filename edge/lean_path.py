@@ -279,7 +279,7 @@ class LeanPath:
     def _take(self, environ, media_type: str = "application/json"):
         """(bearer token, secure) when the lean path may answer, else None. It reads
         the headers only: the body is read after the token (read_body). `media_type`:
-        the body's (the SDK's door takes msgpack: lakeshore_admin/asgi.py)."""
+        the body's (the SDK's door takes msgpack: edge/application.py)."""
         media, _, params = environ.get("CONTENT_TYPE", "").partition(";")
         if media.strip().lower() != media_type or params.strip().lower() not in (
             "",
