@@ -6,7 +6,7 @@ bench/results/latest.md. Asserts nothing.
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
     python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
         printed and written to var/bench-run/partial.md (latest.md is left as the last full
-        run wrote it); the keys: submit claim e2e cancel lists fleet two-server tick
+        run wrote it); the keys: submit claim door e2e cancel lists fleet two-server tick
         claim-kinds, and controller (another name for tick: the controller's rows at 100,
         1,000 and 10,000 queues). Sections that need no HTTP server (tick, claim-kinds)
         alone start none.
@@ -81,7 +81,18 @@ def _measure(result: report.RowResult, rounds: int) -> None:
             )
 
 
-KEYS = ("submit", "claim", "e2e", "cancel", "lists", "fleet", "two-server", "tick", "claim-kinds")
+KEYS = (
+    "submit",
+    "claim",
+    "door",
+    "e2e",
+    "cancel",
+    "lists",
+    "fleet",
+    "two-server",
+    "tick",
+    "claim-kinds",
+)
 ALIASES = {"controller": "tick"}  # BENCH_ONLY=controller, as the controller's rows were run
 IN_PROCESS = {"tick", "claim-kinds"}  # measured inside Django, with no HTTP server
 

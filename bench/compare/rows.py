@@ -12,6 +12,7 @@ from collections.abc import Callable
 import httpx
 from psycopg.types.json import Jsonb
 
+from bench.compare.door_rows import DoorRows
 from bench.compare.lines import LineClient
 from bench.compare.rowkit import (
     JOBS_PER_S,
@@ -30,7 +31,7 @@ from bench.compare.worker_rows import WorkerRows
 # ---------------------------------------------------------------------------- the rows
 
 
-class Rows(WorkerRows, TableRows):
+class Rows(WorkerRows, DoorRows, TableRows):
     def __init__(
         self,
         lakeshore: Lakeshore,
@@ -63,6 +64,7 @@ class Rows(WorkerRows, TableRows):
         return [
             self._submit(),
             self._claim_complete(),
+            self._door(),
             self._end_to_end(),
             self._bulk_cancel(),
             *(self._lists(size) for size in self.budget.list_sizes),

@@ -111,16 +111,18 @@ class Lakeshore:
     def start_server(self) -> None:
         self.server, self.base_url = self.serve()
 
-    def serve(self, app: str | None = None) -> tuple[subprocess.Popen, str]:
+    def serve(
+        self, app: str | None = None, *, settings: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen, str]:
         """gunicorn with Lakeshore's configuration, serving Lakeshore or `app` (an ASGI
-        app's dotted path: the floor reference, bench/compare/floor_app.py); it and its
-        base URL once it answers."""
+        app's dotted path: the floor reference, bench/compare/floor_app.py), with
+        `settings` added to its environment; it and its base URL once it answers."""
         port = free_port()
         base_url = f"http://127.0.0.1:{port}"
-        env = {**self.env, "PORT": str(port), "LAKESHORE_BIND": "127.0.0.1"}
+        env = {**self.env, **(settings or {}), "PORT": str(port), "LAKESHORE_BIND": "127.0.0.1"}
         command = [str(BIN / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"]
         command += ["--access-logfile", os.environ.get("BENCH_ACCESS_LOG", "/dev/null")]
-        name = "gunicorn.log" if app is None else "gunicorn-floor.log"
+        name = "gunicorn-floor.log" if app else "gunicorn-b.log" if settings else "gunicorn.log"
         with open(self.logs / name, "wb") as log:  # this run's
             server = subprocess.Popen(
                 [*command, *([app] if app else [])],
