@@ -19,7 +19,8 @@ as it had threads. Here:
 - the SDK's await and result stream, and a job log's follow (edge/streams.py).
 - everything else (console, API, the SDK's producer): the WSGI application (the lean
   path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per process
-  (a2wsgi), as gunicorn's threads served it before (full_stack). Its body is received
+  (edge/django_door.py), as gunicorn's threads served it before (full_stack); a view
+  that long-polls parks its wait on this loop (edge/parking.py). Its body is received
   on this loop first, within LAKESHORE_BODY_SECONDS of its head (past it the server
   answers 408: http_protocol.py), so a thread is given only to a request whose body is
   all here: a body that never comes holds a socket, never a thread. A multipart body
@@ -33,12 +34,12 @@ import asyncio
 import contextvars
 import functools
 import io
+import logging
 import signal
 import time
 from http import HTTPStatus
 from types import SimpleNamespace
 
-from a2wsgi import WSGIMiddleware
 from a2wsgi.wsgi import build_environ
 from django.conf import settings
 from django.core import signals
@@ -49,6 +50,7 @@ from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
 from edge import sdk_poll as sdk_door
 from edge import streams as streams_door
+from edge.django_door import DjangoDoor
 from edge.lean_path import ASK_IN_THREAD, TO_DJANGO, allow, read_body
 from edge.messages import (
     Bodies,
@@ -57,10 +59,9 @@ from edge.messages import (
     body_head,
     gone_when_closed,
     read_all,
-    replay,
     respond,
-    withheld,
 )
+from edge.parking import Parking
 from edge.threads import HotFirstExecutor
 from fleet.api import protocol_views
 from jobs import waits, wakeup
@@ -75,6 +76,7 @@ STEPPED = {
 # the paths the lean path may take (lakeshore_admin/fastpath.LeanPath.take decides)
 LEAN_ENDINGS = ("/claim/", "/exchange/", "/complete/", "/heartbeat/", "/api/v1/jobs/")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+log = logging.getLogger("django.request")
 
 
 class Application:
@@ -84,9 +86,8 @@ class Application:
     def __init__(self, lean, threads: int):
         self.lean = lean
         self.steps = HotFirstExecutor(threads, thread_name_prefix="lakeshore-step")
-        self.wsgi = WSGIMiddleware(lean, workers=threads)
         # its pool too hands each request to the thread that finished last (threads.py)
-        self.wsgi.executor = HotFirstExecutor(threads, thread_name_prefix="WSGI")
+        self.django = DjangoDoor(lean, HotFirstExecutor(threads, thread_name_prefix="WSGI"))
         # bodies received for the full stack, not yet answered
         self.bodies = Bodies(lambda: settings.LAKESHORE_BODY_BUFFER_BYTES)
 
@@ -119,11 +120,11 @@ class Application:
         a body with no length (Django reads none), a request whose bearer token is
         refused (`refused`: a door checked it; DRF refuses before its parsers run) or
         whose length is past its type's limit (Django answers 413 from the length):
-        for these two a read of the body fails (asgi_io.withheld), never finds it
+        for these two a read of the body fails (django_door.WithheldBody), never finds it
         empty. Past the bodies this process may hold (LAKESHORE_BODY_BUFFER_BYTES:
         asgi_io.Bodies), 503 busy here, the rest unread."""
         if body is not None:
-            return await self.wsgi(scope, replay(body, receive), send)
+            return await self.serve(scope, body, receive, send)
         media_type, length, bearer = body_head(scope)
         if media_type.startswith("multipart/"):
             message = (
@@ -132,11 +133,11 @@ class Application:
             )
             return await self.refuse(scope, send, 415, "unsupported_media_type", message)
         if not length:  # none, or no length: Django reads nothing
-            return await self.wsgi(scope, replay(b"", receive), send)
+            return await self.serve(scope, b"", receive, send)
         if refused or length > largest_body(media_type):
-            return await self.wsgi(scope, withheld, send)
+            return await self.serve(scope, None, receive, send)
         if bearer is not None and not await self.authenticates(bearer):
-            return await self.wsgi(scope, withheld, send)
+            return await self.serve(scope, None, receive, send)
         try:
             body, held = await self.bodies.read(receive, length)
         except Disconnected:  # the client went, or its body was late (408 sent)
@@ -145,9 +146,55 @@ class Application:
             message = "The server holds as many request bodies as it may; try again shortly."
             return await self.refuse(scope, send, 503, "busy", message, retry_after="1")
         try:
-            return await self.wsgi(scope, replay(body, receive), send)
+            return await self.serve(scope, body, receive, send)
         finally:
             self.bodies.release(held)
+
+    async def serve(self, scope, body: bytes | None, receive, send):
+        """Django's answer (edge/django_door.py), given the whole body (None: not
+        received); a wait its view parked (edge/parking.py) is driven here, then
+        answered."""
+        parking = Parking()
+        await self.django(scope, body, send, parking)
+        if parking.parked is not None:
+            await self.answer_parked(parking, scope, receive, send)
+
+    async def answer_parked(self, parking: Parking, scope, receive, send):
+        """Drive the parked steps on this loop (each step in a worker thread, each wait
+        a coroutine), closed where they wait if the client goes; then the view renders
+        the answer (in a worker thread) and it is sent with the middleware's headers."""
+        parked = parking.parked
+        run = functools.partial(self.run, parked.request)
+        gone = gone_when_closed(receive)
+        value = error = None
+        try:
+            value = await waits.drive_async(
+                parked.steps,
+                run,
+                first=parked.wait,
+                gone=gone,
+                who=waits.principal(parked.request),
+            )
+        except waits.Gone:  # the client went while it waited: nobody to answer
+            return
+        except Exception as exc:  # noqa: BLE001 - the view answers it, as DRF would
+            error = exc
+        finally:
+            gone.cancel()
+        try:
+            response = await run(parked.finish, value, error)
+        except Exception:  # noqa: BLE001 - not the API's kind of error: a 500, logged
+            log.exception("Internal Server Error: %s", scope["path"])
+            message = "The server failed; the error was logged."
+            return await self.refuse(scope, send, 500, "server_error", message)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": parking.headers_for(response),
+            }
+        )
+        await send({"type": "http.response.body", "body": response.content})
 
     async def authenticates(self, bearer: str) -> bool:
         """Whether a bearer token authenticates (no query when this process keeps it)."""

@@ -117,28 +117,6 @@ class Withheld(OSError):
     """A body the server did not receive was read (Django: UnreadablePostError)."""
 
 
-async def withheld():
-    """A receive for a request whose body is not received (Django answers it without
-    one): reading the body fails, as a broken connection's does, rather than finding
-    it empty."""
-    raise Withheld("the request body was not received")
-
-
-def replay(body: bytes, receive):
-    """A receive (a coroutine function, which a2wsgi needs) that gives the body read
-    once more, then the client's messages."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 class _Parsing:
     """What MsgPackParser reads of a request: its declared length."""
 

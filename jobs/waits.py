@@ -52,6 +52,10 @@ RETRY_AFTER_MAX = 30  # seconds: no refused wait is told to stay away longer
 # took the request (time.monotonic()): a long-poll's wait counts from then, so time it
 # spent queued for a worker thread is not added to it (fleet/protocol.claim_steps).
 ARRIVED = "lakeshore.arrived"
+# The key of a request's environ under which the server offers to park its waits on
+# its event loop (edge/parking.Parking): a view that long-polls (jobs/api/long_poll.py)
+# hands its steps there at their first wait instead of sleeping in its thread.
+PARKING = "lakeshore.parking"
 
 
 def arrived(request) -> float | None:
@@ -225,6 +229,11 @@ def first_step(steps: Steps):
     return _step(steps, None)
 
 
+def ended(got) -> bool:
+    """Whether what a step answered (first_step) is the steps' end, not a wait."""
+    return isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE
+
+
 async def drive_async(
     steps: Steps,
     run: Callable[..., Awaitable],
@@ -240,7 +249,7 @@ async def drive_async(
     would take work for nobody) and Gone is raised. `who`: the request's principal
     (principal()), whose share each wait counts in. Returns what the steps return."""
     got = first if first is not None else await run(_step, steps, None)
-    while not (isinstance(got, tuple) and len(got) == 2 and got[0] is _DONE):
+    while not ended(got):
         if parked.take(who):
             try:
                 woken = await _wait(got, gone)

@@ -18,6 +18,7 @@ from fleet.models import DaemonState
 from fleet.registration import check_speaker, check_speaker_before_body
 from fleet.services import daemon_get
 from jobs import logs, waits
+from jobs.api.long_poll import LongPollView
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.lean_input import validated
 
@@ -119,6 +120,12 @@ def _headers(claimed, daemon) -> dict[str, str]:
 STATE_HEADER = "Lakeshore-Daemon-State"
 
 
+def _response(outcome) -> Response:
+    """The answer of a claim's or an exchange's steps: (payload, status, headers)."""
+    payload, code, headers = outcome
+    return Response(payload, code, headers=headers)
+
+
 def own_daemon(request, daemon_id):
     """Only the daemon's own credential speaks for it; operators for any."""
     daemon = daemon_get(daemon_id, with_provider=False)
@@ -148,7 +155,7 @@ class DaemonHeartbeat(APIView):
         return Response(*heartbeat_answer(request, daemon_id, request.data))
 
 
-class DaemonClaim(APIView):
+class DaemonClaim(LongPollView):
     permission_classes = [DaemonProtocol]
 
     @extend_schema(
@@ -158,8 +165,8 @@ class DaemonClaim(APIView):
     )
     def post(self, request, daemon_id):
         before_body(request, daemon_id)
-        payload, code, headers = claim_answer(request, daemon_id, request.data)
-        return Response(payload, code, headers=headers)
+        steps = claim_answer_steps(request, daemon_id, request.data)
+        return self.long_poll(request, steps, _response)
 
 
 class DaemonComplete(APIView):
@@ -179,7 +186,7 @@ class DaemonComplete(APIView):
         return Response(*complete_answer(request, daemon_id, request.data))
 
 
-class DaemonExchange(APIView):
+class DaemonExchange(LongPollView):
     permission_classes = [DaemonProtocol]
 
     @extend_schema(
@@ -195,8 +202,8 @@ class DaemonExchange(APIView):
     )
     def post(self, request, daemon_id):
         before_body(request, daemon_id)
-        payload, code, headers = exchange_answer(request, daemon_id, request.data)
-        return Response(payload, code, headers=headers)
+        steps = exchange_answer_steps(request, daemon_id, request.data)
+        return self.long_poll(request, steps, _response)
 
 
 class DaemonLogs(APIView):

@@ -6,6 +6,7 @@ its claim waits is renewed no more, and its claim, closed where it waits, takes 
 submitted after it went."""
 
 import asyncio
+import json
 import time
 from datetime import timedelta
 
@@ -139,3 +140,133 @@ def test_a_fleet_that_parks_together_comes_back_spread_over_the_wait():
     for pk, end in ends.items():
         assert parked.wait_ends(pk, wait, end + 0.01) == pytest.approx(end + wait)
     assert parked.wait_ends(7, 10.0, now) == now + 10.0
+
+
+def _get_scope(path: str) -> dict:
+    scope = post_scope(path, b"", token="none")
+    headers = [(k, v) for k, v in scope["headers"] if k == b"host"]
+    return {**scope, "method": "GET", "headers": headers}
+
+
+async def _request(app, scope, raw: bytes, sent: list) -> None:
+    """`scope` through `app`, its body `raw`; the client stays until cancelled."""
+    body = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def receive():
+        if body:
+            return body.pop()
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+
+
+async def _one_thread_three_claims(app, claims) -> tuple[list, list, float | None]:
+    """Three claims that wait 30 s, then GET /healthz; what each claim was sent by the
+    time the health check answered (or 3 s passed), and how long that took."""
+    raw = b'{"limit": 1, "wait": 30}'
+    sent = [[] for _ in claims]
+    waiting = [
+        asyncio.ensure_future(_request(app, post_scope(path, raw, token=token), raw, answer))
+        for (path, token), answer in zip(claims, sent, strict=True)
+    ]
+    await asyncio.sleep(1.0)  # each has looked and found nothing by now
+    health: list = []
+    started = time.monotonic()
+    check = asyncio.ensure_future(_request(app, _get_scope("/healthz"), b"", health))
+    done, _ = await asyncio.wait([check], timeout=3.0)
+    took = time.monotonic() - started if done else None
+    for task in [check, *waiting]:
+        task.cancel()
+    await asyncio.gather(check, *waiting, return_exceptions=True)
+    return sent, health, took
+
+
+@pytest.mark.parametrize("parks", [True, False])
+def test_the_full_framework_parks_a_claim_holding_no_thread(settings, parks):
+    """With the lean path off, a claim is Django's and DRF's (edge/django_door.py): its
+    wait is parked on the event loop (jobs/api/long_poll.py), so three claims waiting
+    on a server of one worker thread leave that thread to a health check. The negative
+    control: a view that is offered no parking sleeps in the thread, and the health
+    check waits behind it."""
+    settings.LAKESHORE_LEAN_PATH = False
+    builders.queue(name="pf")
+    claims = []
+    for _ in range(3):
+        daemon = builders.daemon(queues=["pf"])
+        claims.append((f"/api/v1/daemons/{daemon.pk}/claim/", builders.credential(daemon)[1]))
+    connection.close()
+    django = Counting()
+    app = Application(LeanPath(django), threads=1)
+    door = app.django
+    if not parks:  # the door offers the views no parking
+
+        async def offering_none(scope, body, send, parking=None):
+            return await door(scope, body, send, None)
+
+        app.django = offering_none
+    try:
+        sent, health, took = builders.run_async(_one_thread_three_claims(app, claims))
+    finally:
+        listener.release_waiters()  # a claim sleeping in the thread ends now
+        door.executor.shutdown(wait=True)
+    assert all(answer == [] for answer in sent)  # all three still wait
+    if parks:
+        assert took is not None and took < 1.0, took
+        assert [m["status"] for m in health if m["type"] == "http.response.start"] == [200]
+        assert django.calls == 4  # the three claims and the check all went through Django
+    else:
+        assert took is None and health == []  # the thread sleeps in the first claim
+
+
+def test_a_parked_claim_answers_with_the_headers_django_gives_it(settings, client):
+    """A claim answered after a parked wait carries what the middleware and DRF give
+    an answer that did not wait: the same header names, the same JSON."""
+    settings.LAKESHORE_LEAN_PATH = False
+    builders.queue(name="ph")
+    daemon = builders.daemon(queues=["ph"])
+    token = builders.credential(daemon)[1]
+    path = f"/api/v1/daemons/{daemon.pk}/claim/"
+    connection.close()
+    app = Application(LeanPath(Counting()), threads=2)
+
+    async def parked_then_woken() -> list:
+        raw = b'{"limit": 1, "wait": 20}'
+        sent: list = []
+        waiting = asyncio.ensure_future(
+            _request(app, post_scope(path, raw, token=token), raw, sent)
+        )
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(_submit_to, "ph")
+        for _ in range(100):
+            if any(m["type"] == "http.response.body" for m in sent):
+                break
+            await asyncio.sleep(0.05)
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        return sent
+
+    sent = builders.run_async(parked_then_woken())
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    parked_headers = {k.decode() for k, _ in start["headers"]}
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert start["status"] == 200 and len(json.loads(body)) == 1
+
+    _submit_to("ph")  # the control: a claim that finds work at once, never parked
+    direct = client.post(
+        path, {"limit": 1}, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert direct.status_code == 200 and len(direct.json()) == 1
+    assert parked_headers == {name.lower() for name in direct.headers}
+    vary = dict((k.decode(), v.decode()) for k, v in start["headers"])["vary"]
+    assert vary == direct.headers["Vary"]
+
+
+def _submit_to(queue: str) -> None:
+    try:
+        services.invocation_submit(function=ECHO, queue=queue)
+    finally:
+        connection.close()
