@@ -1,13 +1,10 @@
 """The lean path: the daemon protocol's hot requests and submit, served without
 Django's middleware stack and DRF's dispatch.
 
-A daemon claims, reports and heartbeats many times a second; an idle one long-polls.
-The middleware, URL resolving and DRF's request wrapping cost more than the answer
-itself: bench/lean_path.py measures the server's CPU per request through the real WSGI
-application. In two runs plain Django and DRF took 2.0× the lean path's CPU for a
-submit (0.6–0.7 → 1.2–1.4 ms), 1.6× for an empty claim, 1.15–1.5× for a heartbeat and
-1.06–1.3× for an exchange; with the middleware narrowed to what an API answer needs, a
-submit still 1.5–1.9×. So it stays, in this one module. This WSGI wrapper
+A daemon claims, reports and heartbeats many times a second; the middleware, URL
+resolving and DRF's request wrapping cost more than the answer itself. It stays while
+a figure of `make bench` defends it (its section "The serving door"; why and the
+earlier figures: docs/decisions/0002-the-lean-path.md). This WSGI wrapper
 (lakeshore_admin/wsgi.py) serves these requests itself:
 
     POST /api/v1/jobs/                                   submit, batch submit
@@ -46,8 +43,8 @@ It sends Django's request_started and request_finished signals, so database
 connections go back to the pool as after any request (the ASGI door gives back a worker
 thread's after each turn instead, and sends none on its event loop: asgi.py), and it
 keeps the request where the audit trail reads who acts.
-LAKESHORE_LEAN_PATH=0 turns it off. Under ASGI (asgi.py) everything takes the full
-stack."""
+LAKESHORE_LEAN_PATH=0 turns it off: the requests it would take are Django's and DRF's
+(under the edge, a claim's wait is parked all the same: jobs/api/long_poll.py)."""
 
 import functools
 import io

@@ -1,14 +1,7 @@
-"""The web process's worker threads (edge/application.py): a pool that hands each
-call to the thread that went idle last.
-
-concurrent.futures.ThreadPoolExecutor hands each call to whichever idle thread its
-queue wakes: once a burst (a fleet registering) had started its 128 threads, a steady
-load after it ran on all of them in turn (a fleet run's worker-thread CPU was spread
-evenly over the 128), each call on a cold thread (its stack, its Django connection
-handler, out of the CPU's caches). With 5,000 idle daemons polling, the same server
-spent 9 % less CPU with 8 threads than with 128. Here
-the thread that finished last takes the next call, so a steady load keeps running on
-the few threads it needs, and a burst still has all of them."""
+"""The web process's worker threads (edge/application.py): a pool that hands each call
+to the thread that went idle last, so a steady load runs on the few threads it needs
+(warm: their stacks and connection handlers in the CPU's caches) and a burst still has
+all of them. Why: docs/decisions/0003-hot-first-worker-threads.md."""
 
 import threading
 from collections import deque

@@ -1,39 +1,12 @@
-"""Admission of waits: at most LAKESHORE_MAX_WAITS requests of a server process sleep
-at once, so long-polls never take every thread.
-
-A long-poll holds a server thread while it sleeps (no database connection: see
-jobs/wakeup.py). Gunicorn gives a process a fixed number of threads (gunicorn_conf.py):
-were they all asleep in long-polls, a heartbeat, a completion or a console page would
-queue behind them, and the reaper would mark healthy daemons lost. So every path that
-sleeps in a request takes a slot first, without blocking, and gives it back when it
-wakes:
-
-    claim / exchange with `wait` (jobs/services.invocation_claim; the SDK's poll too)
-    the SDK's await (jobs/sdk.await_result) and result stream (jobs/sdk.open_frames)
-
-A wait refused a slot does not sleep: a claim answers what it found at once (nothing)
-with `Retry-After` (the seconds it asked to wait: it would have looked again no sooner;
-the daemon adds jitter), the SDK's poll answers no command, its await the current
-state, and a stream that would have to wait answers 503 `busy` with `Retry-After`.
-Heartbeats, completions and everything else never sleep, so they never need a slot.
-
-The count is per process (gunicorn's workers are processes): a server admits
-workers × LAKESHORE_MAX_WAITS waits in all.
-
-Under the ASGI server (edge/application.py) a daemon's claim and exchange, the SDK's
-poll, await and result stream, and a log follow hold no thread while they wait: their
-services are written as steps (a generator that yields a Wait where it would sleep),
-which `drive` runs in a thread, sleeping there, and `drive_async` runs on the event
-loop, each step in a thread and each wait a coroutine. Those waits are bounded by
-LAKESHORE_MAX_PARKED a process instead: they cost memory, not threads.
-
-Each bound has a share per principal too (issue 29): one token (or a console user)
-holds at most LAKESHORE_MAX_WAITS_PER_PRINCIPAL of a process's thread waits and
-LAKESHORE_MAX_PARKED_PER_PRINCIPAL of its parked ones. Past its share, its wait is
-refused as past the whole bound (a claim answers at once with Retry-After, a follow
-what it has), while other principals still wait: one viewer's follows, or one
-daemon's claims, cannot take the room of the fleet. A daemon waits once at a time; an
-SDK worker a few."""
+"""Long-poll waits, written as steps and admitted by count. A service that waits (a
+claim, an exchange, the SDK's poll, await and result stream, a log's follow) is a
+generator that yields a `Wait` where it would sleep: `drive` runs it in the request's
+thread, sleeping there within LAKESHORE_MAX_WAITS thread waits a process, and the edge
+(edge/application.py) runs each step in a worker thread and each wait on its event loop,
+within LAKESHORE_MAX_PARKED, holding no thread. Each bound has a share per principal (a
+token, a console user). A wait refused a slot does not sleep: a claim answers what it
+found with `Retry-After`, the SDK's poll no command, its await the current state, a
+stream 503 `busy`. Why: docs/decisions/0001-long-polls-wait-without-a-thread.md."""
 
 import asyncio
 import contextlib

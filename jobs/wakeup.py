@@ -1,46 +1,12 @@
 """Waiting claims sleep until their queues have work, without a database connection.
-
-One thread per process LISTENs on the channel `lakeshore_work` (see the migration
-jobs/0004_notify_work: triggers send a queue's name when an invocation becomes queued
-there, or when the queue dispatches again). Each name bumps a version counter; a
-claim takes a snapshot of its queues' versions *before* it looks for work, and after
-finding none it waits until one of them moves (or its deadline). So a notification
-that lands between the look and the wait is never missed, and a waiting claim costs
-no query at all. A retry that waits out a back-off arrives as `name@epoch`: the
-listener bumps the name when that time comes.
-
-If the listening connection fails, waiters fall back to re-checking every
-FALLBACK_POLL seconds until it is back.
-
-A waiter is a thread (`wait`) or a coroutine on an event loop (`wait_async`, the ASGI
-server's long-polls): the listening thread wakes a coroutine through its loop, so a
-coroutine waits holding no thread. Thousands of coroutines may wait on one queue, so a
-notification wakes only the RELAY that waited longest, not all of them (each would run
-a claim, and all but one would find nothing); a claim that takes work wakes the next
-RELAY (`relay`), so a batch of work reaches as many waiters as it needs, in turns.
-
-Because every queued row notifies its queue, a look that found a queue empty stays true
-until its queue's version moves: the process keeps it (note_empty) while the listener
-stays connected, and an idle daemon's next poll skips the look (known_empty: a fleet of
-idle daemons costs no query for work between submits). A row committed but not yet
-heard of wakes the wait like any notification; losing the connection forgets them all.
-
-A waiter may name what must be renewed while it waits (`renew`: a Renewal and a key,
-such as a daemon's liveness and its id): the listening thread renews the keys of every
-waiter at once, every `Renewal.every()` seconds, in one statement.
-
-The same channel carries one-off names: `inv:ID` when an SDK invocation ends, and
-`frame:STREAM` when a result frame is written (jobs/migrations/0012), which the SDK's
-await and result stream wait on, and `log:ID` when an invocation's log gains lines
-(jobs/migrations/0013), which a log's follow waits on. A one-off name is kept only
-while someone waits on it (or did in the last FORGET_AFTER seconds); a notification of
-one nobody waits on costs a lookup; at most ONE_OFF_MAX are kept (past it, a waiter
-finds its end by its own looks). It wakes every waiter of that name, not a few.
-
-The same channel also says when a token or a user changed (`token:ID`, `user:ID`: the
-triggers of accounts/migrations/0006): the listener drops them from this process's
-token cache at once, and tells the cache while it is connected (accounts.authentication
-keeps a daemon's own credential longer while it hears those changes)."""
+One thread per process LISTENs on `lakeshore_work` (the triggers of jobs/0004 send a
+queue's name when work is queued there); a claim snapshots its queues' versions before
+it looks and waits until one moves, so no notification is missed and a wait costs no
+query. A waiter is a thread (`wait`) or a coroutine (`wait_async`: the edge's parked
+waits); a notification wakes one relay at a time, a look that found a queue empty is
+kept while the listener is connected, parked daemons are renewed together, and one-off
+names (`inv:`, `frame:`, `log:`, `token:`, `user:`) wake every waiter of the name. Why
+each, and how: docs/decisions/0005-waiting-on-notifications.md."""
 
 import asyncio
 import heapq

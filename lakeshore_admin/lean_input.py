@@ -1,24 +1,13 @@
-"""Input validation without DRF's per-request serializer machinery, for the hot paths
-(submit, batch submit, the daemon protocol).
-
-DRF builds an input serializer's fields on every instance (a deep copy of each
-declared field) and walks generic hooks per field and value: about 0.3 ms for one
-submit, and most of a 10,000-item batch's time. `validated(SerializerClass, data)`
-gives exactly what `SerializerClass(data=data).is_valid(raise_exception=True)` then
-`.validated_data` gives, the same way:
-
-- One instance of each serializer class per thread is built once (its fields, its
-  validate_<field> and validate methods); nothing is shared between threads.
-- The fields run in DRF's order with DRF's rules. A plain CharField, IntegerField,
-  FloatField, BooleanField or ChoiceField with a value of the obvious type (a str, an
-  int, ...) is checked directly, and its validators (lengths, bounds, NUL and
-  surrogate characters) still run; every other field, and every other kind of value,
-  goes through the field's own run_validation (a list longer than its ListField's
-  max_length is refused before that, as StrictInput refuses it: no item validated).
-- Anything that does not pass (a missing required field, an unknown key, a value DRF
-  would coerce, a validator's refusal) is validated again by DRF itself, from scratch:
-  so every error a client sees is DRF's, word for word, and so is any value DRF would
-  coerce. tests/api/test_lean_input.py checks the two agree on generated input."""
+"""Input validation without DRF's per-request serializer set-up, for the hot paths
+(submit, batch submit, the daemon protocol). `validated(SerializerClass, data)` gives
+exactly what `SerializerClass(data=data).is_valid(raise_exception=True)` then
+`.validated_data` gives: one instance of each serializer class per thread, built once;
+the fields in DRF's order with DRF's rules, a plain field with a value of the obvious
+type checked directly (its validators still run), every other field and value through
+the field's own run_validation; anything that does not pass is validated again by DRF
+itself, from scratch, so every error a client sees is DRF's, word for word
+(tests/api/test_lean_input.py checks the two agree on generated input). Why:
+docs/decisions/0004-the-hot-statements.md."""
 
 import contextlib
 import threading

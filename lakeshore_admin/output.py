@@ -1,17 +1,11 @@
-"""Output serializers whose fields are built once per class.
-
-DRF builds a ModelSerializer's fields on every instance: it maps each model field to a
-serializer field and deep-copies the declared ones, about a millisecond per response
-for an invocation. An output serializer of a fixed shape (read-only, no per-request
-context in its fields) can build them once: the first instance builds and binds them,
-later instances read the same ones. Only reading happens on them (to_representation),
-so threads may share them. Not for input serializers: validation keeps state.
-
-Their to_representation walks a plan made once from those fields: for each, its name,
-the attribute it reads, and its own to_representation. That is what DRF's loop does
-(None stays None; a field on the whole object, like a SerializerMethodField, gets the
-object), without the generic lookups per field and row: a list of 10,000 invocations
-renders in a third of the time. A field with a dotted source keeps DRF's own way."""
+"""Output serializers whose fields are built once per class. An output serializer of a
+fixed shape (read-only, no per-request context in its fields) builds and binds its
+fields on its first instance; later instances read the same ones, and threads may share
+them, since only to_representation runs on them (never for input serializers:
+validation keeps state). Their to_representation walks a plan made once from those
+fields (each field's name, the attribute it reads, its own to_representation), as
+DRF's loop does without its generic lookups per field and row; a field with a dotted
+source keeps DRF's own way. Why: docs/decisions/0004-the-hot-statements.md."""
 
 import threading
 

@@ -1,19 +1,12 @@
-"""Model instances from a raw statement's rows, the way the ORM makes them, without
-its per-query setup.
-
-`Model.objects.raw()` works out, on every call, which column is which field and which
-converters apply (about a third of a millisecond, more than the statement itself for
-a claim that finds nothing). The hot statements (claim, complete, submit; a daemon by
-id) run the same few column lists again and again, so the mapping is made once per
-(model, columns) and kept. Rows become instances through Model.from_db, with each
-field's converters applied, as the ORM does (tests/queues/test_rows.py compares).
-
-With prepared=True the statement goes to the server as a prepared statement, its
-parameters bound by the server: parsed and planned once per pooled connection, not on
-every call (an admitted submit's INSERT: 0.84 → 0.65 ms on these machines). Such a
-statement's parameters must have one type each: cast a parameter used twice. With
-LAKESHORE_DB_PREPARED=0 (a pooler that cannot keep prepared statements) it goes through
-Django's own cursor like any other."""
+"""Model instances from a raw statement's rows, the way the ORM makes them
+(Model.from_db, each field's converters applied), without its per-query set-up: the
+mapping of columns to fields is made once per (model, columns) and kept, since the hot
+statements (claim, complete, submit; a daemon by id) run the same few column lists
+again and again (tests/queues/test_rows.py compares with the ORM). With prepared=True
+the statement is prepared once per pooled connection, its parameters bound by the
+server (each must have one type: cast a parameter used twice); LAKESHORE_DB_PREPARED=0
+turns that off for a pooler that cannot keep prepared statements. Why:
+docs/decisions/0004-the-hot-statements.md."""
 
 from django.conf import settings
 from django.db import connection
