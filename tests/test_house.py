@@ -1,8 +1,8 @@
-"""The house rules a reader relies on, checked over the source: no file past 500 lines
-(the tests and the bench included, migrations aside), no private API of the frameworks
-(a name with a leading underscore that the project does not define itself), and no
-state or kind spelled out in a template's condition (the models' predicates say it
-once). Imports sit at the top of a file: ruff's PLC0415 checks it (pyproject.toml)."""
+"""The house rules a reader relies on, checked over the source: no private API of the
+frameworks (a name with a leading underscore that the project does not define itself),
+and no state or kind spelled out in a template's condition (the models' predicates say
+it once). Imports sit at the top of a file: ruff's PLC0415 checks it (pyproject.toml).
+Files are cut by concept, one concept a module, not by a count of lines."""
 
 import ast
 import re
@@ -24,7 +24,6 @@ PACKAGES = (
     "edge",
     "scripts",
 )
-MAX_LINES = 500
 # Leading underscore, public all the same: Model._meta is Django's documented model
 # API, Model._default_manager its documented first manager, os._exit the documented
 # exit without clean-up (a forked child's).
@@ -71,15 +70,6 @@ def private_uses(trees: dict[Path, ast.Module]) -> list[str]:
                 ):
                     found.append(f"{where}:{node.lineno}: {name}")
     return found
-
-
-def test_no_source_file_is_past_500_lines():
-    long = {
-        str(path.relative_to(ROOT)): n
-        for path in sources((*PACKAGES, "tests", "bench"))
-        if (n := len(path.read_text().splitlines())) > MAX_LINES
-    }
-    assert long == {}
 
 
 def test_no_private_framework_api():
