@@ -20,7 +20,9 @@ class IdFilter(django_filters.NumberFilter):
 
 class InvocationFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=InvocationState.choices)
-    worker = IdFilter(field_name="daemon_id", label="daemon id")
+    daemon = IdFilter(field_name="daemon_id", label="daemon id")
+    # the cookbook's name for the same filter (`lakeshore jobs list --worker ID`)
+    worker = IdFilter(field_name="daemon_id", label="daemon id (the same as daemon)")
     queue = django_filters.CharFilter(
         method="in_queue", label="queue name ('(default)': the default queue)"
     )
@@ -40,7 +42,17 @@ class InvocationFilter(django_filters.FilterSet):
 
     class Meta:
         model = Invocation
-        fields = ["state", "worker", "queue", "cursor", "id", "function", "since", "until"]
+        fields = [
+            "state",
+            "daemon",
+            "worker",
+            "queue",
+            "cursor",
+            "id",
+            "function",
+            "since",
+            "until",
+        ]
 
     def in_queue(self, queryset, name, value):
         return queryset.filter(queue="" if value == DEFAULT_QUEUE_LABEL else value)

@@ -34,7 +34,8 @@ class JobList(APIView):
                 many=True,
                 enum=InvocationState.values,
             ),
-            OpenApiParameter("worker", str, description="daemon id"),
+            OpenApiParameter("daemon", str, description="daemon id"),
+            OpenApiParameter("worker", str, description="daemon id: the same as `daemon`"),
             OpenApiParameter("queue", str, description="queue name"),
             OpenApiParameter(
                 "cursor", int, description="keyset: only ids below this (from the Link header)"

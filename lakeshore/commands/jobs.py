@@ -118,7 +118,7 @@ jobs.add_command(logs)
 @pass_client
 def list_(client: Client, limit, offset, states, worker, queue, as_json) -> None:
     """Recent invocations, newest first."""
-    params = {"limit": limit, "offset": offset or None, "worker": worker, "queue": queue}
+    params = {"limit": limit, "offset": offset or None, "daemon": worker, "queue": queue}
     query = [(k, v) for k, v in params.items() if v is not None]
     query += [("state", s) for s in states]
     found = client.request("GET", "jobs/", params=query)
