@@ -4,7 +4,6 @@ claim and its ack a completion (fleet/protocol.py). The producer's side (submit,
 the result stream) and the wire's shared readers are jobs/sdk.py."""
 
 from fleet import daemons, protocol, registration
-from jobs import waits
 from jobs.models import SDK_WIRES, TOPIC, Invocation, InvocationState
 from jobs.sdk import (
     POLL_MAX_SECONDS,
@@ -21,13 +20,9 @@ from lakeshore_admin.errors import Conflict, Invalid, NotFound
 SDK_ACK_STATES = (InvocationState.SUCCEEDED, InvocationState.FAILED)
 
 
-def poll(body: dict, *, user, token=None) -> dict:
-    """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`."""
-    return waits.drive(poll_steps(body, user=user, token=token))
-
-
 def poll_steps(body: dict, *, user, token=None):
-    """poll as steps (jobs/waits.py): where it waits, it yields."""
+    """POST /v1/daemon/poll: at most one run command, waiting up to `timeout_s`, as
+    steps (jobs/waits.py): where it waits, it yields."""
     worker_id = read_text(body, "worker_id")
     queue = read_text(body, "queue", max_length=63)
     wait = read_number(body.get("timeout_s"), "timeout_s", default=1.0, low=0, high=3600)

@@ -254,15 +254,10 @@ def _plain(value):
     return str(value)
 
 
-def await_result(body: dict) -> dict:
-    """POST …/producer/await: the invocation's state once it is terminal, or when
-    `timeout_s` (at most AWAIT_MAX_SECONDS) passes first. A wait refused a slot
-    (jobs/waits.py) answers the current state at once: the SDK asks again."""
-    return waits.drive(await_steps(body))
-
-
 def await_steps(body: dict) -> waits.Steps:
-    """await_result as steps (jobs/waits.py): it looks at the invocation, and yields a
+    """POST …/producer/await: the invocation's state once it is terminal, or when
+    `timeout_s` (at most AWAIT_MAX_SECONDS) passes first, as steps (jobs/waits.py): it
+    looks at the invocation, and yields a
     Wait between looks. An SDK invocation's end is notified (`inv:ID`,
     jobs/migrations/0012): it waits for that, looking again only every LOOK_SDK seconds
     as a safety net. One of the REST API's (nothing notifies its end) is looked at after

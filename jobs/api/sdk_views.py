@@ -22,6 +22,7 @@ from rest_framework.views import APIView
 from accounts.permissions import Operate
 from accounts.roles import roles_of
 from jobs import sdk
+from jobs.api.long_poll import LongPollView
 from jobs.api.serializers import SdkSetup
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.api_errors import sdk_answer
@@ -53,12 +54,12 @@ class ProducerSubmit(SdkView):
         )
 
 
-class ProducerAwait(SdkView):
+class ProducerAwait(LongPollView, SdkView):
     permission_classes = [Operate]
 
     def post(self, request, namespace):
         sdk.check_namespace(namespace)
-        return Response(sdk.await_result(request.data))
+        return self.long_poll(request, sdk.await_steps(request.data), Response)
 
 
 class ProducerResultStream(SdkView):

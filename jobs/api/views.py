@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 from accounts import heavy
 from jobs import logs, services
 from jobs.api import serializers as s
+from jobs.api.long_poll import LongPollView
 from jobs.filters import InvocationFilter
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.api_docs import errors
@@ -99,7 +100,7 @@ class JobDetail(APIView):
         return Response(s.InvocationDetailSerializer(invocation).data)
 
 
-class JobLogs(APIView):
+class JobLogs(LongPollView):
     @extend_schema(
         summary="What an attempt printed (the latest by default), from line `offset` on",
         description="Lines carry their stream (out, err), the time the daemon read them and "
@@ -113,8 +114,8 @@ class JobLogs(APIView):
     def get(self, request, invocation_id):
         query = s.LogQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        page = logs.read(invocation_id, **query.validated_data)
-        return Response(s.LogPage(page).data)
+        steps = logs.read_steps(invocation_id, **query.validated_data)
+        return self.long_poll(request, steps, lambda page: Response(s.LogPage(page).data))
 
 
 class JobKill(APIView):

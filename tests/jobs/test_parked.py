@@ -165,13 +165,19 @@ async def _request(app, scope, raw: bytes, sent: list) -> None:
 
 
 async def _one_thread_three_claims(app, claims) -> tuple[list, list, float | None]:
-    """Three claims that wait 30 s, then GET /healthz; what each claim was sent by the
-    time the health check answered (or 3 s passed), and how long that took."""
+    """Three claims that wait 30 s: _one_thread_three."""
     raw = b'{"limit": 1, "wait": 30}'
-    sent = [[] for _ in claims]
+    scopes = [post_scope(path, raw, token=token) for path, token in claims]
+    return await _one_thread_three(app, scopes, raw)
+
+
+async def _one_thread_three(app, scopes, raw: bytes = b"") -> tuple[list, list, float | None]:
+    """Three requests that wait, then GET /healthz; what each request was sent by the
+    time the health check answered (or 3 s passed), and how long that took."""
+    sent = [[] for _ in scopes]
     waiting = [
-        asyncio.ensure_future(_request(app, post_scope(path, raw, token=token), raw, answer))
-        for (path, token), answer in zip(claims, sent, strict=True)
+        asyncio.ensure_future(_request(app, scope, raw, answer))
+        for scope, answer in zip(scopes, sent, strict=True)
     ]
     await asyncio.sleep(1.0)  # each has looked and found nothing by now
     health: list = []
@@ -270,3 +276,41 @@ def _submit_to(queue: str) -> None:
         services.invocation_submit(function=ECHO, queue=queue)
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize("parks", [True, False])
+def test_the_full_framework_parks_a_log_follow_holding_no_thread(settings, parks):
+    """A log's follow (GET /api/v1/jobs/ID/logs/?follow=1) served by DRF's view parks
+    its wait as a claim does: three follows waiting on one worker thread leave it to a
+    health check; offered no parking, the first holds the thread."""
+    settings.LAKESHORE_LEAN_PATH = False
+    builders.queue(name="pl")
+    job = services.invocation_submit(function=ECHO, queue="pl")[0]
+    token = builders.token("viewer")
+    connection.close()
+    django = Counting()
+    app = Application(LeanPath(django), threads=1)
+    door = app.django
+    if not parks:
+
+        async def offering_none(scope, body, send, parking=None):
+            return await door(scope, body, send, None)
+
+        app.django = offering_none
+    scope = _get_scope(f"/api/v1/jobs/{job.pk}/logs/")
+    scope = {
+        **scope,
+        "query_string": b"follow=true&wait=20",
+        "headers": [*scope["headers"], (b"authorization", f"Bearer {token}".encode())],
+    }
+    try:
+        sent, health, took = builders.run_async(_one_thread_three(app, [scope] * 3))
+    finally:
+        listener.release_waiters()
+        door.executor.shutdown(wait=True)
+    assert all(answer == [] for answer in sent)  # all three still wait
+    if parks:
+        assert took is not None and took < 1.0, took
+        assert [m["status"] for m in health if m["type"] == "http.response.start"] == [200]
+    else:
+        assert took is None and health == []
