@@ -5,7 +5,7 @@ A queue is served when a live daemon (provisioning, idle, busy or draining) subs
 it; the default queue ('') by a live daemon whose `queues` is empty. A queue that is not
 served *starts* when it has a provider and an elasticity declaration and is not archived:
 the controller starts daemons for it (its own statement of the rule, which a wake
-checks, is fleet/controller_queues.starting; tests/queues/test_controller_queues.py
+checks, is fleet/controller.starting; tests/fleet/test_controller_queues.py
 checks that the two agree). A submit into such a queue wakes the controller
 at once (fleet.wake, sent after the submit commits) instead of waiting for its next tick.
 A submit into a queue that is neither served nor started says how to start a daemon.

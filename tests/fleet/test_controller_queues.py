@@ -1,12 +1,12 @@
 """One rule for the queues whose daemons the controller starts: the controller's
-queryset (fleet/controller_queues.py, which a wake uses) and the SQL a submit asks
+queryset (fleet/controller.py, which a wake uses) and the SQL a submit asks
 (jobs/serving.py) agree on every combination of provider, elasticity and state."""
 
 import itertools
 
 import pytest
 
-from fleet.controller_queues import managed, starting
+from fleet.controller import managed, starting
 from jobs import serving
 from queues.models import QueueState
 from queues.services import queue_transition

@@ -1,4 +1,4 @@
-"""The tick over every queue (fleet/controller_tick.py): its statements do not grow with
+"""The tick over every queue (fleet/controller.py): its statements do not grow with
 the number of queues, a queue whose decision did not change writes nothing beyond its
 sample, the scale-down window still holds across such a quiet stretch, and a queue
 another tick holds is left to it."""
@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import controller, controller_acts, controller_tick
+from fleet import controller
 from fleet.drivers import SimulatedDriver
 from fleet.models import OVERLAP_NAMES_MAX, Daemon
 from jobs import services as jobs
@@ -181,7 +181,7 @@ def test_a_tick_leaves_a_queue_another_tick_holds_to_it(sim, held_launch):
 
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_without_the_locks_the_tick_launches_again(sim, held_launch, monkeypatch):
-    monkeypatch.setattr(controller_acts, "try_lock_many", lambda ids: set(ids))
+    monkeypatch.setattr(controller, "try_lock_many", lambda ids: set(ids))
     _, busy, _ = _tick_while_a_queue_tick_launches(held_launch)
 
     assert Daemon.objects.subscribed_to("busy").count() == 4
@@ -256,7 +256,7 @@ def test_a_wake_that_finds_the_queue_held_by_the_tick_is_not_lost(sim, no_broker
 
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_without_the_tick_waking_it_the_submit_waits(sim, no_broker, monkeypatch):
-    monkeypatch.setattr(controller_tick, "_missed_wakes", lambda events: [])
+    monkeypatch.setattr(controller, "_missed_wakes", lambda events: [])
     builders.queue(
         name="train", provider="sim", elasticity_spec={"kind": "fully_elastic", "max": 4}
     )
