@@ -29,7 +29,7 @@ CLAIMS = int(os.environ.get("BENCH_CLAIMS", "1000"))  # per thread, alternating
 # The claim statement before issue 17: no lock on the queue's row, no bound in bytes.
 BEFORE = """
 WITH me AS (
-    SELECT id, state FROM queues_daemon
+    SELECT id, state FROM fleet_daemon
      WHERE id = %(daemon)s AND state = ANY(%(claiming)s)
        FOR NO KEY UPDATE
 ), taken AS (
@@ -49,7 +49,7 @@ WITH me AS (
                FOR UPDATE SKIP LOCKED))
     RETURNING *
 ), marked AS (
-    UPDATE queues_daemon d SET state = %(busy)s, updated_at = now()
+    UPDATE fleet_daemon d SET state = %(busy)s, updated_at = now()
       FROM me
      WHERE d.id = me.id AND me.state <> %(busy)s AND EXISTS (SELECT 1 FROM taken)
 )

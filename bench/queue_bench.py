@@ -41,7 +41,7 @@ CLAIM_SECONDS = float(os.environ.get("BENCH_CLAIM_SECONDS", "3"))
 def reset() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+            "TRUNCATE jobs_invocation, fleet_daemon, queues_queueevent, queues_queuesample CASCADE"
         )
         cursor.execute("DELETE FROM queues_queue")
         cursor.execute("VACUUM ANALYZE jobs_invocation")

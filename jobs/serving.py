@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from fleet.models import LIVE_DAEMON_STATES
+from fleet.models import LIVE_DAEMON_STATES, Daemon
 from lakeshore_admin.celery import app as celery_app
 from queues.models import QueueState
 
@@ -30,7 +30,7 @@ WAKE_TASK = "fleet.wake"
 WAKE_EVERY = 1.0  # seconds: a process sends at most one wake a queue in this time
 
 _LIVE = (
-    "EXISTS (SELECT 1 FROM queues_daemon sd"
+    f"EXISTS (SELECT 1 FROM {Daemon._meta.db_table} sd"  # noqa: S608 - the model's table
     " WHERE sd.state = ANY(%(serving_live)s::text[])"
     " AND CASE WHEN {name} = '' THEN sd.queues = '{{}}'"
     " ELSE sd.queues @> ARRAY[{name}]::varchar(63)[] END)"

@@ -146,7 +146,7 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
     # the fenced update and a look at the queue (work is queued: the daemon's next claim
     # follows and says busy or idle), no write of the daemon's row
     assert [q.split()[0] for q in _work(sql)] == ["UPDATE", "SELECT"]
-    assert "queues_daemon" not in " ".join(sql)
+    assert "fleet_daemon" not in " ".join(sql)
 
     claimed, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
     assert len(claimed) == 1
