@@ -3,14 +3,14 @@ U), work out the desired count with the queue's formula (queues/elasticity.py, `
 then act — up fast (straight to desired, at most LAKESHORE_MAX_LAUNCH_PER_TICK
 launches), down slowly (never below the highest count wanted in the last
 LAKESHORE_SCALE_DOWN_WINDOW seconds, idle daemons only, a few a tick) — and write an
-event saying why.
+event saying why. What a decision does to the daemons: fleet/scaling.py.
 
-Two doors: `tick` decides for every managed queue at once, in a fixed number of
-statements (_tick_managed); `tick_queue` decides for one (a wake after a
-submit, and the tests). Either holds each queue's transaction-scoped advisory lock
-while it decides and acts, so two beats (or a beat and a wake) never act on the same
-queue at once; the database, not the broker, records what was done. What the decision
-does: fleet/scaling.py.
+One path decides, whoever asks: `decide(queues)`. The beat's `tick` hands it every
+managed queue, then samples the queues for the charts, prunes old no-op events and
+observes the providers; a submit's `wake` hands it the one queue the submit went to.
+Each queue's transaction-scoped advisory lock is held while it is decided for, so two
+beats (or a beat and a wake) never act on the same queue at once; the database, not
+the broker, records what was done.
 
 Which queues it looks after. `managed`: the queues a tick decides for: those with an
 elasticity declaration that are not archived (with a provider or not: one without says
@@ -21,32 +21,30 @@ the controller. The submit learns it in its own INSERT, so jobs/serving.py (belo
 it cannot import this) states the same rule in SQL (_STARTS);
 tests/fleet/test_controller_queues.py checks the two agree.
 
-The tick over every queue (_tick_managed) costs what changed rather than how many
-queues there are:
+A decision costs what changed rather than how many queues it covers:
 
-1. Read the managed queues (`managed`), leaving out those backing off
-   after failed ticks. Ask each provider what it runs (Driver.observe_queues: one
-   `squeue` for all of a Slurm provider's queues), outside any transaction.
+1. Leave out the queues backing off after failed ticks. Ask each provider what it runs
+   (Driver.observe_queues: one `squeue` for all of a Slurm provider's queues), outside
+   any transaction.
 2. In one transaction: take the queues' locks in one statement (a queue another tick
    holds is skipped); bring the records up to date, once per provider
    (Driver.sync_queues); read every queue's signals (queues/pressure.py), its
    scale-down window (elasticity.window_peaks) and its latest event, a statement each.
-3. Decide in memory with `plan`, as a tick of one queue does. Only a queue that
-   launches or terminates runs statements of its own (in a savepoint: its failure
-   undoes its part alone); its provider's outside work runs after the commit.
+3. Decide in memory with `plan`. Only a queue that launches or terminates runs
+   statements of its own (in a savepoint: its failure undoes its part alone); its
+   provider's outside work runs after the commit.
 4. Write the events in one INSERT. A queue whose decision is a no-op or a hold
    identical to its latest event (same signals, same wanted and desired, same
    reason) writes none: an event says what changed. Reset the failure count of queues
    that tick again.
 
 Then, each in a transaction of its own: a `tick_failed` event for each queue whose part
-raised, a wake for each queue a submit woke while this tick held it (_missed_wakes), the
-charts' samples (queues/samples.py) and the pruning of old `tick_noop` rows (never a
-queue's latest event: it says what is in force)."""
+raised, and a wake for each queue a submit woke while this decision held it
+(_missed_wakes)."""
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -102,73 +100,22 @@ def starting() -> QuerySet[Queue]:
 
 
 # A queue's lock: a transaction-scoped advisory lock on hashtext('tick:<queue id>'),
-# taken without waiting, by the tick deciding for the queue, so that two beats (or a
-# beat and a wake) never act on the same queue at once. One queue's, or many at once.
-_TRY_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(hashtext('tick:' || %s::text))"
-_TRY_LOCK_MANY_SQL = (
+# taken without waiting, by the decision for the queue, so that two beats (or a beat
+# and a wake) never act on the same queue at once.
+_TRY_LOCK_SQL = (
     "SELECT q.id FROM unnest(%s::bigint[]) AS q(id)"
     " WHERE pg_try_advisory_xact_lock(hashtext('tick:' || q.id::text))"
 )
 
 
-def try_lock(queue_id: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(_TRY_LOCK_SQL, [queue_id])
-        return bool(cursor.fetchone()[0])
-
-
-def try_lock_many(queue_ids: list[int]) -> set[int]:
+def try_lock(queue_ids: list[int]) -> set[int]:
     """The locks of all these queues in one statement: the ids whose lock this
     transaction now holds (another tick holds the others)."""
     if not queue_ids:
         return set()
     with connection.cursor() as cursor:
-        cursor.execute(_TRY_LOCK_MANY_SQL, [sorted(queue_ids)])
+        cursor.execute(_TRY_LOCK_SQL, [sorted(queue_ids)])
         return {row[0] for row in cursor.fetchall()}
-
-
-def _try_lock(queue_id: int) -> bool:
-    return try_lock(queue_id)
-
-
-def tick_queue(queue_id: int, *, now=None, cause: str = "") -> QueueEvent | None:
-    """One controller decision for one queue. None when another tick holds the queue.
-    `cause` starts the event's reason when something other than the beat asked."""
-
-    now = now or timezone.now()
-    # What the provider runs is asked before the transaction: a slow shell-out or HTTP
-    # call must not hold the queue's lock and rows (a failure is this tick's failure).
-    before = Queue.objects.select_related("provider").filter(pk=queue_id).first()
-    observed = None
-    if before is not None and before.provider is not None:
-        observed = driver_for(before.provider).observe(provider=before.provider, queue=before)
-    with transaction.atomic():
-        if not _try_lock(queue_id):
-            return None
-        queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
-        if queue is None:
-            return None
-        driver = driver_for(queue.provider) if queue.provider else None
-        if driver:
-            if before is None or before.provider_id != queue.provider_id:
-                observed = None  # the queue changed provider meanwhile: judge nothing
-            driver.sync(provider=queue.provider, queue=queue, now=now, observed=observed)
-            if observed is not None:  # sync may have counted a failed launch
-                queue.refresh_from_db(fields=["launch_failures", "launch_backoff_until"])
-        signals = queue_services.queue_signals(queue)["signals"]
-        decided = plan(queue, signals, now=now)
-        action, delta, reason = scaling.act(queue, driver, decided, now)
-        hooks.point("tick.acted")
-        return queue_services.queue_event_now(
-            queue,
-            action=action,
-            reason=f"{cause}: {reason}" if cause else reason,
-            delta=delta,
-            now=now,
-            signals=signals,
-            desired=decided.desired,
-            wanted=decided.wanted,
-        )
 
 
 WOKEN = "woken by a submit"
@@ -176,19 +123,19 @@ WOKEN = "woken by a submit"
 
 def wake(queue_name: str, *, now=None) -> QueueEvent | None:
     """A submit into a queue that no live daemon serves, and whose provider starts them,
-    asks for a decision now rather than at the next tick (jobs/serving.py sends it after
-    the submit commits). The decision is an ordinary tick of that queue, under the same
-    lock: a wake and a tick that race decide once, and the one that comes second sees
-    the daemons the first started. None when nothing is to be done: the queue is gone,
-    not one whose daemons the controller starts, backing off after failed ticks, served
-    by now, or another tick holds it."""
+    asks for a decision now rather than at the next tick (fleet/tasks.py sends it after
+    the submit commits). It is the beat's decision, for that one queue and under the
+    same lock: a wake and a tick that race decide once, and the one that comes second
+    sees the daemons the first started. None when nothing is to be done: the queue is
+    gone, not one whose daemons the controller starts, backing off after failed ticks,
+    served by now, or another tick holds it."""
     now = now or timezone.now()
-    queue = starting().filter(name=queue_name).only("pk", "tick_backoff_until").first()
-    if queue is None or (queue.tick_backoff_until and queue.tick_backoff_until > now):
+    queue = starting().filter(name=queue_name).select_related("provider").first()
+    if queue is None:
         return None
     if Daemon.objects.live().subscribed_to(queue_name).exists():
         return None  # another wake or tick started one meanwhile
-    return tick_queue(queue.pk, now=now, cause=WOKEN)
+    return decide([queue], now=now, cause=WOKEN).of(queue.pk)
 
 
 # The beat's tick is skipped when another ran less than this share of an interval ago:
@@ -218,74 +165,56 @@ def beat_due(name: str = "tick", *, now=None) -> bool:
 
 
 def tick(*, now=None) -> dict:
-    """A tick over every queue the controller manages (_tick_managed); then
-    each provider is observed (fleet/services.providers_observe: what `providers show`
-    reads), after the decisions, so a slow provider delays no queue's."""
+    """The beat's tick: a decision for every queue the controller manages; then the
+    charts' samples (queues/samples.py), the pruning of old `tick_noop` rows (never a
+    queue's latest event: it says what is in force), and each provider observed
+    (fleet/services.providers_observe: what `providers show` reads), after the
+    decisions, so a slow provider delays no queue's. `queues` counts the queues decided
+    for (a failure included); `skipped`, those another tick held or that are backing off."""
     now = now or timezone.now()
-    done = _tick_managed(now=now, failed=_tick_failed, wake=wake)
-    return {**done, "providers": services.providers_observe(now=now)}
+    decided = decide(list(managed().select_related("provider").order_by("pk")), now=now)
+    try:  # the time series of the console's charts: every queue, once a minute
+        with transaction.atomic():  # a failure here spoils nothing after it
+            samples.record(now=now, events=list(decided.events.values()))
+    except Exception:  # noqa: BLE001 - a chart's missing minute must not stop the tick
+        logger.exception("controller tick: sampling the queues failed")
+    return {
+        "queues": len(decided.events) + len(decided.failed),
+        "skipped": decided.skipped,
+        "pruned": _prune(now),
+        "providers": services.providers_observe(now=now),
+    }
 
 
-def _tick_failed(queue_id: int, error: Exception, now) -> QueueEvent | None:
-    """A queue's tick raised: its tick_failed event and back-off, in a transaction of
-    its own; if even that fails (the database itself, say), logged, and the tick goes on."""
-    try:
-        return tick_failed(queue_id, error, now, lock=_try_lock)
-    except Exception:  # noqa: BLE001 - e.g. the database itself is failing: go on
-        logger.exception("could not record the failed tick of queue %s", queue_id)
-        return None
+@dataclass
+class Decided:
+    """What a decision did: each queue's event (saved, unless it says what the queue's
+    latest event says already), the `tick_failed` event of each queue whose part raised
+    (None when it could not be written), and how many queues it skipped (another tick
+    held them, or they are backing off)."""
+
+    events: dict[int, QueueEvent] = field(default_factory=dict)
+    failed: dict[int, QueueEvent | None] = field(default_factory=dict)
+    skipped: int = 0
+
+    def of(self, queue_id: int) -> QueueEvent | None:
+        """The queue's event, whichever it was; None when it was skipped."""
+        return self.events.get(queue_id) or self.failed.get(queue_id)
 
 
-def tick_failed(queue_id: int, error: Exception, now, *, lock=try_lock) -> QueueEvent | None:
-    """In a transaction of its own (the tick's was rolled back, or the queue's part of
-    it): count the failure, back off like a failed launch, and write a `tick_failed`
-    event with the reason and whatever signals can still be read (zeros if none)."""
-
-    with transaction.atomic():
-        if not lock(queue_id):
-            return None  # another tick holds the queue: it will speak for it
-        queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
-        if queue is None:
-            return None
-        failures = queue.tick_failures + 1
-        wait = backoff_seconds(failures)
-        Queue.objects.filter(pk=queue_id).update(
-            tick_failures=failures, tick_backoff_until=now + timedelta(seconds=wait)
-        )
-        try:
-            with transaction.atomic():  # a savepoint: a failed read spoils nothing
-                signals = queue_services.queue_signals(queue)["signals"]
-        except Exception:  # noqa: BLE001 - the event is written with zeros instead
-            signals = elasticity.Signals(daemons=0, busy=0, pending=0)
-        suffix = f"; {failures} failed tick(s) in a row: skipping this queue for {wait:.0f} s"
-        cause = f"tick failed: {type(error).__name__}: {error}"
-        return queue_services.queue_event_now(
-            queue,
-            action=EventAction.TICK_FAILED,
-            reason=cause[: 500 - len(suffix)] + suffix,
-            delta=0,
-            now=now,
-            signals=signals,
-        )
-
-
-def _tick_managed(
-    *, now, failed: Callable[[int, Exception, object], object], wake: Callable[[str], object]
-) -> dict:
-    """`failed(queue_id, error, now)` records a queue whose part raised (after the
-    commit); `wake(queue_name)` is the controller's wake (see _missed_wakes). `queues`
-    counts the queues decided for (a failure included); `skipped`, those another tick
-    held or that are backing off."""
-    queues = list(managed().select_related("provider").order_by("pk"))
+def decide(queues: list[Queue], *, now, cause: str = "") -> Decided:
+    """The controller's decision for these queues (their providers loaded), carried out
+    (see the module's steps). `cause` starts each event's reason when something other
+    than the beat asked."""
     due = [q for q in queues if not (q.tick_failures and _backing_off(q, now))]
-    skipped = len(queues) - len(due)
+    decided = Decided(skipped=len(queues) - len(due))
     errors: dict[int, Exception] = {}
     observed = _observe(due, errors)
     events: list[QueueEvent] = []
     with transaction.atomic():
-        owned = try_lock_many([q.pk for q in due if q.pk not in errors])
+        owned = try_lock([q.pk for q in due if q.pk not in errors])
         fresh = list(Queue.objects.select_related("provider").filter(pk__in=owned))
-        skipped += len(due) - len(errors) - len(fresh)  # held by another, or removed
+        decided.skipped += len(due) - len(errors) - len(fresh)  # held by another, or removed
         _sync(fresh, {q.pk: q for q in due}, observed, now, errors)
         ready = [q for q in fresh if q.pk not in errors]
         if any(observed.get(q.pk) is not None for q in ready):
@@ -294,10 +223,11 @@ def _tick_managed(
         peaks = window_peaks([q.pk for q in ready], now=now)
         latest = _latest_events(ready)
         for queue in sorted(ready, key=lambda q: q.pk):
-            event = _decide(queue, now, peaks, errors)
+            event = _decide(queue, now, peaks, errors, cause)
             if event is not None:
                 events.append(event)
-        hooks.point("tick.acted")
+        if ready:  # a point for the tests: it acted, and has not committed yet
+            hooks.point("tick.acted")
         queue_services.queue_events_save(
             [e for e in events if not _unchanged(e, latest.get(e.queue_id))]
         )
@@ -306,16 +236,50 @@ def _tick_managed(
             Queue.objects.filter(pk__in=recovered, tick_failures__gt=0).update(
                 tick_failures=0, tick_backoff_until=None
             )
+    decided.events = {event.queue_id: event for event in events}
     for queue_id, error in sorted(errors.items()):
-        failed(queue_id, error, now)
+        decided.failed[queue_id] = _record_failure(queue_id, error, now)
     for name in _missed_wakes(events):
         wake(name)
-    try:  # the time series of the console's charts: every queue, once a minute
-        with transaction.atomic():  # a failure here spoils nothing after it
-            samples.record(now=now, events=events)
-    except Exception:  # noqa: BLE001 - a chart's missing minute must not stop the tick
-        logger.exception("controller tick: sampling the queues failed")
-    return {"queues": len(events) + len(errors), "skipped": skipped, "pruned": _prune(now)}
+    return decided
+
+
+def _record_failure(queue_id: int, error: Exception, now) -> QueueEvent | None:
+    """A queue's part raised. In a transaction of its own (the decision's was rolled
+    back, or the queue's part of it): count the failure, back off like a failed launch,
+    and write a `tick_failed` event with the reason and whatever signals can still be
+    read (zeros if none). If even that fails (the database itself, say), logged, and
+    the tick goes on."""
+    try:
+        with transaction.atomic():
+            if not try_lock([queue_id]):
+                return None  # another tick holds the queue: it will speak for it
+            queue = Queue.objects.select_related("provider").filter(pk=queue_id).first()
+            if queue is None:
+                return None
+            failures = queue.tick_failures + 1
+            wait = backoff_seconds(failures)
+            Queue.objects.filter(pk=queue_id).update(
+                tick_failures=failures, tick_backoff_until=now + timedelta(seconds=wait)
+            )
+            try:
+                with transaction.atomic():  # a savepoint: a failed read spoils nothing
+                    signals = queue_services.queue_signals(queue)["signals"]
+            except Exception:  # noqa: BLE001 - the event is written with zeros instead
+                signals = elasticity.Signals(daemons=0, busy=0, pending=0)
+            suffix = f"; {failures} failed tick(s) in a row: skipping this queue for {wait:.0f} s"
+            cause = f"tick failed: {type(error).__name__}: {error}"
+            return queue_services.queue_event_now(
+                queue,
+                action=EventAction.TICK_FAILED,
+                reason=cause[: 500 - len(suffix)] + suffix,
+                delta=0,
+                now=now,
+                signals=signals,
+            )
+    except Exception:  # noqa: BLE001 - e.g. the database itself is failing: go on
+        logger.exception("could not record the failed tick of queue %s", queue_id)
+        return None
 
 
 def _backing_off(queue: Queue, now) -> bool:
@@ -389,7 +353,7 @@ def _latest_events(queues: list[Queue]) -> dict[int, dict]:
         return {row[0]: dict(zip(_COMPARED, row[1:], strict=True)) for row in cursor.fetchall()}
 
 
-def _decide(queue: Queue, now, peaks: dict, errors: dict) -> QueueEvent | None:
+def _decide(queue: Queue, now, peaks: dict, errors: dict, cause: str) -> QueueEvent | None:
     """The queue's decision, carried out, and its event (not yet saved). A no-op or a
     hold runs no statement; a launch or termination runs in a savepoint."""
     driver = driver_for(queue.provider) if queue.provider else None
@@ -404,7 +368,7 @@ def _decide(queue: Queue, now, peaks: dict, errors: dict) -> QueueEvent | None:
         return queue_services.queue_event(
             queue,
             action=action,
-            reason=reason,
+            reason=f"{cause}: {reason}" if cause else reason,
             delta=delta,
             now=now,
             signals=seen,
@@ -418,11 +382,12 @@ def _decide(queue: Queue, now, peaks: dict, errors: dict) -> QueueEvent | None:
 
 
 def _missed_wakes(events: list[QueueEvent]) -> list[str]:
-    """The queues a submit may have woken while this tick held them: the wake found the
-    queue's lock held and did nothing, and the tick had read its signals before the
-    submit committed. They are the queues the tick saw with no daemon and nothing
-    queued, and that now hold queued work: one statement, and only when there are such
-    queues. The tick then wakes them itself, as the submit asked."""
+    """The queues a submit may have woken while this decision held them: the wake found
+    the queue's lock held and did nothing, and the decision had read its signals before
+    the submit committed. They are the queues it saw with no daemon and nothing queued,
+    and that now hold queued work: one statement, and only when there are such queues.
+    The controller then wakes them itself, as the submit asked (a wake's decision sees
+    the queued work, so it does not wake the queue again)."""
     empty = [e.queue_id for e in events if e.daemons == 0 and e.pending == 0]
     if not empty:
         return []

@@ -8,12 +8,13 @@ from django.utils import timezone
 
 from accounts.models import Role
 from accounts.services import credential_issue, service_user, token_create
-from fleet import orders, protocol
+from fleet import controller, orders, protocol
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
 from jobs import services as jobs
 from jobs.models import Invocation, InvocationState
 from queues import services
+from queues.models import Queue, QueueEvent
 
 _seq = itertools.count(1)
 
@@ -38,6 +39,14 @@ def provider(name: str | None = None, kind: str = "simulated", **fields):
 def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fields) -> Daemon:
     fields.setdefault("name", f"d-{next(_seq)}")
     return Daemon.objects.create(queues=queues or [], state=state, **fields)
+
+
+def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
+    """The controller's decision for one queue, through the one path the beat and a
+    submit's wake take (fleet/controller.decide): its event, or None when another tick
+    holds the queue."""
+    queue = Queue.objects.select_related("provider").get(pk=queue_id)
+    return controller.decide([queue], now=now or timezone.now()).of(queue_id)
 
 
 def invocation(

@@ -68,14 +68,14 @@ def test_a_ticks_statements_do_not_grow_with_the_number_of_queues(sim):
 
 
 def test_negative_control_a_tick_per_queue_grows_with_the_queues(sim):
-    """The same steady queues ticked one by one (tick_queue, a wake's path): the count
+    """The same steady queues ticked one by one (tick_queue: a wake's decision): the count
     the test above compares does see the growth."""
     _steady_queues(0, 3)
     ids = list(Queue.objects.values_list("pk", flat=True))
-    at_3 = _statements(lambda: [controller.tick_queue(pk) for pk in ids])
+    at_3 = _statements(lambda: [builders.tick_queue(pk) for pk in ids])
     _steady_queues(3, 30)
     ids = list(Queue.objects.values_list("pk", flat=True))
-    at_30 = _statements(lambda: [controller.tick_queue(pk) for pk in ids])
+    at_30 = _statements(lambda: [builders.tick_queue(pk) for pk in ids])
     assert at_30 > at_3 * 5
 
 
@@ -154,7 +154,7 @@ def _tick_while_a_queue_tick_launches(held_launch) -> tuple[dict, Queue, Queue]:
 
     def run():
         try:
-            controller.tick_queue(busy.pk)
+            builders.tick_queue(busy.pk)
         finally:
             connection.close()
 
@@ -181,7 +181,7 @@ def test_a_tick_leaves_a_queue_another_tick_holds_to_it(sim, held_launch):
 
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_without_the_locks_the_tick_launches_again(sim, held_launch, monkeypatch):
-    monkeypatch.setattr(controller, "try_lock_many", lambda ids: set(ids))
+    monkeypatch.setattr(controller, "try_lock", lambda ids: set(ids))
     _, busy, _ = _tick_while_a_queue_tick_launches(held_launch)
 
     assert Daemon.objects.subscribed_to("busy").count() == 4

@@ -100,7 +100,7 @@ def test_a_wake_racing_a_tick_launches_once():
 
     hooks.register("tick.acted", wake_meanwhile)
     try:
-        ticked = controller.tick_queue(queue.pk)
+        ticked = builders.tick_queue(queue.pk)
     finally:
         hooks.clear("tick.acted")
     assert woken == [None]
@@ -114,7 +114,7 @@ def test_a_tick_after_a_wake_launches_nothing_more():
     queue = _elastic()
     services.invocation_submit(function=ECHO, queue="train")
     assert controller.wake("train").delta == 1
-    after = controller.tick_queue(queue.pk)
+    after = builders.tick_queue(queue.pk)
     assert after.delta == 0 and not after.reason.startswith("woken")
     assert sum(queue.events.values_list("delta", flat=True)) == 1
 

@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from accounts.models import ApiToken
-from fleet import controller, daemons, protocol
+from fleet import daemons, protocol
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from jobs import services
@@ -196,11 +196,11 @@ def _pool_of_one_idle_daemon(settings):
         provider="sim",
         elasticity_spec={"kind": "max_count", "max": 4},
     )
-    controller.tick_queue(queue.pk)  # nothing queued: nothing launched
+    builders.tick_queue(queue.pk)  # nothing queued: nothing launched
     inv, _ = services.invocation_submit(function=ECHO, queue="pool")
-    controller.tick_queue(queue.pk)  # P=1: launch one
+    builders.tick_queue(queue.pk)  # P=1: launch one
     daemon = Daemon.objects.get(queues=["pool"])
-    controller.tick_queue(queue.pk)  # provisioning → idle (simulated start-up 0 s)
+    builders.tick_queue(queue.pk)  # provisioning → idle (simulated start-up 0 s)
     daemon.refresh_from_db()
     assert daemon.state == "idle"
     services.invocation_kill(invocation_id=inv.pk)  # now the formula wants zero
@@ -217,7 +217,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 
     hooks.register("scale_down.chosen", lambda: _in_other_thread(submit_and_claim))
 
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
 
     assert len(got) == 1
     daemon.refresh_from_db()
@@ -242,7 +242,7 @@ def test_scale_down_ends_an_idle_daemon_and_revokes_its_token(settings):
     queue, daemon = _pool_of_one_idle_daemon(settings)
     token, _ = _minted_token_for(daemon)
 
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
 
     daemon.refresh_from_db()
     token.refresh_from_db()
@@ -274,7 +274,7 @@ def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(
     hooks.register("tick.acted", boom)
     try:
         with pytest.raises(RuntimeError, match="after its launch"):
-            controller.tick_queue(queue.pk)
+            builders.tick_queue(queue.pk)
     finally:
         local._start = real_start
 
@@ -294,7 +294,7 @@ def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
     real_start = local._start
     local._start = lambda daemon, *rest: started.append(daemon.pk)  # no real process
     try:
-        controller.tick_queue(queue.pk)
+        builders.tick_queue(queue.pk)
     finally:
         local._start = real_start
     assert started == list(Daemon.objects.filter(queues=["grow"]).values_list("pk", flat=True))

@@ -10,7 +10,7 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
-from fleet import controller, protocol
+from fleet import protocol
 from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
@@ -54,7 +54,7 @@ def fleet(settings):
     builders.provider(name="sim", kind="simulated", config={"startup_seconds": 0})
     queue = builders.queue(name="w", provider="sim", elasticity_spec={"kind": "fixed", "min": 2})
     minted = {}
-    controller.tick_queue(queue.pk)
+    builders.tick_queue(queue.pk)
     a, b = Daemon.objects.filter(provider__name="sim").order_by("pk")
     for daemon in (a, b):  # as a local or slurm provider mints them, owner included
         token, minted[daemon.pk] = builders.credential(daemon, username="provider-sim")
