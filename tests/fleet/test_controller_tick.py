@@ -11,13 +11,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import controller
+from fleet import controller, tasks
 from fleet.drivers import SimulatedDriver
 from fleet.models import OVERLAP_NAMES_MAX, Daemon
 from jobs import services as jobs
-from jobs import serving
 from jobs.models import Invocation
 from lakeshore_admin import hooks
+from lakeshore_admin.celery import app as celery_app
 from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from tests import builders
@@ -210,8 +210,8 @@ def test_many_queue_names_find_the_same_daemons_as_a_few():
 @pytest.fixture
 def no_broker(monkeypatch):
     """The wakes submits send go nowhere (the broker is the boundary): the test wakes."""
-    monkeypatch.setattr(serving, "_sent", {})
-    monkeypatch.setattr(serving.celery_app, "send_task", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tasks, "_sent", {})
+    monkeypatch.setattr(celery_app, "send_task", lambda *args, **kwargs: None)
 
 
 def _tick_with_a_submit_meanwhile() -> list:

@@ -10,9 +10,10 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.roles import grant
-from fleet import controller
-from jobs import services, serving
+from fleet import controller, tasks
+from jobs import services
 from lakeshore_admin import hooks
+from lakeshore_admin.celery import app as celery_app
 from queues.models import QueueEvent
 from tests import builders
 
@@ -25,9 +26,9 @@ ECHO = "lakeshore.functions.echo"
 def wakes(monkeypatch):
     """The wakes submits send to the Celery worker (the broker is the boundary)."""
     sent: list[str] = []
-    monkeypatch.setattr(serving, "_sent", {})
+    monkeypatch.setattr(tasks, "_sent", {})
     monkeypatch.setattr(
-        serving.celery_app, "send_task", lambda name, args, **kw: sent.append((name, *args))
+        celery_app, "send_task", lambda name, args, *rest, **kw: sent.append((name, *args))
     )
     return sent
 
