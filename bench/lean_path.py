@@ -90,7 +90,7 @@ def setup():
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM jobs_invocation WHERE queue = %s", [QUEUE])
-        cursor.execute("DELETE FROM queues_daemon WHERE %s = ANY(queues)", [QUEUE])
+        cursor.execute("DELETE FROM fleet_daemon WHERE %s = ANY(queues)", [QUEUE])
     if not queue_services.Queue.objects.filter(name=QUEUE).exists():
         queue_services.queue_create(name=QUEUE)
     _, operator = token_create(username="lean-bench-operator", role="operator")

@@ -83,7 +83,7 @@ def pct(values: list[float], p: float) -> float:
 def setup():
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs_invocation, queues_daemon, queues_queueevent CASCADE")
+        cursor.execute("TRUNCATE jobs_invocation, fleet_daemon, queues_queueevent CASCADE")
         cursor.execute("DELETE FROM queues_queue")
     queue_services.queue_create(name=QUEUE)
     _, daemon = token_create(username="longpoll-daemons", role="daemon")

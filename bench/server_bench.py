@@ -91,7 +91,7 @@ def setup() -> dict:
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample CASCADE"
+            "TRUNCATE jobs_invocation, fleet_daemon, queues_queueevent, queues_queuesample CASCADE"
         )
         cursor.execute("DELETE FROM queues_queue")
     queue_services.queue_create(name="bench")

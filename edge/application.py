@@ -73,7 +73,7 @@ STEPPED = {
     "claim": protocol_views.claim_answer_steps,
     "exchange": protocol_views.exchange_answer_steps,
 }
-# the paths the lean path may take (lakeshore_admin/fastpath.LeanPath.take decides)
+# the paths the lean path may take (edge/lean_path.LeanPath.take decides)
 LEAN_ENDINGS = ("/claim/", "/exchange/", "/complete/", "/heartbeat/", "/api/v1/jobs/")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 log = logging.getLogger("django.request")

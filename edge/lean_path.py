@@ -227,7 +227,7 @@ class LeanPath:
         ask. Else None, and admit (in a worker thread) decides. It sends no
         request_started: its receivers tidy the calling thread's database connections,
         and the event loop has none (each worker-thread turn gives its own back:
-        lakeshore_admin/asgi.Application.run)."""
+        edge/application.Application.run)."""
         if self._routes is None:
             return None  # the first request is admitted in a thread, which loads them
         kept = kept_token(environ["HTTP_AUTHORIZATION"].split()[1])

@@ -92,10 +92,10 @@ WITH want AS (
                                         WHERE daemon_id = %(daemon)s AND state = %(running)s)
                           THEN %(busy)s ELSE %(idle)s END
                 ELSE d.state END AS state
-      FROM queues_daemon d
+      FROM fleet_daemon d
      WHERE d.id = %(daemon)s AND d.state = ANY(%(live)s)
 )
-UPDATE queues_daemon d
+UPDATE fleet_daemon d
    SET state = want.state, last_heartbeat_at = now(), updated_at = now()
   FROM want
  WHERE d.id = want.id AND d.state = want.seen
@@ -117,7 +117,7 @@ def touch(daemon_id: int, *, locked: bool = False) -> None:
             cursor.execute(_TOUCH_SQL, touch_params(daemon_id))
         return
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM queues_daemon WHERE id = %s FOR NO KEY UPDATE", [daemon_id])
+        cursor.execute("SELECT 1 FROM fleet_daemon WHERE id = %s FOR NO KEY UPDATE", [daemon_id])
         cursor.execute(_TOUCH_SQL, touch_params(daemon_id))
 
 
@@ -347,7 +347,7 @@ def daemons_retire(*, daemon_ids: list[int]) -> list[int]:
     meanwhile is busy and is left alone; a draining daemon claims nothing more."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE queues_daemon d SET state = %(draining)s, updated_at = now()
+            """UPDATE fleet_daemon d SET state = %(draining)s, updated_at = now()
                 WHERE d.id = ANY(%(ids)s) AND d.state = %(idle)s
                   AND NOT EXISTS (SELECT 1 FROM jobs_invocation i
                                    WHERE i.daemon_id = d.id AND i.state = %(running)s)
@@ -384,7 +384,7 @@ def daemons_end_drained(queryset) -> list[int]:
 # runs: it sends nothing while it works, so its last poll or result chunk counts, for
 # the job's timeout_s (its run_config's) or LAKESHORE_SDK_LEASE_SECONDS.
 _SILENT_SQL = """
-SELECT d.id FROM queues_daemon d
+SELECT d.id FROM fleet_daemon d
  WHERE d.state = ANY(%(live)s) AND d.last_heartbeat_at < %(cutoff)s
    AND NOT (d.worker_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM jobs_invocation i
@@ -433,7 +433,7 @@ def commands_deliver(daemon_id: int) -> list[dict]:
     """This daemon's undelivered orders, marked delivered: each goes out once."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """UPDATE queues_daemoncommand SET delivered_at = now()
+            """UPDATE fleet_daemoncommand SET delivered_at = now()
                 WHERE daemon_id = %s AND delivered_at IS NULL
             RETURNING id, verb, signal, invocation_id, requested_by""",
             [daemon_id],

@@ -1,9 +1,8 @@
 """The fleet's records: providers (what launches daemons), daemons (worker processes
-subscribed to queues by name) and operators' orders to daemons.
-
-The tables keep the names they were born with under queues/ (queues_provider,
-queues_daemon, queues_daemoncommand): the SQL that reads them (jobs/transitions/,
-jobs/retention.py) names them, and moving the models changed no row."""
+subscribed to queues by name) and operators' orders to daemons. Their tables are
+named for this app (fleet_provider, fleet_daemon, fleet_daemoncommand); the SQL of
+other apps that reads or writes them takes the name from the model (`_meta.db_table`).
+"""
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -39,7 +38,6 @@ class Provider(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        db_table = "queues_provider"
         ordering = ["name"]
 
     def __str__(self) -> str:
@@ -178,7 +176,6 @@ class Daemon(models.Model):
     objects = DaemonQuerySet.as_manager()
 
     class Meta:
-        db_table = "queues_daemon"
         ordering = ["-id"]
         indexes = [
             GinIndex(fields=["queues"], name="daemon_queues_gin"),
@@ -228,7 +225,6 @@ class DaemonCommand(models.Model):
     result = models.CharField(max_length=500, blank=True)
 
     class Meta:
-        db_table = "queues_daemoncommand"
         ordering = ["id"]
         indexes = [
             # what a heartbeat delivers: this daemon's undelivered orders

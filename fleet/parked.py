@@ -67,8 +67,8 @@ def renew_every() -> float:
 # claim's or the reaper's, are skipped: that claim renews its own daemon), in id order,
 # so that two renewals never wait on each other's rows.
 _RENEW_SQL = """
-UPDATE queues_daemon d SET last_heartbeat_at = now()
-  FROM (SELECT id FROM queues_daemon
+UPDATE fleet_daemon d SET last_heartbeat_at = now()
+  FROM (SELECT id FROM fleet_daemon
          WHERE id = ANY(%(ids)s) AND state = ANY(%(live)s)
            AND (last_heartbeat_at IS NULL
                 OR last_heartbeat_at < now() - make_interval(secs => %(every)s))

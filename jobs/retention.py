@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from fleet.models import DaemonCommand
 from jobs.models import TERMINAL_STATES
 from lakeshore_admin import hooks
 
@@ -109,9 +110,9 @@ SELECT count(*) FROM gone
 _SAMPLES_SQL = _older_than("queues_queuesample", "at", "at")
 # The audit trail (accounts.AuditEvent), by its own retention.
 _AUDIT_SQL = _older_than("accounts_auditevent", "at", "at")
-# Operators' orders to daemons (queues.DaemonCommand: daemon exec), by their own age, as
+# Operators' orders to daemons (fleet.DaemonCommand: daemon exec), by their own age, as
 # the invocations they name go (their reference has no database constraint).
-_COMMANDS_SQL = _older_than("queues_daemoncommand", "created_at", "id")
+_COMMANDS_SQL = _older_than(DaemonCommand._meta.db_table, "created_at", "id")
 
 
 def _delete_batch(sql: str, params: dict, batch_size: int) -> int:

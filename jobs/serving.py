@@ -3,47 +3,35 @@ page's note and the controller's wake after a submit (issue 20).
 
 A queue is served when a live daemon (provisioning, idle, busy or draining) subscribes to
 it; the default queue ('') by a live daemon whose `queues` is empty. A queue that is not
-served *starts* when it has a provider and an elasticity declaration and is not archived:
-the controller starts daemons for it (its own statement of the rule, which a wake
-checks, is fleet/controller_queues.starting; tests/queues/test_controller_queues.py
-checks that the two agree). A submit into such a queue wakes the controller
-at once (fleet.wake, sent after the submit commits) instead of waiting for its next tick.
+served *starts* when the controller starts daemons for it (Queue.starts_daemons: a
+provider, an elasticity declaration, not archived; a column the database computes, which
+the controller's wake reads too). A submit into such a queue wakes the controller at once
+instead of waiting for its next tick: after the submit commits it sends `wake_wanted`,
+a Django signal that fleet (above this app: it may not be imported here) listens for.
 A submit into a queue that is neither served nor started says how to start a daemon.
 
 The same SQL answers for one queue inside a submit's INSERT (RETURNING, no extra
 statement) and for many queues in one query (a batch, the job page)."""
 
-import logging
-import threading
-import time
 from dataclasses import dataclass
 
 from django.db import connection, transaction
+from django.dispatch import Signal
 
-from fleet.models import LIVE_DAEMON_STATES
-from lakeshore_admin.celery import app as celery_app
-from queues.models import QueueState
-
-log = logging.getLogger(__name__)
-
-WAKE_TASK = "fleet.wake"
-WAKE_EVERY = 1.0  # seconds: a process sends at most one wake a queue in this time
+from fleet.models import LIVE_DAEMON_STATES, Daemon
+from queues.models import Queue
 
 _LIVE = (
-    "EXISTS (SELECT 1 FROM queues_daemon sd"
+    f"EXISTS (SELECT 1 FROM {Daemon._meta.db_table} sd"  # noqa: S608 - the model's table
     " WHERE sd.state = ANY(%(serving_live)s::text[])"
     " AND CASE WHEN {name} = '' THEN sd.queues = '{{}}'"
     " ELSE sd.queues @> ARRAY[{name}]::varchar(63)[] END)"
 )
 _STARTS = (
-    "EXISTS (SELECT 1 FROM queues_queue sq"
-    " WHERE sq.name = {name} AND sq.provider_id IS NOT NULL"
-    " AND sq.elasticity_kind <> '' AND sq.state <> %(serving_archived)s::text)"
+    f"EXISTS (SELECT 1 FROM {Queue._meta.db_table} sq"  # noqa: S608 - the model's table
+    " WHERE sq.name = {name} AND sq.starts_daemons)"
 )
-PARAMS = {
-    "serving_live": [str(state) for state in LIVE_DAEMON_STATES],
-    "serving_archived": str(QueueState.ARCHIVED),
-}
+PARAMS = {"serving_live": [str(state) for state in LIVE_DAEMON_STATES]}
 
 
 def columns(name_sql: str) -> str:
@@ -100,28 +88,13 @@ def of_queue(name: str) -> Serving:
 
 # ---------------------------------------------------------------------------- the wake
 
-_sent: dict[str, float] = {}
-_sent_lock = threading.Lock()
+# Sent once a submit commits into a queue that no live daemon serves and whose provider
+# starts daemons (Serving.wakes), with the queue's name: the controller, in fleet/ above
+# this app, listens (fleet/tasks.py) and decides for that queue at once.
+wake_wanted = Signal()
 
 
 def after_submit(serving: Serving) -> None:
     """Wake the controller for this queue once the submit commits, if it needs one."""
     if serving.wakes:
-        transaction.on_commit(lambda: send_wake(serving.queue))
-
-
-def send_wake(queue: str) -> bool:
-    """Ask the Celery worker to decide for `queue` now. At most one a queue every
-    WAKE_EVERY seconds from a process (a burst of submits sends one); a broker that
-    cannot take it loses nothing but time: the next tick decides as it would have."""
-    now = time.monotonic()
-    with _sent_lock:
-        if now - _sent.get(queue, -WAKE_EVERY) < WAKE_EVERY:
-            return False
-        _sent[queue] = now
-    try:
-        celery_app.send_task(WAKE_TASK, args=[queue], expires=60, retry=False)
-    except Exception:  # noqa: BLE001 - a submit never fails for want of a wake
-        log.warning("could not wake the controller for queue %r", queue, exc_info=True)
-        return False
-    return True
+        transaction.on_commit(lambda: wake_wanted.send(sender=Serving, queue=serving.queue))

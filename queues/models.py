@@ -65,6 +65,11 @@ class QueueQuerySet(models.QuerySet):
         return self.select_related("provider").with_members()
 
 
+# A queue whose daemons the controller starts: a provider, an elasticity declaration,
+# and not archived (Queue.starts_daemons).
+STARTS_DAEMONS = Q(provider__isnull=False) & ~Q(elasticity_kind="") & ~Q(state=QueueState.ARCHIVED)
+
+
 class Queue(models.Model):
     name = models.CharField(max_length=NAME_MAX_LENGTH, unique=True, validators=[name_validator])
     kind = models.CharField(max_length=16, choices=QueueKind.choices, default=QueueKind.FIFO)
@@ -96,6 +101,16 @@ class Queue(models.Model):
     )
     tick_backoff_until = models.DateTimeField(
         null=True, editable=False, help_text="The controller skips this queue until then."
+    )
+    # The one statement of "does a submit to this queue start a daemon?": the database
+    # computes it, so a submit's INSERT (jobs/serving.py, in SQL) and the controller's
+    # wake (fleet/controller.py, through the ORM) read the same rule.
+    starts_daemons = models.GeneratedField(
+        expression=STARTS_DAEMONS,
+        output_field=models.BooleanField(),
+        db_persist=True,
+        help_text="The controller starts its daemons: it has a provider and an elasticity "
+        "declaration, and is not archived.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -1,7 +1,7 @@
 """The controller's signals (queues/services.queue_signals) for many queues at once, in
 three statements whatever their number: live daemons by queue and state, queued
 invocations (capped), running invocations (capped). The controller's tick
-(fleet/controller_tick.py) reads every queue's this way; queue_signals then answers
+(fleet/controller.py) reads every queue's this way; queue_signals then answers
 each of those queues from what was read, with no statement of its own."""
 
 from queues import samples, services

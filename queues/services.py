@@ -376,7 +376,7 @@ def _capped_count(queryset, cap: int = PENDING_CAP) -> int:
 
 def queue_signals(queue: Queue) -> dict:
     """What the controller looks at for this queue, now; or, for a queue the tick read
-    with many others at once (fleet/controller_tick.py), what that read found."""
+    with many others at once (fleet/controller.py), what that read found."""
     read = getattr(queue, "signals_read", None)
     if read is not None:
         return read

@@ -65,8 +65,8 @@ class Probes:
         QueueEvent.objects.filter(queue__name__startswith=PREFIX).delete()
         with connection.cursor() as cursor:  # 10,000 rows nothing refers to: no ORM collector
             cursor.execute(
-                "DELETE FROM queues_daemon WHERE provider_id IN "
-                "(SELECT id FROM queues_provider WHERE name = %s)",
+                "DELETE FROM fleet_daemon WHERE provider_id IN "
+                "(SELECT id FROM fleet_provider WHERE name = %s)",
                 [f"{PREFIX}sim"],
             )
         Queue.objects.filter(name__startswith=PREFIX).delete()

@@ -264,7 +264,7 @@ def run_fleet(
     result.lost_at_end = _lost(lakeshore, known)
     result.orphans_lost = _lost(lakeshore) - result.lost_at_end
     _merge(result, outputs, samples, start_at, window)
-    lakeshore.sql("UPDATE queues_daemon SET state = 'terminated' WHERE name LIKE 'fleet-%'")
+    lakeshore.sql("UPDATE fleet_daemon SET state = 'terminated' WHERE name LIKE 'fleet-%'")
     lakeshore.sql("SELECT pg_notify('lakeshore_work', %s)", [queue])
     time.sleep(1)
     lakeshore.reset()
@@ -275,7 +275,7 @@ def _fleet_up(lakeshore: Lakeshore, daemons: int, deadline: float) -> float:
     """When (time.monotonic()) every fleet daemon has registered: the windows measure an
     idle fleet, not one still coming up (a server slower to register than the ramp
     would have the ramp's tail in its first window). At the deadline, whatever is up."""
-    query = "SELECT count(*) FROM queues_daemon WHERE name LIKE %s AND state <> 'terminated'"
+    query = "SELECT count(*) FROM fleet_daemon WHERE name LIKE %s AND state <> 'terminated'"
     while time.monotonic() < deadline:
         if lakeshore.sql(query, ["fleet-%"])[0][0] >= daemons:
             return time.monotonic()
@@ -285,7 +285,7 @@ def _fleet_up(lakeshore: Lakeshore, daemons: int, deadline: float) -> float:
 
 def _lost(lakeshore: Lakeshore, ids: list[int] | None = None) -> int:
     """Fleet daemons the server marks lost: of `ids` only, if given."""
-    query = "SELECT count(*) FROM queues_daemon WHERE state = 'lost' AND name LIKE %s"
+    query = "SELECT count(*) FROM fleet_daemon WHERE state = 'lost' AND name LIKE %s"
     if ids is None:
         return lakeshore.sql(query, ["fleet-%"])[0][0]
     return lakeshore.sql(query + " AND id = ANY(%s)", ["fleet-%", ids])[0][0]
@@ -325,7 +325,7 @@ def _ages(lakeshore) -> tuple[float, float]:
     (row,) = lakeshore.sql(
         """SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY age), max(age)
              FROM (SELECT extract(epoch FROM now() - last_heartbeat_at)::float AS age
-                     FROM queues_daemon
+                     FROM fleet_daemon
                     WHERE name LIKE %s AND state IN ('idle', 'busy', 'draining')) a""",
         ["fleet-%"],
     )

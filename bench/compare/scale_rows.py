@@ -148,7 +148,7 @@ class TwoServers:
                     self.rounds.append((statistics.median(took), percentile(took, 99), took))
         finally:
             self.stopping.set()
-            self.ls.sql("UPDATE queues_daemon SET state = 'terminated' WHERE name = 'wake'")
+            self.ls.sql("UPDATE fleet_daemon SET state = 'terminated' WHERE name = 'wake'")
             self.ls.sql("SELECT pg_notify('lakeshore_work', %s)", [WAKE_QUEUE])
             daemon.join(CLAIM_WAIT + 5)
             stop_gunicorn(server)

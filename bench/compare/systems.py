@@ -164,7 +164,7 @@ class Lakeshore:
 
     def reset(self) -> None:
         self.sql(
-            "TRUNCATE jobs_invocation, queues_daemon, queues_queueevent, queues_queuesample, "
+            "TRUNCATE jobs_invocation, fleet_daemon, queues_queueevent, queues_queuesample, "
             "jobs_joblog, jobs_logchunk CASCADE"
         )
 
@@ -256,7 +256,7 @@ class Lakeshore:
     def wait_registered(self, name: str, process: subprocess.Popen, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.sql("SELECT 1 FROM queues_daemon WHERE name = %s", [name]):
+            if self.sql("SELECT 1 FROM fleet_daemon WHERE name = %s", [name]):
                 return
             if process.poll() is not None:
                 raise RuntimeError(f"daemon {name} exited; see {self.logs / (name + '.log')}")

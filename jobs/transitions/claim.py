@@ -1,9 +1,18 @@
 """queued → running: a daemon's claim (and the exchange's), one statement that locks
-the daemon, the queue and the candidates, bounded in count and in bytes."""
+the daemon, the queue and the candidates, bounded in count and in bytes.
+
+The statement reads and writes fleet's daemon table (fleet.models.Daemon): it locks the
+claiming daemon's row and marks it busy when it takes work. That part stays in this one
+statement rather than moving to fleet, because a claim's cost and its races rest on
+it (a drop, a scale-down or a second claim of the same daemon waits on that lock, and
+sees the busy mark when it gets it; a separate statement would open a window between
+them and cost every claim a round trip). The table's name comes from the model that
+owns it, so the dependency shows in the imports and follows the model."""
 
 from django.conf import settings
 from django.db import connection
 
+from fleet.models import Daemon
 from jobs.models import Invocation
 from jobs.transitions.states import QUEUED, STATE_PARAMS
 from lakeshore_admin import metrics
@@ -32,9 +41,10 @@ from lakeshore_admin.rows import model_rows
 # (and refuse: queue_in_use); a removal that locked it first makes the claim wait, and
 # the claim then finds no queue and takes nothing. Pause, drain and resume write the
 # row without touching its key, so they never wait for a claim, nor a claim for them.
+_DAEMONS = Daemon._meta.db_table
 _CLAIM_SQL = """
 WITH me AS (
-    SELECT id, state FROM queues_daemon
+    SELECT id, state FROM {daemons}
      WHERE id = %(daemon)s AND state = ANY(%(claiming)s)
        FOR NO KEY UPDATE
 ), taken AS (
@@ -57,7 +67,7 @@ WITH me AS (
                        FOR UPDATE SKIP LOCKED{sized_tail}))
     RETURNING *
 ), marked AS (
-    UPDATE queues_daemon d SET state = %(busy)s, updated_at = now()
+    UPDATE {daemons} d SET state = %(busy)s, updated_at = now()
       FROM me
      WHERE d.id = me.id AND me.state <> %(busy)s AND EXISTS (SELECT 1 FROM taken)
 )
@@ -132,6 +142,7 @@ def claim(
     }
     sized = limit > 1 or not first
     sql = _CLAIM_SQL.format(
+        daemons=_DAEMONS,
         order=sql_order,
         extra=f"{extra} {_BOUNDS[order]}",
         sizes=_SIZES if sized else "",

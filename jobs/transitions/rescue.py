@@ -1,7 +1,7 @@
 """running → queued (or failed, with no attempt left) for work whose daemon went away
 (left, lost, deleted), and for a claim whose answer never reached its daemon."""
 
-from fleet.models import DaemonState
+from fleet.models import Daemon, DaemonState
 from jobs.transitions.states import FAILED, QUEUED, execute, rowcount
 from lakeshore_admin import metrics
 
@@ -18,6 +18,9 @@ UPDATE jobs_invocation
  WHERE state = %(running)s AND {where}
 RETURNING state, queue, started_at, finished_at
 """
+
+
+_DAEMONS = Daemon._meta.db_table  # fleet's daemons, whose state says whether work is orphaned
 
 
 def _requeue(where: str, params: dict, reason: str) -> dict:
@@ -40,13 +43,13 @@ def rescue_orphans() -> dict:
     """Running invocations whose daemon is no longer live (lost, terminated, deleted):
     requeued while attempts remain, else failed with "daemon gone"."""
     lost = _requeue(
-        "daemon_id IN (SELECT id FROM queues_daemon WHERE state = %(lost)s)",
+        f"daemon_id IN (SELECT id FROM {_DAEMONS} WHERE state = %(lost)s)",  # noqa: S608
         {"lost": DaemonState.LOST.value},
         "daemon gone (lost: no heartbeat)",
     )
     ended = _requeue(
-        """(daemon_id IS NULL OR daemon_id IN (
-               SELECT id FROM queues_daemon WHERE NOT (state = ANY(%(live)s))))""",
+        f"""(daemon_id IS NULL OR daemon_id IN (
+               SELECT id FROM {_DAEMONS} WHERE NOT (state = ANY(%(live)s))))""",  # noqa: S608
         {},
         "daemon gone",
     )

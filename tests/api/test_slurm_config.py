@@ -4,7 +4,7 @@ and raw sbatch arguments or scripts are refused. No cluster needed here."""
 
 import pytest
 
-from fleet import controller, slurm
+from fleet import slurm
 from fleet.driver_base import ProviderError
 from fleet.models import Daemon, Provider
 from queues.models import Queue
@@ -197,7 +197,7 @@ def test_a_tick_without_the_slurm_commands_records_nothing_but_the_failed_launch
     monkeypatch.setenv("PATH", "/nonexistent")
     builders.provider(name="hpc", kind="slurm", config={"partition": "debug"})
     queue = _queue(elasticity_spec={"kind": "fixed", "min": 1})
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
     assert event.action == "launch_failed"
     assert "launch of 1 failed (hpc: sbatch: command not found" in event.reason
     assert "backing off" in event.reason

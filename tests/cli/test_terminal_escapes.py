@@ -9,7 +9,6 @@ import msgpack
 import pytest
 from django.test import Client
 
-from fleet import controller
 from tests import builders
 from tests.jobs.test_logs import ECHO, client, ship
 
@@ -84,7 +83,7 @@ def test_a_queues_event_reason_is_shown_escaped(sh, live_server):
     reason of the queue's launch_failed event."""
     builders.provider(name="sim", kind="simulated", config={"fail": f"sbatch said {ATTACK}"})
     queue = builders.queue(name="q1", provider="sim", elasticity_spec={"kind": "fixed", "min": 1})
-    assert controller.tick_queue(queue.pk).action == "launch_failed"
+    assert builders.tick_queue(queue.pk).action == "launch_failed"
 
     out = sh("lakeshore queues events q1").stdout
 

@@ -5,7 +5,6 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
-from fleet import controller
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from jobs import services
@@ -43,7 +42,7 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     queue = builders.queue(
         name="train", provider="here", elasticity_spec={"kind": "fixed", "min": 1}
     )
-    up = controller.tick_queue(queue.pk)
+    up = builders.tick_queue(queue.pk)
     assert (up.action, up.delta) == ("scale_up", 1)
     daemon = Daemon.objects.get()
     _wait_for(
@@ -63,7 +62,7 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     assert inv.daemon_id == daemon.pk and inv.result["args"] == ["from a local daemon"]
 
     queue_patch(name="train", changes={"elasticity": {"min": 0}})
-    down = controller.tick_queue(queue.pk)
+    down = builders.tick_queue(queue.pk)
     assert (down.action, down.delta) == ("scale_down", -1)
     code = process.wait(20)
     log = (tmp_path / "log" / "daemons" / f"{daemon.name}.log").read_text()
@@ -82,7 +81,7 @@ def test_a_daemon_it_starts_runs_the_python_sdks_calls_too(local_provider, setti
 
     settings.LAKESHORE_ALLOWED_MODULES = ["tests.sdk"]  # the server owner's word
     queue = builders.queue(name="gpu", provider="here", elasticity_spec={"kind": "fixed", "min": 1})
-    controller.tick_queue(queue.pk)
+    builders.tick_queue(queue.pk)
     dp = dls.HttpDispatch(settings.LAKESHORE_PUBLIC_URL, token=builders.token("operator"))
     try:
         inv = sdk_udfs.add.submit(40, 2, _dispatch=dp)

@@ -7,7 +7,6 @@ only the server's LAKESHORE_ALLOWED_MODULES, and refuse the job."""
 import httpx
 import pytest
 
-from fleet import controller
 from fleet.daemons import daemon_drop
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon, Provider
@@ -67,7 +66,7 @@ def test_a_forced_config_widens_nothing_and_os_system_does_not_run(api, local_da
     Provider.objects.filter(name="here").update(config={**WIDENING, "concurrency": 1})
     queue = builders.queue(name="pwn", provider="here", elasticity_spec={"kind": "fixed", "min": 1})
 
-    up = controller.tick_queue(queue.pk)
+    up = builders.tick_queue(queue.pk)
 
     assert (up.action, up.delta) == ("scale_up", 1)
     daemon = Daemon.objects.get()

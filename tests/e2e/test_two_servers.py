@@ -4,7 +4,7 @@ share one PostgreSQL. A submit on one wakes a daemon long-polling on the other a
 for every queue, and the same counters and histograms: work done through one shows in
 the other's. The negative controls: a daemon of another queue is not woken, and waits
 its whole wait; a server's counts are not in the other's scrape before it flushes.
-(The controller ticking once whichever beat fires: tests/queues/test_beat_once.py.)"""
+(The controller ticking once whichever beat fires: tests/fleet/test_beat_once.py.)"""
 
 import re
 import threading

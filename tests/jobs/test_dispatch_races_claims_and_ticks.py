@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from accounts.models import ApiToken
-from fleet import controller, daemons, protocol
+from fleet import daemons, protocol
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from jobs import services
@@ -78,7 +78,7 @@ def test_a_drop_between_the_liveness_check_and_the_claim_strands_nothing():
         ),
     )
 
-    claimed = protocol.invocation_claim(daemon=daemon)  # it passed the check; then the drop
+    claimed = builders.claim(daemon=daemon)  # it passed the check; then the drop
 
     assert claimed == []
     inv.refresh_from_db()
@@ -102,7 +102,7 @@ def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
     daemon = builders.daemon(queues=["w"])
     drop = _BehindTheClaim(lambda: daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
     hooks.register("claim.before_commit", drop.start_and_see_it_wait)
-    claimed = protocol.invocation_claim(daemon=daemon)  # commits; the drop then goes on
+    claimed = builders.claim(daemon=daemon)  # commits; the drop then goes on
     drop.join()
 
     assert drop.errors == []
@@ -196,11 +196,11 @@ def _pool_of_one_idle_daemon(settings):
         provider="sim",
         elasticity_spec={"kind": "max_count", "max": 4},
     )
-    controller.tick_queue(queue.pk)  # nothing queued: nothing launched
+    builders.tick_queue(queue.pk)  # nothing queued: nothing launched
     inv, _ = services.invocation_submit(function=ECHO, queue="pool")
-    controller.tick_queue(queue.pk)  # P=1: launch one
+    builders.tick_queue(queue.pk)  # P=1: launch one
     daemon = Daemon.objects.get(queues=["pool"])
-    controller.tick_queue(queue.pk)  # provisioning → idle (simulated start-up 0 s)
+    builders.tick_queue(queue.pk)  # provisioning → idle (simulated start-up 0 s)
     daemon.refresh_from_db()
     assert daemon.state == "idle"
     services.invocation_kill(invocation_id=inv.pk)  # now the formula wants zero
@@ -213,11 +213,11 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 
     def submit_and_claim():  # after the tick chose the idle daemon, before it acts
         services.invocation_submit(function=ECHO, queue="pool")
-        got.extend(protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
+        got.extend(builders.claim(daemon=Daemon.objects.get(pk=daemon.pk)))
 
     hooks.register("scale_down.chosen", lambda: _in_other_thread(submit_and_claim))
 
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
 
     assert len(got) == 1
     daemon.refresh_from_db()
@@ -232,7 +232,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 def test_negative_control_ending_the_chosen_daemon_outright_kills_the_claimed_job(settings):
     queue, daemon = _pool_of_one_idle_daemon(settings)
     job, _ = services.invocation_submit(function=ECHO, queue="pool")
-    protocol.invocation_claim(daemon=daemon)  # claimed after the old code chose it
+    builders.claim(daemon=daemon)  # claimed after the old code chose it
     daemons.daemon_drop(daemon=daemon)  # the old scale-down: terminate the chosen one
     job.refresh_from_db()
     assert job.state == "killed"
@@ -242,7 +242,7 @@ def test_scale_down_ends_an_idle_daemon_and_revokes_its_token(settings):
     queue, daemon = _pool_of_one_idle_daemon(settings)
     token, _ = _minted_token_for(daemon)
 
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
 
     daemon.refresh_from_db()
     token.refresh_from_db()
@@ -274,7 +274,7 @@ def test_a_tick_that_raises_after_launching_leaves_no_process_and_no_live_token(
     hooks.register("tick.acted", boom)
     try:
         with pytest.raises(RuntimeError, match="after its launch"):
-            controller.tick_queue(queue.pk)
+            builders.tick_queue(queue.pk)
     finally:
         local._start = real_start
 
@@ -294,7 +294,7 @@ def test_negative_control_a_launch_that_commits_starts_its_processes(settings):
     real_start = local._start
     local._start = lambda daemon, *rest: started.append(daemon.pk)  # no real process
     try:
-        controller.tick_queue(queue.pk)
+        builders.tick_queue(queue.pk)
     finally:
         local._start = real_start
     assert started == list(Daemon.objects.filter(queues=["grow"]).values_list("pk", flat=True))
@@ -320,7 +320,7 @@ def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
 
     def claim(name):
         try:
-            got = protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk))
+            got = builders.claim(daemon=Daemon.objects.get(pk=daemon.pk))
             results[name] = [inv.pk for inv in got]
         except BaseException as exc:  # noqa: BLE001 - asserted below
             errors.append(exc)
@@ -354,7 +354,7 @@ def _heartbeat_during_a_claim_of_a_busy_daemon():
         lambda: daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
     )
     hooks.register("claim.before_commit", beat.start_and_see_it_wait)
-    claimed = protocol.invocation_claim(daemon=daemon)
+    claimed = builders.claim(daemon=daemon)
     beat.join()
     assert beat.errors == []
     assert [i.pk for i in claimed] == [inv.pk]

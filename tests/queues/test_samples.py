@@ -215,7 +215,7 @@ def test_a_tick_over_1_or_20_plain_queues_costs_the_same_queries():
 def test_sampling_1_or_20_ticked_queues_costs_the_same_queries(sim):
     def record_queries(now) -> int:
         managed = Queue.objects.exclude(elasticity_kind="").values_list("pk", flat=True)
-        events = [controller.tick_queue(pk, now=now) for pk in managed]
+        events = [builders.tick_queue(pk, now=now) for pk in managed]
         with CaptureQueriesContext(connection) as ctx:
             # + plain + the default queue
             assert samples.record(now=now, events=events) == len(events) + 2

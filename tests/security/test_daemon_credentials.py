@@ -11,7 +11,6 @@ from django.core.handlers.wsgi import WSGIHandler
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
 from edge.lean_path import LeanPath
-from fleet import controller, protocol
 from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
@@ -54,13 +53,13 @@ def fleet(settings):
     builders.provider(name="sim", kind="simulated", config={"startup_seconds": 0})
     queue = builders.queue(name="w", provider="sim", elasticity_spec={"kind": "fixed", "min": 2})
     minted = {}
-    controller.tick_queue(queue.pk)
+    builders.tick_queue(queue.pk)
     a, b = Daemon.objects.filter(provider__name="sim").order_by("pk")
     for daemon in (a, b):  # as a local or slurm provider mints them, owner included
         token, minted[daemon.pk] = builders.credential(daemon, username="provider-sim")
         Daemon.objects.filter(pk=daemon.pk).update(state="idle", owner=token.user)
     services.invocation_submit(function=ECHO, queue="w")
-    [job] = protocol.invocation_claim(daemon=Daemon.objects.get(pk=b.pk), limit=1)
+    [job] = builders.claim(daemon=Daemon.objects.get(pk=b.pk), limit=1)
     return a, b, minted, job
 
 

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from fleet import controller
 from fleet.driver_base import DRIVERS, server_free_environ
 from fleet.models import Daemon
 from queues.models import QueueEvent
@@ -54,7 +53,7 @@ def test_a_local_daemon_gets_no_server_secret_only_what_its_config_names(
     builders.provider(name="here", kind="local", config={"environment": ["HF_HOME"]})
     queue = builders.queue(name="env", provider="here", elasticity_spec={"kind": "fixed", "min": 1})
     try:
-        controller.tick_queue(queue.pk)
+        builders.tick_queue(queue.pk)
         daemon = Daemon.objects.get()
         _wait_for(lambda: Daemon.objects.get(pk=daemon.pk).state == "idle", what="the daemon")
         pid = int(Daemon.objects.get(pk=daemon.pk).external_id.removeprefix("pid:"))
@@ -121,7 +120,7 @@ def test_a_slurm_job_exports_only_the_daemons_names_and_starts_in_its_home(
         name="train", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1}
     )
 
-    controller.tick_queue(queue.pk)
+    builders.tick_queue(queue.pk)
 
     [call] = sbatch()
     daemon = Daemon.objects.get()
@@ -146,7 +145,7 @@ def test_a_refused_sbatch_leaves_no_home_behind(settings, tmp_path, sbatch, monk
         name="train", provider="hpc", elasticity_spec={"kind": "fixed", "min": 2}
     )
 
-    controller.tick_queue(queue.pk)
+    builders.tick_queue(queue.pk)
 
     assert len(sbatch()) == 1  # the first refusal fails the rest of the launch
     assert "invalid partition specified" in QueueEvent.objects.get(action="launch_failed").reason

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rest_framework.test import APIClient
 
-from fleet import controller, driver_base, drivers
+from fleet import driver_base, drivers
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from fleet.provider_configs import config_errors
@@ -180,7 +180,7 @@ def local(live_server, settings, monkeypatch, place):
         queue = builders.queue(
             name="files", provider="here", elasticity_spec={"kind": "fixed", "min": 1}
         )
-        controller.tick_queue(queue.pk)
+        builders.tick_queue(queue.pk)
         daemon = Daemon.objects.get()
         paths = [str(auth), str(secret), str(public)]
         inv, _ = services.invocation_submit(function="jobfiles.report", queue="files", args=[paths])

@@ -60,7 +60,7 @@ def _ours(cluster, queue: str) -> dict[str, tuple[str, str]]:
 
 
 def _tick(queue_name: str) -> QueueEvent:
-    event = controller.tick_queue(Queue.objects.get(name=queue_name).pk)
+    event = builders.tick_queue(Queue.objects.get(name=queue_name).pk)
     assert event is not None
     return event
 

@@ -34,7 +34,7 @@ def _members():
 
 def test_it_scales_up_to_min_at_once(sim):
     queue = _queue(sim, kind="pool_with_threshold", min=2, max=16, threshold=0.7)
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
     assert (event.action, event.delta, event.desired) == ("scale_up", 2, 2)
     assert _members().count() == 2
     assert "pool_with_threshold wants 2" in event.reason and "launching 2" in event.reason
@@ -44,11 +44,11 @@ def test_it_follows_the_backlog_with_a_launch_cap_per_tick(sim, settings):
     settings.LAKESHORE_MAX_LAUNCH_PER_TICK = 10
     queue = _queue(sim, kind="pool_with_threshold", min=0, max=16, threshold=0.5)
     _backlog(7)  # ceil(7 / 0.5) = 14
-    first = controller.tick_queue(queue.pk)
-    second = controller.tick_queue(queue.pk)
+    first = builders.tick_queue(queue.pk)
+    second = builders.tick_queue(queue.pk)
     assert (first.wanted, first.delta, second.delta) == (14, 10, 4)
     assert _members().count() == 14
-    third = controller.tick_queue(queue.pk)
+    third = builders.tick_queue(queue.pk)
     assert third.action == "tick_noop"
 
 
@@ -57,9 +57,9 @@ def test_simulated_daemons_come_up_and_keep_heartbeating(sim):
     sim.save()
     queue = _queue(sim, kind="fixed", min=1)
     now = timezone.now()
-    controller.tick_queue(queue.pk, now=now)
+    builders.tick_queue(queue.pk, now=now)
     assert _members().get().state == "provisioning"
-    controller.tick_queue(queue.pk, now=now + timedelta(seconds=31))
+    builders.tick_queue(queue.pk, now=now + timedelta(seconds=31))
     daemon = _members().get()
     assert daemon.state == "idle"
     assert daemon.last_heartbeat_at >= now + timedelta(seconds=31)
@@ -72,22 +72,22 @@ def test_it_scales_down_slowly_and_only_idle_daemons(sim, settings):
     queue = _queue(sim, kind="fully_elastic", min=0, max=10)
     start = timezone.now()
     _backlog(5)
-    controller.tick_queue(queue.pk, now=start)
-    controller.tick_queue(queue.pk, now=start + timedelta(seconds=1))  # provisioning → idle
+    builders.tick_queue(queue.pk, now=start)
+    builders.tick_queue(queue.pk, now=start + timedelta(seconds=1))  # provisioning → idle
     busy = _members().first()
     Daemon.objects.filter(pk=busy.pk).update(state="busy")
     Invocation.objects.filter(state="queued").delete()  # the work went away…
     Invocation.objects.create(queue="train", function="x.y", state="running", daemon=busy)
 
-    held = controller.tick_queue(queue.pk, now=start + timedelta(seconds=60))
+    held = builders.tick_queue(queue.pk, now=start + timedelta(seconds=60))
     assert held.action == "tick_noop" and held.wanted == 1 and held.desired == 5
     assert "scale-down window" in held.reason
 
     later = start + timedelta(seconds=400)  # the window has passed
-    down = controller.tick_queue(queue.pk, now=later)
+    down = builders.tick_queue(queue.pk, now=later)
     assert (down.action, down.delta) == ("scale_down", -2)  # a few a tick
-    controller.tick_queue(queue.pk, now=later + timedelta(seconds=10))
-    controller.tick_queue(queue.pk, now=later + timedelta(seconds=20))
+    builders.tick_queue(queue.pk, now=later + timedelta(seconds=10))
+    builders.tick_queue(queue.pk, now=later + timedelta(seconds=20))
     assert list(_members().values_list("state", flat=True)) == ["busy"]  # never the busy one
 
 
@@ -96,7 +96,7 @@ def test_it_leaves_self_registered_daemons_alone(sim, settings):
     settings.LAKESHORE_SCALE_DOWN_WINDOW = 0
     queue = _queue(sim, kind="max_count", max=4)
     builders.daemon(queues=["train"], name="my-laptop", last_heartbeat_at=timezone.now())
-    event = controller.tick_queue(queue.pk, now=timezone.now() + timedelta(seconds=5))
+    event = builders.tick_queue(queue.pk, now=timezone.now() + timedelta(seconds=5))
     assert event.action == "tick_noop" and "no idle daemon of its provider" in event.reason
     assert Daemon.objects.get(name="my-laptop").state == "idle"
 
@@ -107,18 +107,18 @@ def test_a_failed_launch_is_an_event_and_the_queue_backs_off(sim, settings):
     sim.save()
     queue = _queue(sim, kind="fixed", min=3)
     now = timezone.now()
-    failed = controller.tick_queue(queue.pk, now=now)
+    failed = builders.tick_queue(queue.pk, now=now)
     assert failed.action == "launch_failed"
     assert (
         "quota exceeded for p4d.24xlarge" in failed.reason and "backing off 20 s" in failed.reason
     )
-    waiting = controller.tick_queue(queue.pk, now=now + timedelta(seconds=5))
+    waiting = builders.tick_queue(queue.pk, now=now + timedelta(seconds=5))
     assert waiting.action == "tick_noop" and "failed launch" in waiting.reason
-    again = controller.tick_queue(queue.pk, now=now + timedelta(seconds=21))
+    again = builders.tick_queue(queue.pk, now=now + timedelta(seconds=21))
     assert again.action == "launch_failed" and "backing off 40 s" in again.reason
     sim.config = {}
     sim.save()
-    ok = controller.tick_queue(queue.pk, now=now + timedelta(seconds=70))
+    ok = builders.tick_queue(queue.pk, now=now + timedelta(seconds=70))
     assert ok.action == "scale_up"
     queue.refresh_from_db()
     assert (queue.launch_failures, queue.launch_backoff_until) == (0, None)
@@ -127,7 +127,7 @@ def test_a_failed_launch_is_an_event_and_the_queue_backs_off(sim, settings):
 def test_a_paused_queue_holds(sim):
     queue = _queue(sim, kind="fixed", min=2)
     queue_transition(name="train", action="pause")
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
     assert (event.action, event.delta) == ("hold", 0)
     assert _members().count() == 0
 
@@ -136,17 +136,17 @@ def test_an_archived_queue_scales_to_zero(sim, settings):
     settings.LAKESHORE_STARTUP_GRACE = 0
     queue = _queue(sim, kind="fixed", min=2)
     now = timezone.now()
-    controller.tick_queue(queue.pk, now=now)
-    controller.tick_queue(queue.pk, now=now + timedelta(seconds=1))
+    builders.tick_queue(queue.pk, now=now)
+    builders.tick_queue(queue.pk, now=now + timedelta(seconds=1))
     queue_transition(name="train", action="archive")
-    event = controller.tick_queue(queue.pk, now=now + timedelta(seconds=2))
+    event = builders.tick_queue(queue.pk, now=now + timedelta(seconds=2))
     assert (event.action, event.delta) == ("scale_down", -2)
     assert _members().count() == 0
 
 
 def test_a_queue_without_a_provider_says_why_it_does_not_grow():
     queue = builders.queue(name="train", elasticity_spec={"kind": "fixed", "min": 1})
-    event = controller.tick_queue(queue.pk)
+    event = builders.tick_queue(queue.pk)
     assert event.action == "tick_noop" and "no provider" in event.reason
 
 
@@ -173,7 +173,7 @@ def test_stats_shows_what_the_next_tick_would_do(sim, operator_client):
     _queue(sim, kind="pool_with_threshold", min=2, max=16, threshold=0.7)
     body = operator_client.get("/api/v1/queues/train/stats/").json()
     assert (body["desired"], body["next_action"]) == (2, "launch 2")
-    controller.tick_queue(Queue.objects.get(name="train").pk)
+    builders.tick_queue(Queue.objects.get(name="train").pk)
     body = operator_client.get("/api/v1/queues/train/stats/").json()
     assert body["recent_actions"][0]["action"] == "scale_up"
 
@@ -182,8 +182,8 @@ def test_an_archived_queue_stops_being_ticked_once_its_daemons_are_gone(sim, set
     settings.LAKESHORE_STARTUP_GRACE = 0
     queue = _queue(sim, kind="fixed", min=1)
     now = timezone.now()
-    controller.tick_queue(queue.pk, now=now)
-    controller.tick_queue(queue.pk, now=now + timedelta(seconds=1))
+    builders.tick_queue(queue.pk, now=now)
+    builders.tick_queue(queue.pk, now=now + timedelta(seconds=1))
     queue_transition(name="train", action="archive")
     assert controller.tick(now=now + timedelta(seconds=2))["queues"] == 1  # scales to zero
     assert _members().count() == 0

@@ -1,4 +1,4 @@
-"""The tick over every queue (fleet/controller_tick.py): its statements do not grow with
+"""The tick over every queue (fleet/controller.py): its statements do not grow with
 the number of queues, a queue whose decision did not change writes nothing beyond its
 sample, the scale-down window still holds across such a quiet stretch, and a queue
 another tick holds is left to it."""
@@ -11,13 +11,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import controller, controller_acts, controller_tick
+from fleet import controller, tasks
 from fleet.drivers import SimulatedDriver
 from fleet.models import OVERLAP_NAMES_MAX, Daemon
 from jobs import services as jobs
-from jobs import serving
 from jobs.models import Invocation
 from lakeshore_admin import hooks
+from lakeshore_admin.celery import app as celery_app
 from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from tests import builders
@@ -68,14 +68,14 @@ def test_a_ticks_statements_do_not_grow_with_the_number_of_queues(sim):
 
 
 def test_negative_control_a_tick_per_queue_grows_with_the_queues(sim):
-    """The same steady queues ticked one by one (tick_queue, a wake's path): the count
+    """The same steady queues ticked one by one (tick_queue: a wake's decision): the count
     the test above compares does see the growth."""
     _steady_queues(0, 3)
     ids = list(Queue.objects.values_list("pk", flat=True))
-    at_3 = _statements(lambda: [controller.tick_queue(pk) for pk in ids])
+    at_3 = _statements(lambda: [builders.tick_queue(pk) for pk in ids])
     _steady_queues(3, 30)
     ids = list(Queue.objects.values_list("pk", flat=True))
-    at_30 = _statements(lambda: [controller.tick_queue(pk) for pk in ids])
+    at_30 = _statements(lambda: [builders.tick_queue(pk) for pk in ids])
     assert at_30 > at_3 * 5
 
 
@@ -154,7 +154,7 @@ def _tick_while_a_queue_tick_launches(held_launch) -> tuple[dict, Queue, Queue]:
 
     def run():
         try:
-            controller.tick_queue(busy.pk)
+            builders.tick_queue(busy.pk)
         finally:
             connection.close()
 
@@ -181,7 +181,7 @@ def test_a_tick_leaves_a_queue_another_tick_holds_to_it(sim, held_launch):
 
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_without_the_locks_the_tick_launches_again(sim, held_launch, monkeypatch):
-    monkeypatch.setattr(controller_acts, "try_lock_many", lambda ids: set(ids))
+    monkeypatch.setattr(controller, "try_lock", lambda ids: set(ids))
     _, busy, _ = _tick_while_a_queue_tick_launches(held_launch)
 
     assert Daemon.objects.subscribed_to("busy").count() == 4
@@ -210,8 +210,8 @@ def test_many_queue_names_find_the_same_daemons_as_a_few():
 @pytest.fixture
 def no_broker(monkeypatch):
     """The wakes submits send go nowhere (the broker is the boundary): the test wakes."""
-    monkeypatch.setattr(serving, "_sent", {})
-    monkeypatch.setattr(serving.celery_app, "send_task", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tasks, "_sent", {})
+    monkeypatch.setattr(celery_app, "send_task", lambda *args, **kwargs: None)
 
 
 def _tick_with_a_submit_meanwhile() -> list:
@@ -256,7 +256,7 @@ def test_a_wake_that_finds_the_queue_held_by_the_tick_is_not_lost(sim, no_broker
 
 @pytest.mark.django_db(transaction=True)
 def test_negative_control_without_the_tick_waking_it_the_submit_waits(sim, no_broker, monkeypatch):
-    monkeypatch.setattr(controller_tick, "_missed_wakes", lambda events: [])
+    monkeypatch.setattr(controller, "_missed_wakes", lambda events: [])
     builders.queue(
         name="train", provider="sim", elasticity_spec={"kind": "fully_elastic", "max": 4}
     )

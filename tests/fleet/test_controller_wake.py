@@ -10,9 +10,10 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.roles import grant
-from fleet import controller
-from jobs import services, serving
+from fleet import controller, tasks
+from jobs import services
 from lakeshore_admin import hooks
+from lakeshore_admin.celery import app as celery_app
 from queues.models import QueueEvent
 from tests import builders
 
@@ -25,9 +26,9 @@ ECHO = "lakeshore.functions.echo"
 def wakes(monkeypatch):
     """The wakes submits send to the Celery worker (the broker is the boundary)."""
     sent: list[str] = []
-    monkeypatch.setattr(serving, "_sent", {})
+    monkeypatch.setattr(tasks, "_sent", {})
     monkeypatch.setattr(
-        serving.celery_app, "send_task", lambda name, args, **kw: sent.append((name, *args))
+        celery_app, "send_task", lambda name, args, *rest, **kw: sent.append((name, *args))
     )
     return sent
 
@@ -100,7 +101,7 @@ def test_a_wake_racing_a_tick_launches_once():
 
     hooks.register("tick.acted", wake_meanwhile)
     try:
-        ticked = controller.tick_queue(queue.pk)
+        ticked = builders.tick_queue(queue.pk)
     finally:
         hooks.clear("tick.acted")
     assert woken == [None]
@@ -114,7 +115,7 @@ def test_a_tick_after_a_wake_launches_nothing_more():
     queue = _elastic()
     services.invocation_submit(function=ECHO, queue="train")
     assert controller.wake("train").delta == 1
-    after = controller.tick_queue(queue.pk)
+    after = builders.tick_queue(queue.pk)
     assert after.delta == 0 and not after.reason.startswith("woken")
     assert sum(queue.events.values_list("delta", flat=True)) == 1
 

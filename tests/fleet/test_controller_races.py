@@ -68,7 +68,7 @@ def _round(queue_id: int, gate: _LaunchGate | None = None) -> list[QueueEvent | 
     def tick():
         try:
             barrier.wait()
-            result = controller.tick_queue(queue_id)
+            result = builders.tick_queue(queue_id)
             with lock:
                 results.append(result)
         except BaseException as exc:  # noqa: BLE001 - surfaced below
@@ -149,7 +149,7 @@ def test_ticks_racing_a_launch_in_progress_skip_the_queue(gate):
 def test_the_race_check_sees_ticks_that_do_not_lock_the_queue(gate, monkeypatch):
     """Negative control: without the queue lock, the same round launches once per tick,
     and the round's check fails."""
-    monkeypatch.setattr(controller, "_try_lock", lambda queue_id: True)
+    monkeypatch.setattr(controller, "try_lock", lambda queue_ids: set(queue_ids))
     queue = _sim_queue()
     gate["gate"] = round_gate = _LaunchGate(TICKERS)
     results = _round(queue.pk, round_gate)
