@@ -26,7 +26,7 @@ DAEMON_PAGE = 100
 class DaemonListPage(ConsoleListView):
     """Newest first; the live ones unless the address asks for states or an id."""
 
-    template_name = "queues/daemon_list.html"
+    template_name = "fleet/daemon_list.html"
     table_id = "daemon-table"
     filterset_class = DaemonFilter
     page_size = DAEMON_PAGE
