@@ -114,5 +114,5 @@ def token_revoke(request, token_id: int):
         messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
     else:
         messages.info(request, f"Token {token.prefix}… ({token.name}) was already revoked.")
-    page = reverse("console-tokens")
+    page = reverse("accounts:tokens")
     return after_action(request, back_url(request, page) if request.htmx else page)

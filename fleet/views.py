@@ -84,7 +84,7 @@ def daemon_drop(request, daemon_id: int):
             killed = ended["ended"]
             what = f"; {killed} running job(s) ended killed" if killed else ""
             messages.success(request, f"Daemon {daemon.pk} ({daemon.name}) dropped{what}.")
-    daemons_page = reverse("console-daemons")
+    daemons_page = reverse("fleet:daemons")
     return after_action(request, back_url(request, daemons_page) if request.htmx else daemons_page)
 
 
@@ -111,4 +111,4 @@ def job_stop(request, invocation_id: int):
         )
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not stopped: {exc.message}")
-    return after_action(request, reverse("console-job", args=[job.pk]))
+    return after_action(request, reverse("jobs:detail", args=[job.pk]))
