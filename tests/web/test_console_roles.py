@@ -33,7 +33,7 @@ ACTIONS = [
     "/queues/train/pause/",
     "/daemons/{daemon}/drop/",
     "/jobs/{job}/kill/",
-    "/jobs/{job}/stop/",
+    "/daemons/{daemon}/jobs/{job}/stop/",
     "/tokens/{token}/revoke/",
 ]
 CONSOLE_APPS = ("queues", "jobs", "fleet", "accounts")  # the URL namespaces of the pages
