@@ -30,7 +30,7 @@ class EventListPage(ConsoleListView):
     """Newest first. Its rows come from two tables, merged by accounts/audit.py, so its
     key is a row's (at, kind, id) and its pages are read by audit.timeline_rows()."""
 
-    template_name = "events/event_list.html"
+    template_name = "accounts/event_list.html"
     table_id = "event-table"
     filterset_class = EventFilter
     page_size = audit.TIMELINE_PAGE
@@ -87,7 +87,7 @@ class TokenListPage(ConsoleListView):
     """API tokens, newest first: what each may do and whether it still works. Never a
     secret: tokens are stored hashed, and the page shows a token's first characters."""
 
-    template_name = "tokens/token_list.html"
+    template_name = "accounts/token_list.html"
     table_id = "token-table"
     filterset_class = TokenFilter
     refresh = False
@@ -114,5 +114,5 @@ def token_revoke(request, token_id: int):
         messages.success(request, f"Token {token.prefix}… ({token.name}) revoked.")
     else:
         messages.info(request, f"Token {token.prefix}… ({token.name}) was already revoked.")
-    page = reverse("console-tokens")
+    page = reverse("accounts:tokens")
     return after_action(request, back_url(request, page) if request.htmx else page)

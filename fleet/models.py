@@ -187,7 +187,7 @@ class Daemon(models.Model):
 
     def get_absolute_url(self) -> str:
         """Its row on the console's daemons page (Django admin: "View on site")."""
-        return f"{reverse('console-daemons')}?id={self.pk}"
+        return f"{reverse('fleet:daemons')}?id={self.pk}"
 
     @property
     def is_live(self) -> bool:

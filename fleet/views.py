@@ -1,5 +1,5 @@
 """Console pages for daemons: the list (state, queues, every job each runs now, the last
-heartbeat) and Drop. The list uses the API's FilterSet."""
+heartbeat), Drop, and stopping a job on its daemon. The list uses the API's FilterSet."""
 
 from django import forms
 from django.contrib import messages
@@ -15,7 +15,7 @@ from fleet.filters import DaemonFilter
 from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs import services as job_services
 from jobs.models import Invocation, InvocationState
-from lakeshore_admin.errors import Conflict, DomainError, NotFound
+from lakeshore_admin.errors import DomainError, NotFound
 from lakeshore_admin.lists import ConsoleListView
 from lakeshore_admin.pages import after_action, back_url
 
@@ -26,7 +26,7 @@ DAEMON_PAGE = 100
 class DaemonListPage(ConsoleListView):
     """Newest first; the live ones unless the address asks for states or an id."""
 
-    template_name = "queues/daemon_list.html"
+    template_name = "fleet/daemon_list.html"
     table_id = "daemon-table"
     filterset_class = DaemonFilter
     page_size = DAEMON_PAGE
@@ -84,31 +84,28 @@ def daemon_drop(request, daemon_id: int):
             killed = ended["ended"]
             what = f"; {killed} running job(s) ended killed" if killed else ""
             messages.success(request, f"Daemon {daemon.pk} ({daemon.name}) dropped{what}.")
-    daemons_page = reverse("console-daemons")
+    daemons_page = reverse("fleet:daemons")
     return after_action(request, back_url(request, daemons_page) if request.htmx else daemons_page)
 
 
 @require_POST
 @console_view
-def job_stop(request, invocation_id: int):
-    """Stop a running job on its daemon from the console (daemon exec kill): the same
-    service as the API and `lakeshore daemon exec`."""
+def job_stop(request, daemon_id: int, invocation_id: int):
+    """Stop a running job on its daemon from the console (the job page's "Stop on daemon"):
+    the same order through the same service as the API's daemon exec and `lakeshore daemon
+    exec DAEMON kill JOB`. The daemon is the one the page named: should the job run on
+    another by now, the service refuses and says which."""
     try:
+        daemon = services.daemon_get(daemon_id)
         job = job_services.invocation_get(invocation_id)
     except NotFound as exc:
         raise Http404(exc.message) from None
     try:
-        if job.daemon is None:
-            raise Conflict(
-                f"Job {job.pk} is not running on a daemon ({job.state}).",
-                code="invocation_not_running",
-            )
-        orders.daemon_exec(daemon=job.daemon, verb="kill", invocation_id=job.pk)
+        orders.daemon_exec(daemon=daemon, verb="kill", invocation_id=job.pk)
         messages.success(
             request,
-            f"Job {job.pk} killed; daemon {job.daemon_id} stops its processes at its next "
-            "heartbeat.",
+            f"Job {job.pk} killed; daemon {daemon.pk} stops its processes at its next heartbeat.",
         )
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not stopped: {exc.message}")
-    return after_action(request, reverse("console-job", args=[job.pk]))
+    return after_action(request, reverse("jobs:detail", args=[job.pk]))

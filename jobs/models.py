@@ -191,7 +191,7 @@ class Invocation(models.Model):
     def get_absolute_url(self) -> str:
         """Its console page (Django admin links to it as "View on site")."""
 
-        return reverse("console-job", args=[self.pk])
+        return reverse("jobs:detail", args=[self.pk])
 
     @property
     def is_finished(self) -> bool:

@@ -89,7 +89,7 @@ def job_bulk_cancel(request):
     service as the API and the CLI."""
 
     queue = request.POST.get("queue")
-    back = back_url(request, f"{reverse('console-jobs')}?{urlencode({'queue': queue or ''})}")
+    back = back_url(request, f"{reverse('jobs:list')}?{urlencode({'queue': queue or ''})}")
     if queue is None:
         messages.error(request, "Nothing was cancelled: choose a queue first.")
         return after_action(request, back)
@@ -197,7 +197,7 @@ def job_kill(request, invocation_id: int):
         messages.success(request, f"Job {job.pk} killed.")
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not killed: {exc.message}")
-    return after_action(request, reverse("console-job", args=[job.pk]))
+    return after_action(request, reverse("jobs:detail", args=[job.pk]))
 
 
 @require_POST
@@ -211,6 +211,6 @@ def job_retry(request, invocation_id: int):
         new = services.invocation_retry(invocation_id=job.pk)
     except DomainError as exc:
         messages.error(request, f"Job {job.pk} was not retried: {exc.message}")
-        return after_action(request, reverse("console-job", args=[job.pk]))
+        return after_action(request, reverse("jobs:detail", args=[job.pk]))
     messages.success(request, f"Job {job.pk} retried as job {new.pk}.")
-    return after_action(request, reverse("console-job", args=[new.pk]))
+    return after_action(request, reverse("jobs:detail", args=[new.pk]))

@@ -8,25 +8,25 @@ from django.shortcuts import redirect
 from django.templatetags.static import static
 from django.views.decorators.http import require_GET
 
-# The navigation's sections: {url name: the section it belongs to}.
+# The navigation's sections: {view name (namespace:url name): the section it belongs to}.
 SECTIONS = {
-    "console-home": "queues",
-    "console-queue": "queues",
-    "console-queue-add": "queues",
-    "console-queue-edit": "queues",
-    "console-jobs": "jobs",
-    "console-job": "jobs",
-    "console-daemons": "daemons",
-    "console-events": "events",
-    "console-tokens": "tokens",
+    "queues:list": "queues",
+    "queues:detail": "queues",
+    "queues:add": "queues",
+    "queues:edit": "queues",
+    "jobs:list": "jobs",
+    "jobs:detail": "jobs",
+    "fleet:daemons": "daemons",
+    "accounts:events": "events",
+    "accounts:tokens": "tokens",
 }
 # The pages the navigation links to: there its item is aria-current="page".
 SECTION_PAGES = {
-    "console-home",
-    "console-jobs",
-    "console-daemons",
-    "console-events",
-    "console-tokens",
+    "queues:list",
+    "jobs:list",
+    "fleet:daemons",
+    "accounts:events",
+    "accounts:tokens",
 }
 
 
@@ -36,7 +36,7 @@ def context(request) -> dict:
     item says aria-current="page", on a page below it aria-current="true")."""
     seconds = settings.LAKESHORE_CONSOLE_REFRESH_SECONDS
     match = getattr(request, "resolver_match", None)
-    name = match.url_name if match else None
+    name = match.view_name if match else None
     nav = {"section": SECTIONS.get(name), "current": "page" if name in SECTION_PAGES else "true"}
     return {"refresh": f"every {seconds:g}s", "nav": nav}
 

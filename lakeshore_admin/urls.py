@@ -13,12 +13,8 @@ from drf_spectacular.views import (
 )
 from rest_framework.permissions import AllowAny
 
-from accounts import views as account_views
 from accounts.console_access import console_view
 from accounts.permissions import ReadOrOperate
-from fleet import views as daemon_views
-from jobs import log_views
-from jobs import views as job_views
 from lakeshore_admin.api_errors import bad_request, error_body, is_sdk, sdk_error
 from lakeshore_admin.health import healthz, readyz
 from lakeshore_admin.pages import favicon
@@ -95,28 +91,11 @@ def _docs(view_class, *, page: bool, **options):
 
 
 urlpatterns = [
-    path("", queue_views.QueueListPage.as_view(), name="console-home"),
-    path("jobs/", job_views.JobListPage.as_view(), name="console-jobs"),
-    path("jobs/bulk-cancel/", job_views.job_bulk_cancel, name="console-jobs-bulk-cancel"),
-    path("jobs/<int:invocation_id>/", job_views.job_detail, name="console-job"),
-    path("jobs/<int:invocation_id>/log/", log_views.job_log, name="console-job-log"),
-    path("jobs/<int:invocation_id>/log.txt", log_views.job_log_text, name="console-job-log-text"),
-    path("jobs/<int:invocation_id>/kill/", job_views.job_kill, name="console-job-kill"),
-    path("jobs/<int:invocation_id>/retry/", job_views.job_retry, name="console-job-retry"),
-    path("jobs/<int:invocation_id>/stop/", daemon_views.job_stop, name="console-job-stop"),
-    path("daemons/", daemon_views.DaemonListPage.as_view(), name="console-daemons"),
-    path("events/", account_views.EventListPage.as_view(), name="console-events"),
-    path("tokens/", account_views.TokenListPage.as_view(), name="console-tokens"),
-    path("tokens/<int:token_id>/revoke/", account_views.token_revoke, name="console-token-revoke"),
-    path("daemons/<int:daemon_id>/drop/", daemon_views.daemon_drop, name="console-daemon-drop"),
-    path("queues/add/", queue_views.queue_add, name="console-queue-add"),
-    path("queues/<str:name>/", queue_views.queue_detail, name="console-queue"),
-    path("queues/<str:name>/edit/", queue_views.queue_edit, name="console-queue-edit"),
-    path(
-        "queues/<str:name>/<str:action>/",
-        queue_views.queue_action,
-        name="console-queue-action",
-    ),
+    # The console's pages: each app lists its own (a URL namespace: "queues:detail")
+    path("", include("queues.urls")),
+    path("", include("jobs.urls")),
+    path("", include("fleet.urls")),
+    path("", include("accounts.urls")),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("favicon.ico", favicon, name="favicon"),

@@ -138,7 +138,7 @@ class Queue(models.Model):
     def get_absolute_url(self) -> str:
         """Its console page (Django admin: "View on site")."""
 
-        return reverse("console-queue", args=[self.address])
+        return reverse("queues:detail", args=[self.address])
 
     @property
     def is_default(self) -> bool:

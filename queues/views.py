@@ -243,7 +243,7 @@ def queue_action(request, name: str, action: str):
     else:
         messages.success(request, f"Queue {name}: {action} done; it is {queue.state} now.")
     if not request.htmx:
-        return redirect("console-queue", name=name)
+        return redirect("queues:detail", name=name)
     summary = render_to_string(
         "queues/queue_detail.html#queue-summary", _detail_context(request, name), request
     )
@@ -261,7 +261,7 @@ def queue_add(request):
         queue = form.save()
         if queue is not None:
             messages.success(request, f"Queue '{queue.name}' added.")
-            return redirect("console-queue", name=queue.name)
+            return redirect("queues:detail", name=queue.name)
         form.focus_first_error()
     return render(
         request,
@@ -291,7 +291,7 @@ def queue_edit(request, name: str):
                 messages.success(request, f"Queue '{name}' saved ({fields}).")
             else:
                 messages.info(request, f"Nothing to save: queue '{name}' is unchanged.")
-            return redirect("console-queue", name=name)
+            return redirect("queues:detail", name=name)
         form.focus_first_error()
     return render(
         request,

@@ -82,11 +82,11 @@ def target_url(target: str) -> str | None:
         return None
     kind, ref = found.groups()
     if kind == "job" and ref.isdigit():
-        return reverse("console-job", args=[int(ref)])
+        return reverse("jobs:detail", args=[int(ref)])
     if kind == "daemon" and ref.isdigit():
-        return f"{reverse('console-daemons')}?id={ref}"
+        return f"{reverse('fleet:daemons')}?id={ref}"
     if kind == "queue":
-        return reverse("console-queue", args=[ref])
+        return reverse("queues:detail", args=[ref])
     return None
 
 

@@ -5,7 +5,7 @@ document.addEventListener("click", (event) => {
   if (button) button.closest(".message").remove();
 });
 
-// A job's live log (templates/jobs/log.html): it opens at its end; a reader at its end
+// A job's live log (jobs/templates/jobs/log.html): it opens at its end; a reader at its end
 // stays there as lines come, and one who scrolled up stays where they read.
 const logBoxes = new Set();
 document.addEventListener("DOMContentLoaded", () => {

@@ -226,7 +226,7 @@ def test_an_operator_stops_a_running_job_on_its_daemon(operator):
     assert "Stop on daemon" in page and f"Stop job {inv.pk} on daemon {daemon.pk}?" in page
     assert f'id="kill-{inv.pk}"' not in page  # Kill is for queued jobs
 
-    body = operator.post(f"/jobs/{inv.pk}/stop/", follow=True).content.decode()
+    body = operator.post(f"/daemons/{daemon.pk}/jobs/{inv.pk}/stop/", follow=True).content.decode()
     assert f"Job {inv.pk} killed; daemon {daemon.pk} stops its processes" in body
     inv.refresh_from_db()
     assert inv.state == "killed"
@@ -234,15 +234,28 @@ def test_an_operator_stops_a_running_job_on_its_daemon(operator):
     assert DaemonCommand.objects.get().requested_by == "u-operator (console)"
     assert "Stop on daemon" not in body  # it no longer runs
 
-    again = operator.post(f"/jobs/{inv.pk}/stop/", follow=True).content.decode()
+    again = operator.post(f"/daemons/{daemon.pk}/jobs/{inv.pk}/stop/", follow=True).content.decode()
     assert f"Job {inv.pk} was not stopped: Invocation {inv.pk} is not running (killed)" in again
     assert DaemonCommand.objects.count() == 1
+
+
+def test_a_stop_sent_to_another_daemon_is_refused_and_says_where_the_job_runs(operator):
+    daemon, inv = _running_on_a_daemon()
+    other = builders.daemon(queues=["q"], name="other")
+
+    body = operator.post(f"/daemons/{other.pk}/jobs/{inv.pk}/stop/", follow=True).content.decode()
+    assert (
+        f"Job {inv.pk} was not stopped: Invocation {inv.pk} runs on daemon {daemon.pk}, "
+        f"not {other.pk}"
+    ) in body
+    assert Invocation.objects.get(pk=inv.pk).state == "running"
+    assert not DaemonCommand.objects.exists()
 
 
 def test_a_viewer_sees_no_stop_button_and_cannot_stop(viewer):
     daemon, inv = _running_on_a_daemon()
     assert "Stop on daemon" not in viewer.get(f"/jobs/{inv.pk}/").content.decode()
-    assert viewer.post(f"/jobs/{inv.pk}/stop/").status_code == 403
+    assert viewer.post(f"/daemons/{daemon.pk}/jobs/{inv.pk}/stop/").status_code == 403
     assert Invocation.objects.get(pk=inv.pk).state == "running"
 
 

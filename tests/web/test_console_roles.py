@@ -33,9 +33,10 @@ ACTIONS = [
     "/queues/train/pause/",
     "/daemons/{daemon}/drop/",
     "/jobs/{job}/kill/",
-    "/jobs/{job}/stop/",
+    "/daemons/{daemon}/jobs/{job}/stop/",
     "/tokens/{token}/revoke/",
 ]
+CONSOLE_APPS = ("queues", "jobs", "fleet", "accounts")  # the URL namespaces of the pages
 POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/", "/revoke/")
 
 
@@ -67,7 +68,8 @@ def assert_unchanged(world):
 
 
 def console_routes(world) -> list[tuple[str, str]]:
-    """Every console route of urls.py, as (method, url): the test below keeps up with it."""
+    """Every console route of the apps' urls.py, as (method, url): the test below keeps up
+    with it."""
     args = {
         "name": "train",
         "action": "pause",
@@ -76,13 +78,13 @@ def console_routes(world) -> list[tuple[str, str]]:
         "token_id": world["token"],
     }
     routes = []
-    for pattern in urls.urlpatterns:
-        name = getattr(pattern, "name", None) or ""
-        if not name.startswith("console-"):
+    for app in urls.urlpatterns:
+        if getattr(app, "namespace", None) not in CONSOLE_APPS:
             continue
-        wanted = {key: args[key] for key in pattern.pattern.converters}
-        url = reverse(name, kwargs=wanted)
-        routes.append(("post" if url.endswith(POSTS) else "get", url))
+        for pattern in app.url_patterns:
+            wanted = {key: args[key] for key in pattern.pattern.converters}
+            url = reverse(f"{app.namespace}:{pattern.name}", kwargs=wanted)
+            routes.append(("post" if url.endswith(POSTS) else "get", url))
     return routes
 
 
