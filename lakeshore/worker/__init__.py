@@ -58,10 +58,15 @@ reaper would hand the work to another daemon while the first copy still runs.
   needs jobs run as another user, which this daemon does not do.)
 - The daemon branches on the server's error `code`, never on its message.
 
-Where things are: `daemon` (Worker, its settings and shared state; stderr_log), and
-the groups of its methods: `lifecycle` (register, run, signals, deregister, losing the
-server), `claiming` (the claim loop, claiming ahead, the exchange), `slots` (the
-spawner starting claimed jobs, a job's end, killing them all), `reporting` (Outcome,
-the Reporter's batches, the complete requests), `heartbeat` (beats, held ids,
-operators' commands), `calls` (requests with retries, the error codes); `environment`
-holds the job processes' environment."""
+Where things are: the daemon is one object of parts, each with its own state and a few
+methods, composed by `daemon.Worker` (which also registers, runs, stops on signals,
+deregisters, and registers again once lost). `slots.Slots` owns what the daemon holds
+(the running invocations, what was claimed and not yet started, the lock that guards
+them, lent to the job pool) and the spawner's loop; the others go through its methods.
+`claim_loop.ClaimLoop` (claiming, claiming ahead, the exchange), `reporting` (Outcome;
+the Reporter's batches; the Completer, the complete requests and their answers),
+`logs.Shipper` (what jobs print), `heartbeat.Heartbeat` (beats, held ids, reconciling
+with the server), `orders.Orders` (operators' orders: daemon exec), `calls.Session`
+(the daemon's id and credential, requests with retries, the error codes),
+`stopping.Stopping` (the stop flags every part reads); `environment` holds the job
+processes' environment."""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from lakeshore.client import path
 from lakeshore.errors import ApiError
 from lakeshore.joblog import LogBook, to_daemon_log
+from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import Stopped
 
 SHIP_EVERY = 0.5  # seconds: lines wait at most about this long while a job runs
@@ -53,6 +54,10 @@ class Shipper:
 
     def start(self) -> None:
         self.thread.start()
+
+    def forget(self, item: Running) -> None:
+        """An abandoned invocation's lines are not shipped (the server ended it)."""
+        self.book.forget(attempt_key(item))
 
     def then_report(self, outcome) -> bool:
         """True: the outcome's job left lines waiting, and it is reported once they are
