@@ -168,7 +168,7 @@ class Reporter:
     def _pop(self, daemon_id: str | None) -> list[Outcome]:
         """Up to a batch from the head, of one registration: after a re-registration the
         old claims' outcomes still go to the daemon id that claimed them."""
-        batch = []
+        batch: list[Outcome] = []
         while (
             self.queue
             and len(batch) < self.batch

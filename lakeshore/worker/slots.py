@@ -111,7 +111,7 @@ class Slots:
         while self.arrived and self.running.get(self.arrived[0].id) is not self.arrived[0]:
             self.arrived.popleft()  # let go before it started (the server took it back)
         started = len(self.running) - len(self.arrived)
-        taken = []
+        taken: list[Running] = []
         while self.arrived and started + len(taken) < self.concurrency:
             item = self.arrived.popleft()
             if self.running.get(item.id) is item:
