@@ -17,11 +17,9 @@ recorded first, then the claim, which then does not long-poll). While the claim 
 is on its way to a request or in an exchange, outcomes wait for it rather than leave
 after the linger (a full batch still leaves); while it long-polls (nothing to claim),
 is stopping or registering, the reporter sends them on their own (POST …/complete/).
-A server without exchange (404) gets complete and claim apart, as before. (Measured
-with daemons in this process against gunicorn: 8 daemons × 1 slot, 177 vs 134 jobs/s
-and half the requests; 1 daemon × 8 slots, 0.21 vs 0.35 requests a job and a third less
-server CPU a job. Letting outcomes leave in parallel while an exchange is in flight
-split the batches: more requests, fewer jobs/s.)
+A server without exchange (404) gets complete and claim apart, as before. Outcomes do
+not leave in parallel with an exchange in flight: that splits the batches into more,
+smaller requests (docs/decisions/daemon-exchange-and-claiming-ahead.md).
 
 Claiming ahead: while the last jobs ran shorter than AHEAD_BELOW (0.1 s) on average, the
 claim loop may hold more than its slots (as many more as the slots run in AHEAD_WAIT,
@@ -31,9 +29,8 @@ claim then carries every outcome that ended during its round trip. No more than
 `concurrency` jobs ever run at once; a job's time-out counts from its start; what is
 claimed ahead is held (heartbeats name it) and is started even while draining. Long jobs
 are never claimed ahead: one would wait behind another's whole run while another daemon
-might be idle. (Measured with `make bench`'s server, one daemon × 8 slots, no-op jobs:
-290 → 520 jobs/s, and half the server CPU a job, the batches being larger. Two claims
-in flight at once, each for the slots free, made the batches small: 290 → 80 jobs/s.)
+might be idle. One claim is in flight at a time: two at once, each for the slots free,
+made the batches small (the same record).
 
 Dispatch safety: a job process must never outlive the daemon that claimed it, or the
 reaper would hand the work to another daemon while the first copy still runs.
