@@ -13,7 +13,7 @@ PORT ?= 8080
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
-	@echo "make test   install, lint (ruff, the import contracts), run every test"
+	@echo "make test   install, lint (ruff, the import contracts, mypy), run every test"
 
 $(STAMP): requirements.txt pyproject.toml
 	@if [ -z "$(PYTHON)" ]; then scripts/find-python; exit 1; fi
@@ -35,6 +35,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format .

@@ -15,14 +15,14 @@ daemon's own constants and rules (imported, not copied):
   back; on Retry-After (lakeshore.client.retry_after) it waits that long plus up to as
   long again at random, as ClaimLoop._claim_later does;
 - heartbeats (with the ids it holds: none) every --heartbeat seconds (the command's
-  default), shortened to what Lifecycle._renew_within picks from the register answer's
+  default), shortened to what heartbeat.interval_within picks from the register answer's
   `heartbeat_timeout`, except when the daemon's own rule
   (lakeshore.worker.heartbeat.claims_renew) says to skip it: the daemon holds nothing,
   and a claim of its is waiting on the server or was answered within the interval (its
   polls renew it);
 - a job it claims (one of the `submits` the submitter sends) it reports at once in an
   exchange (wait 0, as ClaimLoop._exchange), then goes back to waiting;
-- on 409 daemon_lost it registers again (Lifecycle._not_live); on daemon_terminated or
+- on 409 daemon_lost it registers again (Worker._not_live); on daemon_terminated or
   a revoked token it stops.
 
 Daemons register at random moments of the first `ramp` seconds (a fleet coming up).
@@ -51,7 +51,6 @@ import resource
 import ssl
 import sys
 import time
-from types import SimpleNamespace
 
 import httpx
 
@@ -61,8 +60,7 @@ from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import BACKOFF_MAX, BACKOFF_START, DAEMON_LOST, DAEMON_TERMINATED
 from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.daemon import Worker
-from lakeshore.worker.heartbeat import claims_renew
-from lakeshore.worker.lifecycle import Lifecycle
+from lakeshore.worker.heartbeat import claims_renew, interval_within
 from lakeshore.worker.reporting import Outcome
 
 # What `lakeshore daemon run` uses when nobody passes flags.
@@ -74,10 +72,8 @@ LATE = 2.0  # a poll answered later than its wait plus this was not answered in 
 def renew_interval(heartbeat_timeout) -> float:
     """The heartbeat interval a daemon started with the default --heartbeat ends up
     with, given the register answer's heartbeat_timeout: the daemon's own rule
-    (Lifecycle._renew_within), run on a stand-in for the Worker."""
-    daemon = SimpleNamespace(heartbeat_interval=HEARTBEAT_DEFAULT, log=lambda message: None)
-    Lifecycle._renew_within(daemon, heartbeat_timeout)
-    return daemon.heartbeat_interval
+    (lakeshore.worker.heartbeat.interval_within)."""
+    return interval_within(HEARTBEAT_DEFAULT, heartbeat_timeout)
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -288,7 +284,7 @@ class Fleet:
                 continue
             delay = BACKOFF_START
             window.answered += 1
-            state["answered"] = now  # as ClaimLoop._claim_answer: the server saw us
+            state["answered"] = now  # as ClaimLoop._claimed: the server saw us
             self.renew(index, now)  # the claim renewed the daemon's liveness
             pause = retry_after(answer)
             if now - sent > CLAIM_WAIT + LATE:

@@ -14,6 +14,8 @@ So `mymodule.system`, where `mymodule` does `from os import system`, is refused:
 (`Class.method`), private names and lambdas. Refused, nothing runs: the caller fails
 the job with the text `refusal` and friends return."""
 
+from collections.abc import Iterable
+
 ALWAYS_ALLOWED = ("lakeshore.functions",)
 
 HOW_TO_ADD = "set LAKESHORE_ALLOWED_MODULES where the daemon runs to add modules"
@@ -27,7 +29,7 @@ def parse_modules(text: str) -> tuple[str, ...]:
 MODULES_EXPECTED = "comma-separated module names (dotted identifiers, such as my_pkg.jobs)"
 
 
-def not_modules(names) -> list[str]:
+def not_modules(names: Iterable[str]) -> list[str]:
     """The entries of LAKESHORE_ALLOWED_MODULES that are no module's name: they would
     match no function, and every job naming the module meant would be refused."""
     return [name for name in names if not all(p.isidentifier() for p in name.split("."))]

@@ -31,8 +31,9 @@ MAX_PAGES = 10_000
 RETRY_AFTER_MAX = 300.0  # seconds: a longer Retry-After is read as this
 
 
-def path(*segments: str) -> str:
-    """`path("queues", name, "drain")` → `queues/<name>/drain/`, each segment quoted."""
+def path(*segments: object) -> str:
+    """`path("queues", name, "drain")` → `queues/<name>/drain/`, each segment as str()
+    spells it, quoted."""
     return "".join(f"{quote(str(segment), safe='')}/" for segment in segments)
 
 

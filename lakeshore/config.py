@@ -64,8 +64,8 @@ def resolve(url: str | None = None, token: str | None = None) -> Settings:
         server, server_source = url, "--url"
     elif os.environ.get(SERVER_ENV):
         server, server_source = os.environ[SERVER_ENV], SERVER_ENV
-    elif from_file("server"):
-        server, server_source = from_file("server"), str(auth_file())
+    elif saved_server := from_file("server"):
+        server, server_source = saved_server, str(auth_file())
     else:
         server, server_source = DEFAULT_SERVER, "default"
 

@@ -17,6 +17,7 @@ is what a reader looks for first, and the server keeps a log's head too)."""
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 LINE_MAX_BYTES = 16 * 1024
@@ -86,7 +87,7 @@ def _text(raw: bytes) -> str:
     return text
 
 
-def to_daemon_log(log, whose: str, stream: str, lines: list[str]) -> None:
+def to_daemon_log(log: Callable[[str], None], whose: str, stream: str, lines: list[str]) -> None:
     """Lines with no job log to go to (printed between invocations, by one no longer
     this daemon's, or for a server without job logs): the daemon's own log, a line each."""
     for line in lines:
@@ -121,7 +122,9 @@ class LogBook:
         self.dropped = 0  # in all, since the daemon started
         self.has_lines = threading.Event()
 
-    def add(self, key: tuple[int, int], daemon_id: str | None, stream: str, lines: list[str]):
+    def add(
+        self, key: tuple[int, int], daemon_id: str | None, stream: str, lines: list[str]
+    ) -> None:
         if not lines:
             return
         now = time.time()
@@ -149,17 +152,18 @@ class LogBook:
                 self.dropped += 1
         self.has_lines.set()
 
-    def pending(self, keys=None) -> bool:
+    def pending(self, keys: Collection[tuple[int, int]] | None = None) -> bool:
         with self.lock:
             return any(  # a count of dropped lines alone waits for a line to carry it
                 a.head or a.waiting for k, a in self.attempts.items() if keys is None or k in keys
             )
 
-    def take(self, keys=None) -> list[dict]:
+    def take(self, keys: Collection[tuple[int, int]] | None = None) -> list[dict]:
         """Chunks to ship (at most SHIPMENT_MAX_BYTES and SHIPMENT_MAX_LINES), each with
         its attempt's next seq. `keys`: only these attempts. What is taken is no longer
         waiting: give back what could not be shipped with `give_back`."""
-        chunks, size, shipped = [], 0, 0
+        chunks: list[dict] = []
+        size = shipped = 0
         with self.lock:
             for key, attempt in self.attempts.items():
                 if keys is not None and key not in keys:
@@ -174,7 +178,8 @@ class LogBook:
                     # the head first, in chunks of its own: a drop count goes with the
                     # first chunk of the lines after it, where the lines were lost
                     source = attempt.head or attempt.waiting
-                    lines, taken = [], 0
+                    lines: list = []
+                    taken = 0
                     while (
                         source
                         and len(lines) < CHUNK_MAX_LINES

@@ -58,7 +58,7 @@ class JsonOf(click.ParamType):
     array (--args)."""
 
     name = "JSON"
-    EXAMPLES = {
+    EXAMPLES: dict[type, str] = {
         dict: 'a JSON object such as \'{"key": "value"}\'',
         list: "a JSON array such as '[1, \"two\"]'",
     }

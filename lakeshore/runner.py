@@ -34,11 +34,13 @@ lakeshore.worker.environment)."""
 import contextlib
 import faulthandler
 import importlib
+import io
 import json
 import os
 import signal
 import sys
 import traceback
+from typing import Any
 
 from lakeshore.allow import ALWAYS_ALLOWED, name_refusal, target_refusal
 
@@ -136,8 +138,9 @@ def serve(source: int, sink: int, *, once: bool) -> None:
 def _capture_output() -> None:
     """Each line the job prints reaches its log at once; a crash of the interpreter
     itself (a segfault in an extension) leaves its Python traceback there too."""
-    with contextlib.suppress(AttributeError, ValueError):
-        sys.stdout.reconfigure(line_buffering=True)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        with contextlib.suppress(ValueError):
+            sys.stdout.reconfigure(line_buffering=True)
     with contextlib.suppress(RuntimeError, ValueError):
         faulthandler.enable()
 
@@ -148,7 +151,7 @@ _LOGGING: dict = {}  # the root logger as it was before the first capture
 def _capture_logging() -> None:
     """Records at INFO and above that no handler of the job's takes go to stderr (so to
     the job's log), once the job's code imported logging."""
-    logging = sys.modules.get("logging")
+    logging: Any = sys.modules.get("logging")  # the job's, if it imported it: not ours
     if logging is None or _LOGGING:
         return
     root = logging.getLogger()
@@ -162,7 +165,7 @@ def _capture_logging() -> None:
 
 def _put_back_logging() -> None:
     """What one invocation did to the root logger does not reach the next one."""
-    logging = sys.modules.get("logging")
+    logging: Any = sys.modules.get("logging")
     if logging is None or not _LOGGING:
         return
     root = logging.getLogger()
@@ -240,7 +243,7 @@ def _become_subreaper() -> None:
 
 
 def main(argv: list[str]) -> None:
-    options = {"--in": None, "--out": None}
+    options: dict[str, int | None] = {"--in": None, "--out": None}
     once = False
     words = iter(argv)
     for word in words:

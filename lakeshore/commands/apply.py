@@ -57,7 +57,7 @@ def read_document(source: str) -> Document:
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        data = loader.construct_document(node) if node is not None else {}
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{label}:{mark.line + 1}" if mark else label

@@ -51,7 +51,8 @@ def print_job(j: dict) -> None:
         ahead = f"{count:g}{'+' if position.get('capped') else ''} ahead"
         ahead += "" if position.get("exact") else " (expected)"
     result = None if j.get("result") is None else json.dumps(j.get("result"))
-    args, kwargs = json.dumps(j.get("args")), json.dumps(j.get("kwargs"))
+    args: str = json.dumps(j.get("args"))
+    kwargs: str | None = json.dumps(j.get("kwargs"))
     if j.get("wire"):  # from the Python SDK: opaque msgpack, shown by its size
         what = "SDK envelope" if j["wire"] == "envelope" else "SDK value"
         args, kwargs = f"{j.get('args_bytes') or 0:,} bytes ({what}, msgpack)", None

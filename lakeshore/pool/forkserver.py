@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 from lakeshore import runner
 from lakeshore.allow import ALWAYS_ALLOWED, in_allowed, parse_modules
@@ -67,7 +69,7 @@ class CannotFork(Exception):
     fresh interpreter per job, as without a template)."""
 
 
-def _tid_offset(libc) -> int:
+def _tid_offset(libc: ctypes.CDLL) -> int:
     """Where glibc keeps a thread's kernel tid in its thread control block: the 32-bit
     word of the block equal to the thread's tid in the main thread and in two others
     (another word may equal one tid by chance, not three). clone writes the child's tid
@@ -97,7 +99,7 @@ class Forker:
     """clone(CLONE_PARENT | CLONE_CHILD_SETTID | SIGCHLD) with CPython's own fork hooks
     around it (os.fork's: locks reinitialized, os.register_at_fork callbacks run)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         if not sys.platform.startswith("linux") or platform.machine() not in CLONE:
             raise CannotFork(f"no clone(CLONE_PARENT) on {sys.platform} {platform.machine()}")
         self.number, self.child_tid_at = CLONE[platform.machine()]
@@ -127,7 +129,7 @@ class Forker:
         self.api.PyOS_AfterFork_Parent()
         if pid < 0:
             raise OSError(errno, f"clone: {os.strerror(errno)}")
-        return pid
+        return int(pid)
 
 
 # ---------------------------------------------------------------------------- preloading
@@ -232,7 +234,7 @@ def _start_over(skip: set[str]) -> None:
 # ---------------------------------------------------------------------------- serving
 
 
-def serve(control: socket.socket, forker: Forker, daemon: int):
+def serve(control: socket.socket, forker: Forker, daemon: int) -> Callable[[], None] | None:
     """Forks a job process for each request until the control socket closes. Returns
     None in the template (it exits) and, in each child, the function that runs its job:
     the child leaves this loop and everything the template holds."""
@@ -264,7 +266,9 @@ def serve(control: socket.socket, forker: Forker, daemon: int):
             control.send(json.dumps({"pid": pid}).encode())
 
 
-def _child(control: socket.socket, forker: Forker, daemon: int, env: dict, fds: list[int]):
+def _child(
+    control: socket.socket, forker: Forker, daemon: int, env: dict, fds: list[int]
+) -> NoReturn:
     """The job process: dies with the daemon's thread, leaves the template's session,
     says its pid, takes the job's streams and environment, runs one invocation."""
     if forker.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -327,7 +331,7 @@ def _leave_quickly() -> None:
 
 
 def main(argv: list[str]) -> None:
-    options = {"--control": None, "--preload": "", "--skip": ""}
+    options: dict[str, str | None] = {"--control": None, "--preload": "", "--skip": ""}
     words = iter(argv)
     for word in words:
         if word not in options:
@@ -343,8 +347,8 @@ def main(argv: list[str]) -> None:
     except (CannotFork, OSError, AttributeError) as exc:
         control.send(json.dumps({"error": f"cannot fork job processes here: {exc}"}).encode())
         raise SystemExit(3) from None
-    allowed = ALWAYS_ALLOWED + parse_modules(options["--preload"])
-    loaded, skipped = preload(allowed, set(parse_modules(options["--skip"])))
+    allowed = ALWAYS_ALLOWED + parse_modules(options["--preload"] or "")
+    loaded, skipped = preload(allowed, set(parse_modules(options["--skip"] or "")))
     if not _settled():
         control.send(json.dumps({"error": "the job template has threads of its own"}).encode())
         raise SystemExit(3)

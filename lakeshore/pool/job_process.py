@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from lakeshore.joblog import ERR, OUT, Lines
-from lakeshore.pool.processes import kill_job_group, start_job_process
-from lakeshore.pool.template import Forked, Template
+from lakeshore.pool.processes import JobHandle, kill_job_group, start_job_process
+from lakeshore.pool.template import Template
 
 RUNNER = "lakeshore.runner"
 READ_CHUNK = 1 << 16
@@ -47,7 +47,7 @@ class JobProcess:
 
     def __init__(
         self,
-        process: subprocess.Popen | Forked,
+        process: JobHandle,
         to_runner: int,
         from_runner: int,
         once: bool,
@@ -80,6 +80,7 @@ class JobProcess:
         out_read, out_write = os.pipe()  # the job's stdout and stderr: its log
         err_read, err_write = os.pipe()
         command = [sys.executable, "-m", RUNNER, "--in", str(runner_in), "--out", str(runner_out)]
+        process: JobHandle
         try:
             if template is not None and once:
                 process = template.fork(env, (runner_in, runner_out, out_write, err_write))
@@ -153,7 +154,8 @@ class JobProcess:
         fd = self.output.get(stream, -1)
         if fd < 0:
             return [], True
-        lines, taken = [], 0
+        lines: list[str] = []
+        taken = 0
         while taken < OUTPUT_READ_MAX:
             try:
                 chunk = os.read(fd, READ_CHUNK)

@@ -13,7 +13,9 @@ import json
 import os
 import selectors
 import signal
+import threading
 import time
+from collections.abc import Callable
 
 from lakeshore.pool.job_process import JobProcess, Running
 from lakeshore.pool.processes import STOPPED_FROM_OUTSIDE, resident_mb
@@ -22,8 +24,36 @@ from lakeshore.sdk_job import FinalError, ResultBlob
 DRAIN_READS = 16  # reads of OUTPUT_READ_MAX bytes a stream, at most, when a job ends
 
 
+Done = Callable[[Running, str, object, str], None]
+"""done(item, state, result, error): an invocation ended (succeeded, failed, timeout),
+called from the monitor thread with the lock held (or from the spawner, when no process
+could take it); it must not block."""
+
+Output = Callable[[Running | None, int, str, list[str]], None]
+"""output(item, pid, stream, lines): lines a job process printed on stdout ("o") or
+stderr ("e"), for the invocation it runs (None: printed between invocations); called
+from the monitor thread, without the lock; it must not block."""
+
+
 class Monitor:
-    """The Pool's monitor thread (lakeshore.pool.pool holds the state it uses)."""
+    """The Pool's monitor thread. The state it reads and changes is the Pool's, set up by
+    Pool.__init__ (lakeshore.pool.pool); it is declared here so that each use is typed."""
+
+    lock: threading.RLock
+    closing: bool
+    incoming: list[JobProcess]
+    watched: set[JobProcess]
+    selector: selectors.BaseSelector
+    wake_read: int
+    isolation: str
+    max_tasks: int
+    max_memory_mb: float
+    done: Done
+    output: Output
+    stopping: Callable[[], bool]
+    log: Callable[[str], None]
+    debug: Callable[[str], None]
+    _retire: Callable[[JobProcess], None]
 
     def _monitor_loop(self) -> None:
         while True:

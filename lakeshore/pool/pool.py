@@ -11,21 +11,10 @@ from collections.abc import Callable
 
 from lakeshore.joblog import to_daemon_log
 from lakeshore.pool.job_process import JobProcess, Running
-from lakeshore.pool.monitor import Monitor
+from lakeshore.pool.monitor import Done, Monitor, Output
 from lakeshore.pool.template import Template
 
 ISOLATIONS = ("pool", "process")
-
-
-Done = Callable[[Running, str, object, str], None]
-"""done(item, state, result, error): an invocation ended (succeeded, failed, timeout),
-called from the monitor thread with the lock held (or from the spawner, when no process
-could take it); it must not block."""
-
-Output = Callable[[Running | None, int, str, list[str]], None]
-"""output(item, pid, stream, lines): lines a job process printed on stdout ("o") or
-stderr ("e"), for the invocation it runs (None: printed between invocations); called
-from the monitor thread, without the lock; it must not block."""
 
 
 class Pool(Monitor):

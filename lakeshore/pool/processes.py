@@ -8,11 +8,26 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Protocol
 
 PR_SET_PDEATHSIG = 1
 
 
-def _load_prctl():
+class JobHandle(Protocol):
+    """A started job process as the daemon holds it: a subprocess.Popen, or a child the
+    job template forked (lakeshore.pool.template.Forked)."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+
+def _load_prctl() -> Callable[..., int] | None:
     """libc's prctl, bound once here (before any thread starts): the child calls it
     between fork and exec, where loading a library could deadlock."""
     if not sys.platform.startswith("linux"):
@@ -49,7 +64,13 @@ def _die_with(parent: int) -> Callable[[], None]:
 
 
 def start_job_process(
-    command: list[str], env: dict, *, stdin=subprocess.PIPE, stdout=None, stderr=None, pass_fds=()
+    command: list[str],
+    env: dict,
+    *,
+    stdin: int | None = subprocess.PIPE,
+    stdout: int | None = None,
+    stderr: int | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.Popen:
     """A job process that dies with the calling thread (and so with the daemon) and
     leads a process group of its own (see kill_job_group)."""
@@ -66,7 +87,7 @@ def start_job_process(
     )
 
 
-def kill_job_group(process: subprocess.Popen) -> None:
+def kill_job_group(process: JobHandle) -> None:
     """SIGKILL the job's whole process group (its session's: pgid == the job's pid), so
     the processes the job started die with it. The number stays the group's while any
     member or the unreaped leader exists; once the group is empty the call finds

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 from lakeshore.pool.processes import start_job_process
 
@@ -67,7 +68,13 @@ class TemplateError(OSError):
 class Template:
     """One template process, started again when it is found dead (spawner only)."""
 
-    def __init__(self, environment: dict, *, preload: tuple[str, ...] = (), log=print):
+    def __init__(
+        self,
+        environment: dict,
+        *,
+        preload: tuple[str, ...] = (),
+        log: Callable[[str], None] = print,
+    ):
         self.environment = environment
         self.preload = tuple(preload)
         self.log = log
@@ -116,6 +123,8 @@ class Template:
 
     def _answer(self, timeout: float) -> dict | None:
         """The template's next message, None if it closed or said nothing in time."""
+        if self.control is None:
+            return None
         ready, _, _ = select.select([self.control], [], [], timeout)
         if not ready:
             return None
@@ -154,6 +163,8 @@ class Template:
         try:
             message = json.dumps({"env": env}).encode()
             try:
+                if self.control is None:  # ended since `ensure` started it
+                    raise OSError("its control socket is closed")
                 socket.send_fds(self.control, [message], [*fds, say])
             except OSError as exc:
                 self._end()
@@ -191,6 +202,8 @@ class Template:
     def _end(self) -> None:
         """Waits a second for a template that stopped answering to exit, then kills it
         (its exit code stays for the log)."""
+        if self.process is None:
+            return
         try:
             self.process.wait(1)
         except subprocess.TimeoutExpired:

@@ -17,11 +17,9 @@ recorded first, then the claim, which then does not long-poll). While the claim 
 is on its way to a request or in an exchange, outcomes wait for it rather than leave
 after the linger (a full batch still leaves); while it long-polls (nothing to claim),
 is stopping or registering, the reporter sends them on their own (POST …/complete/).
-A server without exchange (404) gets complete and claim apart, as before. (Measured
-with daemons in this process against gunicorn: 8 daemons × 1 slot, 177 vs 134 jobs/s
-and half the requests; 1 daemon × 8 slots, 0.21 vs 0.35 requests a job and a third less
-server CPU a job. Letting outcomes leave in parallel while an exchange is in flight
-split the batches: more requests, fewer jobs/s.)
+A server without exchange (404) gets complete and claim apart, as before. Outcomes do
+not leave in parallel with an exchange in flight: that splits the batches into more,
+smaller requests (docs/decisions/0006-daemon-exchange-and-claiming-ahead.md).
 
 Claiming ahead: while the last jobs ran shorter than AHEAD_BELOW (0.1 s) on average, the
 claim loop may hold more than its slots (as many more as the slots run in AHEAD_WAIT,
@@ -31,9 +29,8 @@ claim then carries every outcome that ended during its round trip. No more than
 `concurrency` jobs ever run at once; a job's time-out counts from its start; what is
 claimed ahead is held (heartbeats name it) and is started even while draining. Long jobs
 are never claimed ahead: one would wait behind another's whole run while another daemon
-might be idle. (Measured with `make bench`'s server, one daemon × 8 slots, no-op jobs:
-290 → 520 jobs/s, and half the server CPU a job, the batches being larger. Two claims
-in flight at once, each for the slots free, made the batches small: 290 → 80 jobs/s.)
+might be idle. One claim is in flight at a time: two at once, each for the slots free,
+made the batches small (the same record).
 
 Dispatch safety: a job process must never outlive the daemon that claimed it, or the
 reaper would hand the work to another daemon while the first copy still runs.
@@ -58,10 +55,15 @@ reaper would hand the work to another daemon while the first copy still runs.
   needs jobs run as another user, which this daemon does not do.)
 - The daemon branches on the server's error `code`, never on its message.
 
-Where things are: `daemon` (Worker, its settings and shared state; stderr_log), and
-the groups of its methods: `lifecycle` (register, run, signals, deregister, losing the
-server), `claiming` (the claim loop, claiming ahead, the exchange), `slots` (the
-spawner starting claimed jobs, a job's end, killing them all), `reporting` (Outcome,
-the Reporter's batches, the complete requests), `heartbeat` (beats, held ids,
-operators' commands), `calls` (requests with retries, the error codes); `environment`
-holds the job processes' environment."""
+Where things are: the daemon is one object of parts, each with its own state and a few
+methods, composed by `daemon.Worker` (which also registers, runs, stops on signals,
+deregisters, and registers again once lost). `slots.Slots` owns what the daemon holds
+(the running invocations, what was claimed and not yet started, the lock that guards
+them, lent to the job pool) and the spawner's loop; the others go through its methods.
+`claim_loop.ClaimLoop` (claiming, claiming ahead, the exchange), `reporting` (Outcome;
+the Reporter's batches; the Completer, the complete requests and their answers),
+`logs.Shipper` (what jobs print), `heartbeat.Heartbeat` (beats, held ids, reconciling
+with the server), `orders.Orders` (operators' orders: daemon exec), `calls.Session`
+(the daemon's id and credential, requests with retries, the error codes),
+`stopping.Stopping` (the stop flags every part reads); `environment` holds the job
+processes' environment."""

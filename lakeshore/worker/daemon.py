@@ -1,28 +1,32 @@
-"""The daemon, `Worker`: its settings and the state its threads share, set up here; its
-methods come in groups from the modules beside this one (the package's docstring
-tells the design). And `stderr_log`, the daemon's log."""
+"""The daemon, `Worker`: it builds its parts, each an object with its own state and a few
+methods, and wires them together (the package's docstring tells the design); then it
+registers, runs them until it stops, and deregisters. And `stderr_log`, the daemon's
+log."""
 
 import os
+import signal
 import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
+from types import FrameType
 
 from lakeshore.allow import parse_modules
 from lakeshore.client import Client
+from lakeshore.errors import ApiError
 from lakeshore.joblog import LogBook
 from lakeshore.pool.job_process import Running
 from lakeshore.pool.pool import Pool
-from lakeshore.worker.calls import Calls
+from lakeshore.worker.calls import DAEMON_LOST, DAEMON_TERMINATED, TOKEN_REVOKED, Session, Stopped
 from lakeshore.worker.claim_loop import ClaimLoop
-from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names
-from lakeshore.worker.heartbeat import Heartbeats
-from lakeshore.worker.lifecycle import Lifecycle
-from lakeshore.worker.logs import Shipper
-from lakeshore.worker.reporting import REPORT_BATCH, REPORT_LINGER, Reporter, Reporting
+from lakeshore.worker.environment import JOB_ENV_EXTRA, job_env_names, job_environment
+from lakeshore.worker.heartbeat import Heartbeat
+from lakeshore.worker.logs import Shipper, attempt_key
+from lakeshore.worker.orders import Orders
+from lakeshore.worker.reporting import REPORT_BATCH, REPORT_LINGER, Completer, Reporter
 from lakeshore.worker.slots import Slots
+from lakeshore.worker.stopping import Stopping
 
 _log_lock = threading.Lock()
 
@@ -37,11 +41,25 @@ def stderr_log(message: str) -> None:
         sys.stderr.flush()
 
 
-class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
-    """A daemon. Its methods, by module: lifecycle (register, run, stop, deregister),
-    claiming (the claim loop), slots (the spawner, starting and ending jobs), reporting
-    (outcomes to the server), heartbeat (and operators' commands), calls (requests with
-    retries)."""
+def _quiet(message: str) -> None:
+    """The debug log when --verbose is off: nothing."""
+
+
+class Worker:
+    """A daemon. Its parts, and who owns what:
+
+    - `stopping`: the stop flags every part reads; the Worker and the parts set them.
+    - `session`: the daemon's id and credential on the server, and its requests.
+    - `slots`: the invocations held and the one lock that guards them (lent to the job
+      pool); every other part goes through its methods.
+    - `claims`: the claim loop (a thread), which reserves room in the slots.
+    - `reporter` (a thread) and `completer`: outcomes to the server, in batches.
+    - `shipper` (a thread): what jobs print, shipped before their outcomes.
+    - `heartbeat` (a thread) and `orders`: liveness, and operators' orders.
+
+    The Worker itself registers (again, when the server marked it lost), runs the parts
+    on the thread that calls `run` (the spawner: it starts every job process), stops on
+    signals, and deregisters."""
 
     def __init__(
         self,
@@ -61,38 +79,15 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
         log: Callable[[str], None] = stderr_log,
         debug: Callable[[str], None] | None = None,
     ):
-        self.client = client
-        self.bootstrap_token = client.token  # registers; the daemon's credential acts
         self.queues = queues
         self.concurrency = concurrency
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.heartbeat_interval = heartbeat_interval
-        self.claim_wait = claim_wait
         self.isolation = isolation
         self.max_tasks_per_worker = max_tasks_per_worker
         self.max_worker_memory = max_worker_memory
         self.allow_pickled = allow_pickled
         self.log = log
-        self.debug = debug or (lambda message: None)
-        self.daemon_id: str | None = None
-        self.running: dict[str, Running] = {}
-        # Reentrant: request_stop (a signal handler, so on the main thread at any point
-        # between bytecodes) takes it, possibly while the main thread holds it. The
-        # pool's state changes under it too.
-        self.lock = threading.RLock()
-        self.slot_free = threading.Condition(self.lock)
-        self.draining = threading.Event()  # no more claims; leave once idle
-        self.dropped = threading.Event()  # the server terminated us: leave now
-        self.hard_stop = threading.Event()
-        self.counts = {"succeeded": 0, "failed": 0, "timeout": 0}
-        self.counts_lock = threading.Lock()  # the reporter and the claim loop count
-        self.requests = 0  # complete requests the reporter sent (retries not counted)
-        self.exchange = True  # the server has …/exchange/ (False after a 404: apart)
-        self.claim_after = 0.0  # a claim's Retry-After: the claim loop waits this first
-        self.claim_answered = float("-inf")  # when a claim was last answered (monotonic)
-        self.claim_in_flight = False  # a claim is out: the server holds it, so we are alive
-        self.send_held = True  # heartbeats carry the ids we hold (see _held)
-        self.register_lock = threading.Lock()
+        self.debug = debug or _quiet
         # Read once at start: the modules jobs may run (sent to the runner with each
         # invocation) and the operator's extra names for the jobs' environment.
         self.allowed_modules = parse_modules(os.environ.get("LAKESHORE_ALLOWED_MODULES", ""))
@@ -102,14 +97,178 @@ class Worker(Lifecycle, ClaimLoop, Slots, Reporting, Heartbeats, Calls):
                 f"{JOB_ENV_EXTRA}: never passing {', '.join(refused)} to jobs "
                 "(server settings and secrets stay with the daemon)"
             )
-        self.spawner: threading.Thread | None = None  # the one thread that starts jobs
-        self.reserved = 0  # asked for by the claim in flight
-        self.arrived: deque[Running] = deque()  # claimed (so running), not yet started
-        self.run_average: float | None = None  # seconds a job ran, a moving average
-        self.lane_error: BaseException | None = None  # the claim loop's, raised by run
-        self.pool: Pool | None = None
+        self.register_lock = threading.Lock()  # one thread registers again at a time
+        self.pool: Pool | None = None  # built by run, once registered
+
+        self.stopping = Stopping()
+        self.session = Session(client, stopping=self.stopping, log=log)
+        self.completer = Completer(self.session, log=log, debug=self.debug)
         self.reporter = Reporter(
-            self._report, self._reported, batch=report_batch, linger=report_linger
+            self.completer.send, self._reported, batch=report_batch, linger=report_linger
         )
         self.logbook = LogBook()  # what jobs print, waiting to be shipped
-        self.shipper = Shipper(self.logbook, self.call, ready=self.reporter.mark_ready, log=log)
+        self.shipper = Shipper(
+            self.logbook, self.session.call, ready=self.reporter.mark_ready, log=log
+        )
+        self.slots = Slots(
+            concurrency,
+            stopping=self.stopping,
+            reporter=self.reporter,
+            shipper=self.shipper,
+            log=log,
+        )
+        self.claims = ClaimLoop(
+            self.session,
+            self.slots,
+            self.reporter,
+            self.completer,
+            self.stopping,
+            wait=claim_wait,
+            not_live=self._handle_not_live,
+            drain_asked=self.drain_asked,
+            log=log,
+            debug=self.debug,
+        )
+        self.orders = Orders(self.session, self.slots, self.stopping, log=log)
+        self.heartbeat = Heartbeat(
+            self.session,
+            self.slots,
+            self.claims,
+            self.orders,
+            self.stopping,
+            interval=heartbeat_interval,
+            not_live=self._handle_not_live,
+            drain_asked=self.drain_asked,
+            log=log,
+            debug=self.debug,
+        )
+
+    def register(self) -> None:
+        """Registers (again, after the reaper marked us lost), and beats fast enough for
+        the server's timeout."""
+        daemon = self.session.register(self.name, self.queues, give_up=self.stopping.draining)
+        where = ", ".join(self.queues) if self.queues else "the default queue"
+        self.log(f"registered daemon {self.session.daemon_id} ({self.name}) serving {where}")
+        self.heartbeat.renew_within(daemon.get("heartbeat_timeout"))
+
+    def run(self) -> int:
+        # Job processes die when the thread that forked them exits (PR_SET_PDEATHSIG):
+        # this thread starts them all (what the claim loop claimed, and the pool's
+        # processes) and kills them all before it returns, so it outlives each of them.
+        spawner = threading.current_thread()
+        try:
+            self.register()
+        except Stopped:
+            self.log("stopped before the server answered; nothing was registered")
+            return 0
+        self.pool = Pool(
+            size=self.concurrency,
+            isolation=self.isolation,
+            environment=self._job_environment,
+            done=self.slots.end,
+            lock=self.slots.lock,
+            spawner=spawner,
+            allowed_modules=self.allowed_modules,
+            allow_pickled=self.allow_pickled,
+            max_tasks=self.max_tasks_per_worker,
+            max_memory_mb=self.max_worker_memory,
+            log=self.log,
+            debug=self.debug,
+            stopping=self.stopping.draining.is_set,
+            output=self._printed,
+        )
+        self.slots.open(self.pool, spawner)
+        self.reporter.start()
+        self.shipper.start()
+        self.heartbeat.start()
+        try:
+            self.slots.prepare()  # a warm process in every slot before the work comes
+            self.claims.start()
+            self.slots.serve(claiming=self.claims.alive)
+            self.claims.join()  # an error of the claim loop is raised here
+            self.slots.wait_until_idle()
+        finally:
+            self.stopping.hard.set()
+            self.slots.kill_all("daemon stopping")
+            self.slots.close()
+            self.shipper.close(5)  # the lines first: outcomes wait for theirs
+            self.reporter.close(5)
+            if not self.stopping.dropped.is_set():
+                self.session.deregister()
+        self.log(f"daemon {self.session.daemon_id} stopped ({self.completer.summary()})")
+        return 0
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """First SIGTERM/SIGINT: finish current work. Second: stop it now."""
+        if self.stopping.draining.is_set():
+            self.log("second signal: stopping running invocations now")
+            self.stopping.hard.set()
+            self.slots.wake()
+            return
+        self.log("stopping: no more claims; finishing running invocations (signal again to abort)")
+        self.stopping.draining.set()
+        self.slots.wake()
+        if self.session.daemon_id is not None:  # its waiting claim answers at once
+            threading.Thread(target=self.heartbeat.tell_draining, name="drain", daemon=True).start()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def drain_asked(self) -> None:
+        """The server asked this daemon to drain (a heartbeat's answer, or a claim's)."""
+        if not self.stopping.draining.is_set():
+            self.log("the server asked this daemon to drain: finishing, then leaving")
+            self.stopping.draining.set()
+            self.slots.wake()
+
+    def _reported(self) -> None:
+        """The reporter sent a batch: wake wait_until_idle, which waits for the reports."""
+        self.slots.wake()
+
+    def _job_environment(self, invocation: dict | None) -> dict[str, str]:
+        return job_environment(os.environ, self.job_env_extra, invocation)
+
+    def _printed(self, item: Running | None, pid: int, stream: str, lines: list[str]) -> None:
+        """Lines a job process printed (the pool's monitor): the invocation's log, or,
+        printed between invocations or by one no longer ours, the daemon's own."""
+        if item is None or item.abandoned:
+            if self.pool is not None:
+                self.pool.own_log(item, pid, stream, lines)
+            return
+        self.logbook.add(attempt_key(item), item.daemon_id, stream, lines)
+
+    def _handle_not_live(self, exc: ApiError, failed_id: str | None) -> None:
+        """409 on heartbeat or claim: daemon_terminated (dropped) → leave; daemon_lost →
+        the reaper gave our work away: kill our copies, register again, carry on."""
+        with self.register_lock:
+            if failed_id != self.session.daemon_id:
+                return  # the other thread already handled it
+            self._not_live(exc)
+
+    def _not_live(self, exc: ApiError) -> None:
+        daemon_id = self.session.daemon_id
+        if exc.code in (DAEMON_TERMINATED, TOKEN_REVOKED):
+            if exc.code == TOKEN_REVOKED:  # a daemon's credential is revoked as it ends
+                self.log(
+                    f"daemon {daemon_id} was removed on the server (its credential is "
+                    "revoked): stopping"
+                )
+            else:
+                self.log(f"daemon {daemon_id} was removed on the server: stopping")
+            self.stopping.dropped.set()
+            self.slots.kill_all("daemon removed")
+            self.slots.wake()
+            return
+        if exc.code == DAEMON_LOST:
+            self.log(f"daemon {daemon_id} was marked lost ({exc.message})")
+        else:  # a 409 this daemon does not know: its work is not ours any more either
+            self.log(f"daemon {daemon_id} refused ({exc.code or 'no code'}: {exc.message})")
+        self.slots.kill_all("its invocations were handed back by the server")
+        if self.stopping.any():
+            self.log("not registering again: stopping")
+            self.stopping.dropped.set()  # nothing left to finish; the server let go of us
+            self.slots.wake()
+            return
+        self.log("registering again")
+        self.register()

@@ -3,6 +3,8 @@ and the names an operator adds with LAKESHORE_JOB_ENV), what never passes (serve
 settings and secrets), and the invocation's id and attempt. The processes themselves
 are started and killed in lakeshore.pool.processes (start_job_process, kill_job_group)."""
 
+from collections.abc import Mapping
+
 JOB_ENV = (
     "PATH",
     "HOME",
@@ -52,7 +54,9 @@ def job_env_names(extra: str) -> tuple[list[str], list[str]]:
     return [n for n in names if not _never_passed(n)], [n for n in names if _never_passed(n)]
 
 
-def job_environment(source: dict, extra_names: list[str], invocation: dict | None) -> dict:
+def job_environment(
+    source: Mapping[str, str], extra_names: list[str], invocation: dict | None
+) -> dict[str, str]:
     """The environment of one job process: JOB_ENV ∪ extra_names from `source`, minus
     anything never passed, plus this invocation's id and attempt (a pool process gets
     those in its os.environ for each invocation it runs: see lakeshore.runner)."""

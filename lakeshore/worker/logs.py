@@ -19,33 +19,38 @@ from collections.abc import Callable
 from lakeshore.client import path
 from lakeshore.errors import ApiError
 from lakeshore.joblog import LogBook, to_daemon_log
+from lakeshore.pool.job_process import Running
 from lakeshore.worker.calls import Stopped
+from lakeshore.worker.reporting import Outcome
 
 SHIP_EVERY = 0.5  # seconds: lines wait at most about this long while a job runs
 LOG_CLOSED = "log_closed"  # lines for an attempt that ended a while ago: refused whole
 
 
-def attempt_key(item) -> tuple[int, int]:
+def attempt_key(item: Running) -> tuple[int, int]:
     return int(item.id), int(item.invocation.get("attempts") or 1)
 
 
 class Shipper:
+    """Ships the `book`'s lines from a thread of its own (`start`, `close`), and holds an
+    outcome back until its job's lines are out (`then_report`, then `ready`)."""
+
     def __init__(
         self,
         book: LogBook,
-        call: Callable,
+        call: Callable[..., object],
         *,
-        ready: Callable[[list], None],
+        ready: Callable[[list[Outcome]], None],
         log: Callable[[str], None],
         every: float = SHIP_EVERY,
     ):
         self.book = book
-        self.call = call  # the Worker's call: retries while the server is unreachable
+        self.call = call  # the Session's call: retries while the server is unreachable
         self.ready = ready  # outcomes whose lines are shipped: the reporter may send them
         self.log = log
         self.every = every
         self.cond = threading.Condition(threading.Lock())
-        self.waiting: list = []  # outcomes waiting for their lines to be shipped
+        self.waiting: list[Outcome] = []  # outcomes waiting for their lines to be shipped
         self.closing = False
         self.enabled = True  # False: the server has no logs route (404)
         self.shipped = 0  # requests sent, for figures and tests
@@ -54,7 +59,11 @@ class Shipper:
     def start(self) -> None:
         self.thread.start()
 
-    def then_report(self, outcome) -> bool:
+    def forget(self, item: Running) -> None:
+        """An abandoned invocation's lines are not shipped (the server ended it)."""
+        self.book.forget(attempt_key(item))
+
+    def then_report(self, outcome: Outcome) -> bool:
         """True: the outcome's job left lines waiting, and it is reported once they are
         shipped (the reporter holds it until then). False: nothing waits for it."""
         key = attempt_key(outcome.item)
@@ -103,14 +112,14 @@ class Shipper:
     def _ship_once(self) -> bool:
         """One shipment (at most SHIPMENT_MAX_BYTES): False when nothing waited."""
         chunks = self.book.take()
-        by_daemon: dict = {}
+        by_daemon: dict[str | None, list[dict]] = {}
         for chunk in chunks:
             by_daemon.setdefault(chunk.pop("daemon_id"), []).append(chunk)
         for daemon_id, group in by_daemon.items():
             self._ship(daemon_id, group)
         return bool(chunks)
 
-    def _ship(self, daemon_id, chunks: list[dict], *, resent: bool = False) -> None:
+    def _ship(self, daemon_id: str | None, chunks: list[dict], *, resent: bool = False) -> None:
         if not self.enabled or daemon_id is None:
             self._to_own_log(chunks)
             return
@@ -135,7 +144,7 @@ class Shipper:
             lines = sum(len(chunk["lines"]) for chunk in chunks)
             self.log(f"{lines} log line(s) not shipped ({exc.status} {exc.code}: {exc.message})")
 
-    def _without_closed(self, daemon_id, chunks: list[dict], exc: ApiError) -> None:
+    def _without_closed(self, daemon_id: str, chunks: list[dict], exc: ApiError) -> None:
         """The server refused the shipment whole for the attempts it names (their logs
         closed a while after they ended): their lines go to this daemon's own log, the
         rest is sent again, once."""
@@ -156,7 +165,7 @@ class Shipper:
             for stream, _, text in chunk["lines"]:
                 to_daemon_log(self.log, whose, stream, [text])
 
-    def _release(self, outcomes: list) -> None:
+    def _release(self, outcomes: list[Outcome]) -> None:
         if not outcomes:
             return
         with self.cond:

@@ -1,8 +1,8 @@
 """Reporting outcomes: an `Outcome` (an invocation's end, as complete takes it), the
 `Reporter` (a thread of its own that sends them in batches, at REPORT_BATCH of them or
 REPORT_LINGER seconds after the first, unless the claim loop takes them along in an
-exchange), and the Worker's side of it: the complete requests and what their answers
-say of each outcome. An outcome whose job's last lines are still being shipped
+exchange), and the `Completer`: the complete requests and what their answers say of
+each outcome. An outcome whose job's last lines are still being shipped
 (lakeshore.worker.logs) waits, in its place in the queue, until they are."""
 
 import threading
@@ -15,10 +15,13 @@ from lakeshore.client import path
 from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
 from lakeshore.sdk_job import FinalError, ResultBlob
-from lakeshore.worker.calls import CLAIM_STALE, Stopped
+from lakeshore.worker.calls import CLAIM_STALE, Session, Stopped
 
 REPORT_BATCH = 50  # outcomes per complete request, at most (the server takes 1,000)
 REPORT_LINGER = 0.005  # seconds a batch waits for company after its first outcome
+
+Answer = dict[str, object]
+"""What the server said of one outcome: {"ok": True}, or {"ok": False, "why": str}."""
 
 
 @dataclass
@@ -165,7 +168,7 @@ class Reporter:
     def _pop(self, daemon_id: str | None) -> list[Outcome]:
         """Up to a batch from the head, of one registration: after a re-registration the
         old claims' outcomes still go to the daemon id that claimed them."""
-        batch = []
+        batch: list[Outcome] = []
         while (
             self.queue
             and len(batch) < self.batch
@@ -186,26 +189,38 @@ class Reporter:
                 self.finished(batch)
 
 
-class Reporting:
-    """The Worker's reports (lakeshore.worker.daemon holds the state they use): the
-    reporter's `send` and `sent`, and the log of what the server recorded."""
+class Completer:
+    """Sends batches of outcomes with complete requests (the reporter's `send`, on its
+    thread) and records what the server said of each (also for the claim loop's
+    exchanges): the log line, and the counts of what was recorded."""
 
-    def _reported(self) -> None:
-        with self.lock:
-            self.slot_free.notify_all()  # _wait_for_running waits for the reports too
+    def __init__(
+        self, session: Session, *, log: Callable[[str], None], debug: Callable[[str], None]
+    ):
+        self.session = session
+        self.log = log
+        self.debug = debug
+        self.counts = {"succeeded": 0, "failed": 0, "timeout": 0}  # recorded, by state
+        self.counts_lock = threading.Lock()  # the reporter and the claim loop count
+        self.requests = 0  # complete requests sent (retries not counted)
 
-    def _report(self, batch: list[Outcome]) -> None:
-        """Sends one batch (the reporter's thread). Retried whole after a 5xx or an
-        unreachable server: the server answers a repeat of the same complete with 200.
-        Each outcome is fenced alone: a stale one does not refuse the others."""
+    def summary(self) -> str:
+        """What was recorded, for the daemon's last line: "3 succeeded, 0 failed, …"."""
+        with self.counts_lock:
+            return ", ".join(f"{n} {state}" for state, n in self.counts.items())
+
+    def send(self, batch: list[Outcome]) -> None:
+        """Sends one batch. Retried whole after a 5xx or an unreachable server: the
+        server answers a repeat of the same complete with 200. Each outcome is fenced
+        alone: a stale one does not refuse the others."""
         url = path("daemons", batch[0].item.daemon_id, "complete")
         started = time.monotonic()
         requests = self.requests
         try:
             if len(batch) == 1:
-                answers = [self._report_one(url, batch[0])]
+                answers = [self._send_one(url, batch[0])]
             else:
-                answers = self._report_many(url, batch)
+                answers = self._send_many(url, batch)
         except ApiError as exc:  # for the whole request: daemon_terminated, daemon_lost
             why = _refusal(exc.code, exc.message, exc.status)
             answers = [{"ok": False, "why": why}] * len(batch)
@@ -218,9 +233,10 @@ class Reporting:
             f"reported {len(batch)} outcome(s) in {self.requests - requests} request(s) "
             f"({took:.0f} ms)"
         )
-        self._log_answers(batch, answers)
+        self.record(batch, answers)
 
-    def _log_answers(self, batch: list[Outcome], answers: list[dict]) -> None:
+    def record(self, batch: list[Outcome], answers: list[Answer]) -> None:
+        """What the server said of each outcome of `batch`: counted and logged."""
         for outcome, answer in zip(batch, answers, strict=True):
             if answer.get("ok"):
                 with self.counts_lock:
@@ -229,36 +245,36 @@ class Reporting:
             else:
                 self.log(f"invocation {outcome.item.id}: outcome not recorded ({answer['why']})")
 
-    def _report_one(self, url: str, outcome: Outcome) -> dict:
+    def _send_one(self, url: str, outcome: Outcome) -> Answer:
         self.requests += 1
         try:
-            self.call("POST", url, outcome.body())
+            self.session.call("POST", url, outcome.body())
         except ApiError as exc:
             if exc.status in (404, 409):  # the server's word on this one outcome
                 return {"ok": False, "why": _refusal(exc.code, exc.message, exc.status)}
             raise
         return {"ok": True}
 
-    def _report_many(self, url: str, batch: list[Outcome]) -> list[dict]:
+    def _send_many(self, url: str, batch: list[Outcome]) -> list[Answer]:
         self.requests += 1
         try:
-            answers = self.call("POST", url, [outcome.body() for outcome in batch])
+            answers = self.session.call("POST", url, [outcome.body() for outcome in batch])
         except ApiError as exc:
             if exc.status != 400:
                 raise
             # A server without batched completes (or one refusing the batch as a whole):
             # one request per outcome, each with its own answer.
-            return [self._report_one(url, outcome) for outcome in batch]
+            return [self._send_one(url, outcome) for outcome in batch]
         return read_answers(batch, answers)
 
 
-def read_answers(batch: list[Outcome], answers) -> list[dict]:
+def read_answers(batch: list[Outcome], answers: object) -> list[Answer]:
     """The server's answers to a list of outcomes (complete's, exchange's `recorded`),
     one {"ok": bool, "why": str} per outcome."""
     if not isinstance(answers, list) or len(answers) != len(batch):
         why = f"the server's answer to {len(batch)} outcomes was not a list of as many"
         return [{"ok": False, "why": why}] * len(batch)
-    out = []
+    out: list[Answer] = []
     for answer in answers:
         if isinstance(answer, dict) and answer.get("ok"):
             out.append({"ok": True})

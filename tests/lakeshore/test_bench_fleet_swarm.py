@@ -21,14 +21,14 @@ from tests import builders
 @pytest.mark.parametrize("timeout", [None, "60", 0, 60.0, 30.0, 12.0, 3.0, 2.0, 1.0])
 def test_the_fleet_beats_at_the_interval_a_real_daemon_picks(timeout):
     daemon = Worker(Client("http://127.0.0.1:9", "token"), queues=[], log=lambda message: None)
-    daemon._renew_within(timeout)
-    assert renew_interval(timeout) == daemon.heartbeat_interval
+    daemon.heartbeat.renew_within(timeout)
+    assert renew_interval(timeout) == daemon.heartbeat.interval
 
 
 def test_the_defaults_are_the_daemons_own():
     daemon = Worker(Client("http://127.0.0.1:9", "token"), queues=[], log=lambda message: None)
-    assert daemon.heartbeat_interval == HEARTBEAT_DEFAULT  # --heartbeat's default too
-    assert daemon.claim_wait == CLAIM_WAIT
+    assert daemon.heartbeat.interval == HEARTBEAT_DEFAULT  # --heartbeat's default too
+    assert daemon.claims.wait == CLAIM_WAIT
     assert renew_interval(3.0) < HEARTBEAT_DEFAULT  # a short timeout shortens it
 
 

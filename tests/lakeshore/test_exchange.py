@@ -60,14 +60,14 @@ class Server:
 
 @pytest.fixture
 def daemon(monkeypatch):
-    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Worker.send
+    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Session.send
 
     def make(**answers):
         server = Server(**answers)
         client = Client("http://lakeshore.test", "t", transport=httpx.MockTransport(server.handle))
         lines: list[str] = []
         w = Worker(client, queues=["q"], log=lines.append, debug=lines.append, claim_wait=5.0)
-        w.daemon_id = "7"
+        w.session.daemon_id = "7"
         return w, server, lines
 
     return make
@@ -84,7 +84,7 @@ def test_outcomes_waiting_go_with_the_claim_in_one_request(daemon):
     w.reporter.put(_outcome(1))
     w.reporter.put(_outcome(2, "failed"))
 
-    claimed = w._claim("7", limit=2, busy=True)
+    claimed = w.claims.claim("7", limit=2, busy=True)
 
     assert claimed == [_job(40)]
     assert server.requests == [
@@ -107,7 +107,7 @@ def test_outcomes_waiting_go_with_the_claim_in_one_request(daemon):
             },
         )
     ]
-    assert w.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
+    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
     assert w.reporter.pending() == 0
     assert "invocation 1: succeeded in 0.01 s" in lines
     assert any(line.startswith("reported 2 outcome(s) in 1 request(s)") for line in lines)
@@ -115,8 +115,8 @@ def test_outcomes_waiting_go_with_the_claim_in_one_request(daemon):
 
 def test_without_outcomes_it_is_a_long_poll_claim(daemon):
     w, server, lines = daemon(claim=lambda body: httpx.Response(200, json=[]))
-    assert w._claim("7", limit=3, busy=True) == []
-    assert w._claim("7", limit=3, busy=False) == []
+    assert w.claims.claim("7", limit=3, busy=True) == []
+    assert w.claims.claim("7", limit=3, busy=False) == []
     assert server.requests == [
         ("/api/v1/daemons/7/claim/", {"limit": 3, "wait": 2.0, "wires": WIRES}),
         ("/api/v1/daemons/7/claim/", {"limit": 3, "wait": 5.0, "wires": WIRES}),
@@ -127,7 +127,7 @@ def test_only_the_outcomes_of_the_claiming_registration_go_with_it(daemon):
     w, server, lines = daemon(exchange=_exchanged, claim=lambda body: httpx.Response(200, json=[]))
     w.reporter.put(_outcome(1, daemon_id="6"))  # claimed before registering again
 
-    w._claim("7", limit=1, busy=False)
+    w.claims.claim("7", limit=1, busy=False)
 
     assert server.paths() == ["claim"]
     assert w.reporter.pending_ids() == ["1"]  # the reporter sends it to daemon 6
@@ -142,11 +142,11 @@ def test_a_server_without_exchange_gets_complete_and_claim_apart(daemon):
     w.reporter.put(_outcome(1))
     w.reporter.put(_outcome(2))
 
-    assert w._claim("7", limit=2, busy=True) == [_job(40)]
+    assert w.claims.claim("7", limit=2, busy=True) == [_job(40)]
 
     assert server.paths() == ["exchange", "claim"]
     assert server.requests[1][1] == {"limit": 2, "wait": 2.0, "wires": WIRES}
-    assert w.exchange is False
+    assert w.claims.exchange is False
     assert w.reporter.pending_ids() == ["1", "2"]  # given back, in their order
     assert any("the server has no exchange" in line for line in lines)
 
@@ -154,11 +154,10 @@ def test_a_server_without_exchange_gets_complete_and_claim_apart(daemon):
     w.reporter.close(10)
     assert server.paths() == ["exchange", "claim", "complete"]
     assert [o["invocation"] for o in server.requests[2][1]] == [1, 2]
-    assert w.counts["succeeded"] == 2
+    assert w.completer.counts["succeeded"] == 2
 
-    w.reporter = Reporter(w._report, w._reported)  # and exchange is asked no more
-    w.reporter.put(_outcome(3))
-    w._claim("7", limit=1, busy=False)
+    w.reporter.put(_outcome(3))  # and exchange is asked no more (the closed reporter keeps it)
+    w.claims.claim("7", limit=1, busy=False)
     assert server.paths()[-1] == "claim"
     assert w.reporter.pending_ids() == ["3"]
 
@@ -168,12 +167,12 @@ def test_a_daemon_no_longer_live_gets_the_409_and_the_reporter_the_outcomes(daem
     w.reporter.put(_outcome(1))
 
     with pytest.raises(ApiError) as refused:
-        w._claim("7", limit=1, busy=True)
+        w.claims.claim("7", limit=1, busy=True)
 
     assert (refused.value.status, refused.value.code) == (409, "daemon_lost")
     # complete, sent to the old registration, says which were recorded (a retry)
     assert w.reporter.pending_ids() == ["1"]
-    assert w.counts["succeeded"] == 0
+    assert w.completer.counts["succeeded"] == 0
 
 
 def test_an_exchange_refused_as_a_whole_falls_back_for_that_request(daemon):
@@ -182,9 +181,9 @@ def test_an_exchange_refused_as_a_whole_falls_back_for_that_request(daemon):
         claim=lambda body: httpx.Response(200, json=[]),
     )
     w.reporter.put(_outcome(1))
-    assert w._claim("7", limit=1, busy=True) == []
+    assert w.claims.claim("7", limit=1, busy=True) == []
     assert server.paths() == ["exchange", "claim"]
-    assert w.exchange is True  # this server has exchange: only that batch goes apart
+    assert w.claims.exchange is True  # this server has exchange: only that batch goes apart
     assert w.reporter.pending_ids() == ["1"]
 
 
@@ -197,21 +196,21 @@ def test_an_exchange_is_retried_whole_after_a_server_error(daemon):
     w, server, lines = daemon(exchange=flaky)
     w.reporter.put(_outcome(1))
 
-    assert w._claim("7", limit=1, busy=True) == [_job(40)]
+    assert w.claims.claim("7", limit=1, busy=True) == [_job(40)]
 
     assert server.paths() == ["exchange", "exchange"]
     assert server.requests[0][1] == server.requests[1][1]
-    assert w.counts["succeeded"] == 1
+    assert w.completer.counts["succeeded"] == 1
     assert any("server error 503: database down; retrying in" in line for line in lines)
 
 
 def test_stopping_while_the_server_is_down_gives_the_outcomes_back(daemon):
     w, server, lines = daemon(exchange=lambda body: _error(503, "unavailable", "down"))
     w.reporter.put(_outcome(1))
-    w.draining.set()  # SIGTERM: claims give up on a failing server
+    w.stopping.draining.set()  # SIGTERM: claims give up on a failing server
 
     with pytest.raises(Stopped):
-        w._claim("7", limit=1, busy=True)
+        w.claims.claim("7", limit=1, busy=True)
 
     assert w.reporter.pending_ids() == ["1"]
 
@@ -229,8 +228,8 @@ def test_a_gone_daemons_retry_counts_what_was_recorded_and_claims_nothing(daemon
     w.reporter.put(_outcome(1))
     w.reporter.put(_outcome(2))
 
-    assert w._claim("7", limit=2, busy=True) == []
-    assert w.counts["succeeded"] == 1
+    assert w.claims.claim("7", limit=2, busy=True) == []
+    assert w.completer.counts["succeeded"] == 1
     assert "invocation 2: outcome not recorded (daemon_lost: marked lost)" in lines
     assert w.reporter.pending() == 0
 

@@ -79,7 +79,7 @@ class Server:
 
 @pytest.fixture
 def daemon(monkeypatch):
-    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Worker.send
+    monkeypatch.setattr(calls, "BACKOFF_START", 0.01)  # read by Session.send
 
     def make(answer):
         server = Server(answer)
@@ -108,7 +108,7 @@ def _per_item(body):
 
 def test_a_batch_is_one_request_and_each_outcome_is_fenced_alone(daemon):
     w, server, lines = daemon(_per_item)
-    w._report([_outcome(1), _outcome(2), _outcome(3, "failed")])
+    w.completer.send([_outcome(1), _outcome(2), _outcome(3, "failed")])
     assert len(server.requests) == 1
     url, body = server.requests[0]
     assert url == "/api/v1/daemons/7/complete/"
@@ -117,7 +117,7 @@ def test_a_batch_is_one_request_and_each_outcome_is_fenced_alone(daemon):
         {"invocation": 2, "attempt": 1, "state": "succeeded", "result": {"n": 2}, "error": ""},
         {"invocation": 3, "attempt": 1, "state": "failed", "result": None, "error": ""},
     ]
-    assert w.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
+    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
     assert "invocation 1: succeeded in 0.01 s" in lines
     assert "invocation 3: failed in 0.01 s" in lines
     assert (
@@ -129,14 +129,14 @@ def test_a_batch_is_one_request_and_each_outcome_is_fenced_alone(daemon):
 
 def test_a_lone_outcome_goes_as_one_object(daemon):
     w, server, lines = daemon(lambda body: httpx.Response(200, json={"id": "1"}))
-    w._report([_outcome(1)])
+    w.completer.send([_outcome(1)])
     assert server.requests == [
         (
             "/api/v1/daemons/7/complete/",
             {"invocation": 1, "attempt": 1, "state": "succeeded", "result": {"n": 1}, "error": ""},
         )
     ]
-    assert w.counts["succeeded"] == 1
+    assert w.completer.counts["succeeded"] == 1
 
 
 def test_a_server_that_refuses_lists_gets_one_request_per_outcome(daemon):
@@ -148,17 +148,17 @@ def test_a_server_that_refuses_lists_gets_one_request_per_outcome(daemon):
         return httpx.Response(200, json={"id": str(body["invocation"])})
 
     w, server, lines = daemon(older_server)
-    w._report([_outcome(1), _outcome(2), _outcome(3)])
+    w.completer.send([_outcome(1), _outcome(2), _outcome(3)])
     assert [type(body).__name__ for _, body in server.requests] == ["list", "dict", "dict", "dict"]
-    assert w.counts["succeeded"] == 2
+    assert w.completer.counts["succeeded"] == 2
     assert "invocation 2: outcome not recorded (the claim was taken away: no longer yours)" in lines
 
 
 def test_a_daemon_no_longer_live_gets_nothing_recorded(daemon):
     w, server, lines = daemon(lambda body: _error(409, "daemon_lost", "marked lost"))
-    w._report([_outcome(1), _outcome(2)])
+    w.completer.send([_outcome(1), _outcome(2)])
     assert len(server.requests) == 1
-    assert w.counts["succeeded"] == 0
+    assert w.completer.counts["succeeded"] == 0
     for n in (1, 2):
         assert f"invocation {n}: outcome not recorded (409 daemon_lost: marked lost)" in lines
 
@@ -170,10 +170,10 @@ def test_a_batch_is_retried_whole_after_a_server_error(daemon):
         return next(answers, None) or _per_item(body)
 
     w, server, lines = daemon(flaky)
-    w._report([_outcome(1), _outcome(3)])
+    w.completer.send([_outcome(1), _outcome(3)])
     assert [body for _, body in server.requests][0] == [body for _, body in server.requests][1]
     assert len(server.requests) == 2
-    assert w.counts["succeeded"] == 2
+    assert w.completer.counts["succeeded"] == 2
     assert any("server error 503: database down; retrying in" in line for line in lines)
     assert any(line.startswith("reported 2 outcome(s) in 1 request(s)") for line in lines)
 
@@ -182,11 +182,10 @@ def test_a_heartbeat_carries_what_runs_and_what_is_not_yet_reported(daemon):
     w, server, lines = daemon(
         lambda body: httpx.Response(200, json={"state": "busy", "running": []})
     )
-    w.daemon_id = "7"
-    running = Running({"id": 12, "attempts": 1, "function": "f"}, daemon_id="7")
-    w.running[running.id] = running
+    w.session.daemon_id = "7"
+    w.slots.claimed(0, [{"id": 12, "attempts": 1, "function": "f"}], "7")  # held: it runs
     w.reporter.put(_outcome(5))  # ended, its report not sent yet (the thread is not running)
-    w._heartbeat()
+    w.heartbeat.beat()
     assert server.requests == [("/api/v1/daemons/7/heartbeat/", {"held": [5, 12]})]
 
 
@@ -197,8 +196,8 @@ def test_a_server_that_refuses_held_ids_gets_heartbeats_without_them(daemon):
         return httpx.Response(200, json={"state": "idle", "running": []})
 
     w, server, lines = daemon(older_server)
-    w.daemon_id = "7"
-    assert w._heartbeat() == {"state": "idle", "running": []}
-    assert w._heartbeat() == {"state": "idle", "running": []}
+    w.session.daemon_id = "7"
+    assert w.heartbeat.beat() == {"state": "idle", "running": []}
+    assert w.heartbeat.beat() == {"state": "idle", "running": []}
     assert [body for _, body in server.requests] == [{"held": []}, None, None]
     assert any("refused held ids in heartbeats (Unknown field: held.)" in line for line in lines)
