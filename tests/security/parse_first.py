@@ -16,8 +16,10 @@ import io
 import msgpack
 from rest_framework.utils import json as drf_json
 
+from lakeshore_admin import wsgi  # first: it sets Django up, which the lean path needs
+
+# isort: split
 from edge.lean_path import LeanPath, read_body
-from lakeshore_admin import wsgi  # first: it sets Django up, which fastpath needs
 
 KEPT = "tests.parse_first.body"  # where the parsed body stays until the answer
 
