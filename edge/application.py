@@ -40,7 +40,6 @@ import time
 from http import HTTPStatus
 from types import SimpleNamespace
 
-from a2wsgi.wsgi import build_environ
 from django.conf import settings
 from django.core import signals
 from django.db import close_old_connections
@@ -60,8 +59,9 @@ from edge.messages import (
     gone_when_closed,
     read_all,
     respond,
+    wsgi_environ,
 )
-from edge.parking import Parking
+from edge.parking import Parked, Parking
 from edge.threads import HotFirstExecutor
 from fleet.api import protocol_views
 from jobs import waits, wakeup
@@ -99,13 +99,13 @@ class Application:
         if scope["type"] == "http" and scope["method"] == "POST":
             path = scope["path"]
             if path.endswith(LEAN_ENDINGS):  # the daemon protocol, a submit
-                environ = build_environ(scope, io.BytesIO())
+                environ = wsgi_environ(scope, io.BytesIO())
                 environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
                 taken = self.lean.take(environ)
                 if taken is not None:
                     return await self.lean_door(environ, taken, scope, receive, send)
             elif path == sdk_door.POLL_PATH:
-                environ = build_environ(scope, io.BytesIO())
+                environ = wsgi_environ(scope, io.BytesIO())
                 if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
                     secure = allowed[1]
                     return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
@@ -157,13 +157,12 @@ class Application:
         parking = Parking()
         await self.django(scope, body, send, parking)
         if parking.parked is not None:
-            await self.answer_parked(parking, scope, receive, send)
+            await self.answer_parked(parking, parking.parked, scope, receive, send)
 
-    async def answer_parked(self, parking: Parking, scope, receive, send):
+    async def answer_parked(self, parking: Parking, parked: Parked, scope, receive, send):
         """Drive the parked steps on this loop (each step in a worker thread, each wait
         a coroutine), closed where they wait if the client goes; then the view renders
         the answer (in a worker thread) and it is sent with the middleware's headers."""
-        parked = parking.parked
         run = functools.partial(self.run, parked.request)
         gone = gone_when_closed(receive)
         value = error = None

@@ -22,9 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from a2wsgi.wsgi import build_environ
-
-from edge.messages import Withheld
+from edge.messages import Withheld, wsgi_environ
 from edge.parking import Parking
 from jobs import waits
 
@@ -59,7 +57,7 @@ class DjangoDoor:
     async def __call__(self, scope, body: bytes | None, send, parking: Parking | None = None):
         """Serve the request and send Django's answer, unless its view parked it
         (then `parking` holds the wait and the answer's headers)."""
-        environ = build_environ(scope, io.BytesIO(body) if body is not None else WithheldBody())
+        environ = wsgi_environ(scope, io.BytesIO(body) if body is not None else WithheldBody())
         environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now, not its thread's turn
         if parking is not None:
             environ[waits.PARKING] = parking

@@ -188,6 +188,7 @@ class LeanPath:
         if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
             return None
         path = environ.get("PATH_INFO", "")
+        args: tuple[str, ...]
         if path == _SUBMIT:
             route, args = "submit", ()
         elif (found := _DAEMON.match(path)) is not None:
@@ -263,7 +264,7 @@ class LeanPath:
                     ", ".join(unaccounted(middleware)),
                     __name__,
                 )
-        return self._accounted and settings.LAKESHORE_LEAN_PATH
+        return bool(self._accounted and settings.LAKESHORE_LEAN_PATH)
 
     # ------------------------------------------------------------------ who may take it
 

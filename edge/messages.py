@@ -4,10 +4,47 @@ answering."""
 
 import asyncio
 import io
+import sys
+from typing import Any
 
 from django.http import HttpHeaders
 
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackParser
+
+
+def wsgi_environ(scope, stream) -> dict[str, Any]:
+    """The WSGI environ (PEP 3333) of an ASGI request, its body read from `stream`: the
+    request line, the server's and the client's addresses, and every header as CGI names
+    it (repeated headers joined by commas)."""
+    root = scope.get("root_path", "")
+    path = scope["path"]
+    server, port = scope.get("server") or ("localhost", 80)
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": scope["method"],
+        "SCRIPT_NAME": root.encode("utf-8").decode("latin-1"),
+        "PATH_INFO": path[len(root) :] if path.startswith(root) else path,
+        "QUERY_STRING": scope["query_string"].decode("ascii"),
+        "SERVER_NAME": server,
+        "SERVER_PORT": str(port or 0),
+        "SERVER_PROTOCOL": f"HTTP/{scope['http_version']}",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": stream,
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+    environ["PATH_INFO"] = environ["PATH_INFO"].encode("utf-8").decode("latin-1")
+    if (client := scope.get("client")) is not None:
+        environ["REMOTE_ADDR"], environ["REMOTE_PORT"] = client[0], str(client[1])
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").upper().replace("-", "_")
+        if name not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            name = f"HTTP_{name}"
+        value = raw_value.decode("latin-1")
+        environ[name] = f"{environ[name]},{value}" if name in environ else value
+    return environ
 
 
 class Disconnected(Exception):

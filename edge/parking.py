@@ -10,7 +10,10 @@ every header; nothing here stands in for the middleware."""
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.http import HttpResponse
 from django.utils.cache import patch_vary_headers
+
+from jobs.waits import Steps, Wait
 
 
 @dataclass
@@ -18,9 +21,9 @@ class Parked:
     """What a view parked: its steps where they wait, the request they serve, and how
     the view renders their end (`finish(value, error)`: a rendered response)."""
 
-    steps: object
-    wait: object
-    finish: Callable
+    steps: Steps
+    wait: Wait
+    finish: Callable[[object, BaseException | None], HttpResponse]
     request: object
 
 
@@ -32,7 +35,7 @@ class Parking:
         self.parked: Parked | None = None
         self.headers: list[tuple[bytes, bytes]] = []
 
-    def park(self, steps, wait, finish: Callable, request) -> None:
+    def park(self, steps: Steps, wait: Wait, finish: Callable, request) -> None:
         self.parked = Parked(steps, wait, finish, request)
 
     def headers_for(self, response) -> list[tuple[bytes, bytes]]:

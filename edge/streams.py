@@ -39,14 +39,13 @@ import functools
 import io
 import re
 
-from a2wsgi.wsgi import build_environ
 from django.core import signals
 from django.core.handlers.wsgi import get_str_from_wsgi
 from django.http import QueryDict
 from rest_framework.renderers import JSONRenderer
 
 from edge.lean_path import allow
-from edge.messages import Disconnected, parse_msgpack, read_all, respond
+from edge.messages import Disconnected, parse_msgpack, read_all, respond, wsgi_environ
 from jobs import logs, sdk, waits, wakeup
 from jobs.api import serializers
 from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultStream
@@ -102,7 +101,7 @@ async def _admitted(app, environ, media_type, view):
 
 
 async def await_door(app, scope, receive, send, *, namespace):
-    environ = build_environ(scope, io.BytesIO())
+    environ = wsgi_environ(scope, io.BytesIO())
     lean = app.lean
     request, allowed = await _admitted(app, environ, MEDIA_TYPE, ProducerAwait)
     if request is None:  # refused: the full stack answers, and says why (body unread)
@@ -159,7 +158,7 @@ def _sdk_error(exc, request):
 
 
 async def stream_door(app, scope, receive, send, *, namespace, stream):
-    environ = build_environ(scope, io.BytesIO())
+    environ = wsgi_environ(scope, io.BytesIO())
     lean = app.lean
     request, allowed = await _admitted(app, environ, _media(environ), ProducerResultStream)
     if request is None:
@@ -270,7 +269,7 @@ async def respond_stream(send, headers, chunks) -> None:
 
 
 async def follow_door(app, scope, receive, send, *, invocation_id):
-    environ = build_environ(scope, io.BytesIO())
+    environ = wsgi_environ(scope, io.BytesIO())
     lean = app.lean
     query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
     if "follow" not in query or not _plain_json(environ, query):

@@ -24,7 +24,7 @@ class HotFirstExecutor(Executor):
         self._shutdown = False
 
     def submit(self, fn, /, *args, **kwargs) -> Future:
-        future = Future()
+        future: Future = Future()
         call = (future, fn, args, kwargs)
         with self._lock:
             if self._shutdown:

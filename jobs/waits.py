@@ -41,9 +41,9 @@ def principal(request) -> tuple[str, int] | None:
     own), else its signed-in user (a console session); None for nobody's."""
     if request is None:
         return None
-    token = getattr(request, "auth", None)
-    if getattr(token, "pk", None) is not None:
-        return "token", token.pk
+    token_pk = getattr(getattr(request, "auth", None), "pk", None)
+    if token_pk is not None:
+        return "token", token_pk
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
         return "user", user.pk
