@@ -16,8 +16,8 @@ Which queues it looks after. `managed`: the queues a tick decides for: those wit
 elasticity declaration that are not archived (with a provider or not: one without says
 why it does not grow), and an archived one while its provider still runs daemons for it
 (it scales them to zero). Of those, the controller starts daemons for the queues with a
-provider that are not archived (Queue.starts_daemons, the rule a submit reads too): a
-submit into one that no live daemon serves wakes the controller.
+provider that are not archived (Queue.objects.starting_daemons, the rule a submit reads
+too): a submit into one that no live daemon serves wakes the controller.
 
 A decision costs what changed rather than how many queues it covers:
 
@@ -124,7 +124,7 @@ def wake(queue_name: str, *, now=None) -> QueueEvent | None:
     gone, not one whose daemons the controller starts, backing off after failed ticks,
     served by now, or another tick holds it."""
     now = now or timezone.now()
-    starts = Queue.objects.filter(name=queue_name, starts_daemons=True)
+    starts = Queue.objects.starting_daemons().filter(name=queue_name)
     queue = starts.select_related("provider").first()
     if queue is None:
         return None
@@ -388,7 +388,8 @@ def _missed_wakes(events: list[QueueEvent]) -> list[str]:
         return []
     queued = Invocation.objects.filter(queue=OuterRef("name"), state=InvocationState.QUEUED)
     return list(
-        Queue.objects.filter(pk__in=empty, starts_daemons=True)
+        Queue.objects.starting_daemons()
+        .filter(pk__in=empty)
         .filter(Exists(queued.order_by()))
         .order_by("pk")
         .values_list("name", flat=True)

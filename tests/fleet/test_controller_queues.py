@@ -1,5 +1,5 @@
 """Which queues the controller looks after (fleet/controller.managed) and whose daemons
-it starts (Queue.starts_daemons, one rule the database computes): a submit (its SQL,
+it starts (queues.models.STARTS_DAEMONS_SQL, one rule): a submit (its SQL,
 jobs/serving.py) and the controller's wake see the same queues, on every combination
 of provider, elasticity and state, and as a queue changes."""
 
@@ -47,7 +47,7 @@ def _submit_says_it_starts(names: list[str]) -> set[str]:
 
 
 def _the_controller_starts() -> set[str]:
-    return set(Queue.objects.filter(starts_daemons=True).values_list("name", flat=True))
+    return set(Queue.objects.starting_daemons().values_list("name", flat=True))
 
 
 def test_the_controller_and_a_submit_agree_on_the_queues_the_controller_starts(
