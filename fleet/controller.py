@@ -15,11 +15,9 @@ the broker, records what was done.
 Which queues it looks after. `managed`: the queues a tick decides for: those with an
 elasticity declaration that are not archived (with a provider or not: one without says
 why it does not grow), and an archived one while its provider still runs daemons for it
-(it scales them to zero). `starting`: of those, the queues whose daemons the controller
-starts: a provider, and not archived. A submit into one that no live daemon serves wakes
-the controller. The submit learns it in its own INSERT, so jobs/serving.py (below fleet:
-it cannot import this) states the same rule in SQL (_STARTS);
-tests/fleet/test_controller_queues.py checks the two agree.
+(it scales them to zero). Of those, the controller starts daemons for the queues with a
+provider that are not archived (Queue.objects.starting_daemons, the rule a submit reads
+too): a submit into one that no live daemon serves wakes the controller.
 
 A decision costs what changed rather than how many queues it covers:
 
@@ -95,10 +93,6 @@ def managed() -> QuerySet[Queue]:
     return Queue.objects.filter(declared | winding_down)
 
 
-def starting() -> QuerySet[Queue]:
-    return managed().filter(provider__isnull=False).exclude(state=QueueState.ARCHIVED)
-
-
 # A queue's lock: a transaction-scoped advisory lock on hashtext('tick:<queue id>'),
 # taken without waiting, by the decision for the queue, so that two beats (or a beat
 # and a wake) never act on the same queue at once.
@@ -130,7 +124,8 @@ def wake(queue_name: str, *, now=None) -> QueueEvent | None:
     gone, not one whose daemons the controller starts, backing off after failed ticks,
     served by now, or another tick holds it."""
     now = now or timezone.now()
-    queue = starting().filter(name=queue_name).select_related("provider").first()
+    starts = Queue.objects.starting_daemons().filter(name=queue_name)
+    queue = starts.select_related("provider").first()
     if queue is None:
         return None
     if Daemon.objects.live().subscribed_to(queue_name).exists():
@@ -393,7 +388,7 @@ def _missed_wakes(events: list[QueueEvent]) -> list[str]:
         return []
     queued = Invocation.objects.filter(queue=OuterRef("name"), state=InvocationState.QUEUED)
     return list(
-        starting()
+        Queue.objects.starting_daemons()
         .filter(pk__in=empty)
         .filter(Exists(queued.order_by()))
         .order_by("pk")

@@ -3,12 +3,12 @@ page's note and the controller's wake after a submit (issue 20).
 
 A queue is served when a live daemon (provisioning, idle, busy or draining) subscribes to
 it; the default queue ('') by a live daemon whose `queues` is empty. A queue that is not
-served *starts* when it has a provider and an elasticity declaration and is not archived:
-the controller starts daemons for it (its own statement of the rule, which a wake
-checks, is fleet/controller.starting; tests/fleet/test_controller_queues.py
-checks that the two agree). A submit into such a queue wakes the controller at once
-instead of waiting for its next tick: after the submit commits it sends `wake_wanted`,
-a Django signal that fleet (above this app: it may not be imported here) listens for.
+served *starts* when the controller starts daemons for it (a provider, an elasticity
+declaration, not archived: queues/models.STARTS_DAEMONS_SQL, the one statement of the
+rule, which the controller's wake reads too). A submit into such a queue wakes the
+controller at once instead of waiting for its next tick: after the submit commits it
+sends `wake_wanted`, a Django signal that fleet (above this app: it may not be imported
+here) listens for.
 A submit into a queue that is neither served nor started says how to start a daemon.
 
 The same SQL answers for one queue inside a submit's INSERT (RETURNING, no extra
@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.dispatch import Signal
 
 from fleet.models import LIVE_DAEMON_STATES, Daemon
-from queues.models import QueueState
+from queues.models import STARTS_DAEMONS_SQL, Queue
 
 _LIVE = (
     f"EXISTS (SELECT 1 FROM {Daemon._meta.db_table} sd"  # noqa: S608 - the model's table
@@ -29,14 +29,10 @@ _LIVE = (
     " ELSE sd.queues @> ARRAY[{name}]::varchar(63)[] END)"
 )
 _STARTS = (
-    "EXISTS (SELECT 1 FROM queues_queue sq"
-    " WHERE sq.name = {name} AND sq.provider_id IS NOT NULL"
-    " AND sq.elasticity_kind <> '' AND sq.state <> %(serving_archived)s::text)"
+    f"EXISTS (SELECT 1 FROM {Queue._meta.db_table} sq"  # noqa: S608 - the model's table
+    " WHERE sq.name = {name} AND " + STARTS_DAEMONS_SQL.format(queue="sq") + ")"
 )
-PARAMS = {
-    "serving_live": [str(state) for state in LIVE_DAEMON_STATES],
-    "serving_archived": str(QueueState.ARCHIVED),
-}
+PARAMS = {"serving_live": [str(state) for state in LIVE_DAEMON_STATES]}
 
 
 def columns(name_sql: str) -> str:

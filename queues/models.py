@@ -2,6 +2,7 @@ from django.apps import apps
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import OuterRef, Q, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.urls import reverse
 
@@ -39,7 +40,26 @@ class OnFull(models.TextChoices):
     BLOCK = "block"
 
 
+# "Does a submit to this queue start a daemon?": the controller starts the daemons of a
+# queue with a provider and an elasticity declaration that is not archived. One SQL
+# condition over a queue's row ({queue}: its table or alias), read where it is needed:
+# inside a submit's INSERT (jobs/serving.py) and by the ORM (starting_daemons), so the
+# two cannot disagree and the submit keeps its one statement.
+STARTS_DAEMONS_SQL = (
+    "({queue}.provider_id IS NOT NULL AND {queue}.elasticity_kind <> ''"
+    f" AND {{queue}}.state <> '{QueueState.ARCHIVED.value}')"
+)
+
+
 class QueueQuerySet(models.QuerySet):
+    def starting_daemons(self):
+        """The queues whose daemons the controller starts (STARTS_DAEMONS_SQL). The
+        condition names the queues' table: use it on a query of queues, not inside a
+        subquery, where the table takes another alias."""
+        rule = STARTS_DAEMONS_SQL.format(queue=self.model._meta.db_table)
+        starts = RawSQL(rule, [], output_field=models.BooleanField())  # noqa: S611 - constants
+        return self.filter(starts)
+
     def with_members(self):
         """MEMBERS in the same query: live daemons whose `queues` holds the name. (The
         fleet app sits above this one: its model is found by name, as Queue.provider

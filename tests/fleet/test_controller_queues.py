@@ -1,15 +1,17 @@
-"""One rule for the queues whose daemons the controller starts: the controller's
-queryset (fleet/controller.py, which a wake uses) and the SQL a submit asks
-(jobs/serving.py) agree on every combination of provider, elasticity and state."""
+"""Which queues the controller looks after (fleet/controller.managed) and whose daemons
+it starts (queues.models.STARTS_DAEMONS_SQL, one rule): a submit (its SQL,
+jobs/serving.py) and the controller's wake see the same queues, on every combination
+of provider, elasticity and state, and as a queue changes."""
 
 import itertools
 
 import pytest
 
-from fleet.controller import managed, starting
+from fleet import controller
+from fleet.controller import managed
 from jobs import serving
-from queues.models import QueueState
-from queues.services import queue_transition
+from queues.models import Queue, QueueState
+from queues.services import queue_patch, queue_transition
 from tests import builders
 
 pytestmark = pytest.mark.django_db
@@ -44,24 +46,31 @@ def _submit_says_it_starts(names: list[str]) -> set[str]:
     return {name for name, seen in serving.of_queues(names).items() if seen.starts}
 
 
+def _the_controller_starts() -> set[str]:
+    return set(Queue.objects.starting_daemons().values_list("name", flat=True))
+
+
 def test_the_controller_and_a_submit_agree_on_the_queues_the_controller_starts(
     every_kind_of_queue,
 ):
     names = every_kind_of_queue
-    ours = set(starting().values_list("name", flat=True))
+    ours = _the_controller_starts()
     assert ours == {"pe-active", "pe-paused", "pe-draining"}
     assert _submit_says_it_starts(names) == ours
     assert ours <= set(managed().values_list("name", flat=True))
 
 
-def test_negative_control_a_rule_that_forgets_archived_queues_disagrees(
-    every_kind_of_queue, monkeypatch
-):
-    forgetful = serving._STARTS.replace(" AND sq.state <> %(serving_archived)s::text", "")
-    assert forgetful != serving._STARTS
-    monkeypatch.setattr(serving, "_STARTS", forgetful)
-    ours = set(starting().values_list("name", flat=True))
-    assert _submit_says_it_starts(every_kind_of_queue) == ours | {"pe-archived"}
+def test_the_rule_follows_a_queue_as_it_changes():
+    builders.provider(name="sim", kind="simulated")
+    builders.queue(name="train", elasticity_spec={"kind": "fixed", "min": 1})
+    assert _submit_says_it_starts(["train"]) == _the_controller_starts() == set()
+    assert controller.wake("train") is None
+    queue_patch(name="train", changes={"provider": "sim"})
+    assert _submit_says_it_starts(["train"]) == _the_controller_starts() == {"train"}
+    assert controller.wake("train").action == "scale_up"
+    queue_transition(name="train", action="archive")
+    assert _submit_says_it_starts(["train"]) == _the_controller_starts() == set()
+    assert controller.wake("train") is None
 
 
 def test_an_archived_queue_is_managed_only_while_its_provider_runs_daemons_for_it(
