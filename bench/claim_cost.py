@@ -21,6 +21,7 @@ from django.db import connection
 from bench import queue_bench as qb  # sets up Django on the bench's own database
 from fleet import protocol
 from fleet.models import Daemon
+from jobs import waits
 from jobs.transitions import claim
 from queues.models import Queue
 
@@ -85,7 +86,7 @@ def latency(kind: str, threads: int, limit: int, claims: int) -> dict:
                 name = names[(n + i) % 2]
                 started = time.perf_counter()
                 _chosen.name = name
-                got = protocol.invocation_claim(daemon=daemons[i], limit=limit)
+                got = waits.drive(protocol.claim_steps(daemon=daemons[i], limit=limit))
                 seen[name].append(time.perf_counter() - started)
                 if not got:
                     break
@@ -132,7 +133,7 @@ def large(size: int = 1024 * 1024, n: int = 200, limit: int = 100) -> None:
         daemon = Daemon.objects.create(name="big", queues=["L"])
         protocol.forget_queue_rows()
         started = time.perf_counter()
-        got = protocol.invocation_claim(daemon=daemon, limit=limit)
+        got = waits.drive(protocol.claim_steps(daemon=daemon, limit=limit))
         took = time.perf_counter() - started
         print(
             f"large  {name:8}: a claim of limit {limit} over {size // 1024} KiB invocations "

@@ -30,7 +30,7 @@ from django.test import Client  # noqa: E402
 from accounts.services import token_create  # noqa: E402
 from fleet import protocol  # noqa: E402
 from fleet.models import Daemon  # noqa: E402
-from jobs import services  # noqa: E402
+from jobs import services, waits  # noqa: E402
 from jobs.models import Invocation  # noqa: E402
 from queues.models import Queue  # noqa: E402
 
@@ -94,7 +94,7 @@ def _claimers(kind: str, threads: int, limit: int) -> tuple[int, float]:
     def work(i):
         try:
             while time.perf_counter() < deadline:
-                got = protocol.invocation_claim(daemon=daemons[i], limit=limit)
+                got = waits.drive(protocol.claim_steps(daemon=daemons[i], limit=limit))
                 if not got:
                     break
                 total[i] += len(got)

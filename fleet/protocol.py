@@ -109,26 +109,6 @@ def forget_queue_rows() -> None:
         _queue_rows.clear()
 
 
-def invocation_claim(
-    *,
-    daemon: Daemon,
-    limit: int = 1,
-    wait: float = 0.0,
-    rng: random.Random | None = None,
-    wires: list[str] | None = None,
-) -> list[Invocation]:
-    """Hand up to `limit` queued invocations of the daemon's queues to it, each to
-    exactly one daemon. Queues are served in the daemon's order; a draining daemon
-    gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
-    daemon_lost). With `wait`, an empty claim sleeps until its queues get work (LISTEN/
-    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection; a wait
-    refused a slot (jobs/waits.py) answers at once, its `retry_after` set.
-    `wires` says what the daemon can run: JSON invocations by default (this project's
-    daemon), the SDK's blobs for an SDK worker. This sleeps in its thread; an ASGI
-    server's long-poll drives claim_steps without a thread (waits.drive_async)."""
-    return waits.drive(claim_steps(daemon=daemon, limit=limit, wait=wait, rng=rng, wires=wires))
-
-
 def claim_steps(
     *,
     daemon: Daemon,
@@ -141,9 +121,19 @@ def claim_steps(
     heard: int | None = None,
     since: float | None = None,
 ) -> Generator[waits.Wait, bool | None, list[Invocation]]:
-    """invocation_claim's steps: it yields a waits.Wait where it would sleep, and is
-    sent back whether it was woken (True), its time ran out (False) or the wait was
-    refused (None); it returns what it claimed. `tell_draining`: a draining daemon's
+    """Hand up to `limit` queued invocations of the daemon's queues to it, each to
+    exactly one daemon. Queues are served in the daemon's order; a draining daemon
+    gets nothing; a terminated or lost one gets a Conflict (daemon_terminated,
+    daemon_lost). With `wait`, an empty claim waits until its queues get work (LISTEN/
+    NOTIFY, jobs/wakeup.py) or the wait ends, holding no database connection; a wait
+    refused a slot (jobs/waits.py) answers at once, its `retry_after` set.
+    `wires` says what the daemon can run: JSON invocations by default (this project's
+    daemon), the SDK's blobs for an SDK worker.
+
+    As steps: it yields a waits.Wait where it would wait, and is sent back whether it
+    was woken (True), its time ran out (False) or the wait was refused (None); it
+    returns what it claimed. A WSGI door drives it in its thread (waits.drive), the
+    ASGI door on the event loop (waits.drive_async). `tell_draining`: a draining daemon's
     claim answers at once (its answer says so: the daemon stops claiming) rather than
     wait out its time. `recheck`: called when it wakes, before it looks again (the
     caller's credential, which may have been revoked while it waited, raises).
@@ -358,15 +348,6 @@ def invocation_complete_batch(
     return answers
 
 
-def invocation_exchange(
-    *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
-) -> dict:
-    """exchange_steps, sleeping in this thread where it waits."""
-    return waits.drive(
-        exchange_steps(daemon=daemon, outcomes=outcomes, limit=limit, wait=wait, wires=wires)
-    )
-
-
 def exchange_steps(
     *,
     daemon: Daemon,
@@ -380,7 +361,7 @@ def exchange_steps(
     since: float | None = None,
 ) -> Generator[waits.Wait, bool | None, dict]:
     """Report outcomes and claim more in one call: invocation_complete_batch, then
-    invocation_claim, each with its own rules and transaction. Answers
+    claim_steps, each with its own rules and transaction. Answers
     {"recorded": [the batch's answers], "claimed": [Invocation, ...]}.
 
     No outcomes: only a claim. `limit` 0: nothing is claimed. A daemon that is no longer

@@ -8,7 +8,7 @@ queue behind them, and the reaper would mark healthy daemons lost. So every path
 sleeps in a request takes a slot first, without blocking, and gives it back when it
 wakes:
 
-    claim / exchange with `wait` (jobs/services.invocation_claim; the SDK's poll too)
+    claim / exchange with `wait` (fleet/protocol.claim_steps; the SDK's poll too)
     the SDK's await (jobs/sdk.await_result) and result stream (jobs/sdk.open_frames)
 
 A wait refused a slot does not sleep: a claim answers what it found at once (nothing)

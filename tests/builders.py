@@ -12,6 +12,7 @@ from fleet import controller, orders, protocol
 from fleet import services as fleet_services
 from fleet.models import Daemon, DaemonState
 from jobs import services as jobs
+from jobs import waits
 from jobs.models import Invocation, InvocationState
 from queues import services
 from queues.models import Queue, QueueEvent
@@ -41,6 +42,24 @@ def daemon(queues: list[str] | None = None, state: str = DaemonState.IDLE, **fie
     return Daemon.objects.create(queues=queues or [], state=state, **fields)
 
 
+def claim(*, daemon: Daemon, limit: int = 1, wait: float = 0.0, rng=None, wires=None) -> list:
+    """The daemon's claim (fleet/protocol.claim_steps), driven in this thread as the
+    WSGI door drives it (waits.drive): what it claimed."""
+    steps = protocol.claim_steps(daemon=daemon, limit=limit, wait=wait, rng=rng, wires=wires)
+    return waits.drive(steps)
+
+
+def exchange(
+    *, daemon: Daemon, outcomes: list[dict], limit: int, wait: float = 0.0, wires=None
+) -> dict:
+    """The daemon's exchange (fleet/protocol.exchange_steps), driven in this thread."""
+    return waits.drive(
+        protocol.exchange_steps(
+            daemon=daemon, outcomes=outcomes, limit=limit, wait=wait, wires=wires
+        )
+    )
+
+
 def tick_queue(queue_id: int, *, now=None) -> QueueEvent | None:
     """The controller's decision for one queue, through the one path the beat and a
     submit's wake take (fleet/controller.decide): its event, or None when another tick
@@ -61,7 +80,7 @@ def invocation(
     )
     if state != InvocationState.QUEUED:
         runner = daemon(queues=[name], last_heartbeat_at=timezone.now())
-        (inv,) = protocol.invocation_claim(daemon=runner)
+        (inv,) = claim(daemon=runner)
         if state == InvocationState.KILLED:
             orders.daemon_exec(daemon=runner, verb="kill", invocation_id=inv.pk)
         elif state != InvocationState.RUNNING:

@@ -183,7 +183,7 @@ def test_the_queue_gauges_match_the_queues_stats(viewer):
         for i in range(n):
             services.invocation_submit(function=ECHO, queue=queue, args=[i])
     worker = builders.daemon(queues=["plain"], state=DaemonState.IDLE)
-    protocol.invocation_claim(daemon=worker, limit=3)
+    builders.claim(daemon=worker, limit=3)
     Invocation.objects.filter(queue="plain", state="queued").update(
         created_at=timezone.now() - timedelta(minutes=10)
     )
@@ -213,7 +213,7 @@ def test_the_default_queue_has_its_gauges_as_queue_empty(viewer):
     for i in range(3):
         services.invocation_submit(function=ECHO, args=[i])
     Invocation.objects.filter(queue="").update(created_at=timezone.now() - timedelta(minutes=20))
-    protocol.invocation_claim(daemon=builders.daemon(queues=[]), limit=1)
+    builders.claim(daemon=builders.daemon(queues=[]), limit=1)
     samples = scrape(viewer)
     assert gauges(samples, "") == pytest.approx(stats(viewer, "(default)"))
     figures = gauges(samples, "")
@@ -248,7 +248,7 @@ def test_the_scrape_costs_the_same_queries_for_1_and_20_queues(
                 builders.daemon(queues=[name], state=DaemonState.BUSY)
                 services.invocation_submit(function=ECHO, queue=name)
                 services.invocation_submit(function=ECHO, queue=name)
-                protocol.invocation_claim(daemon=builders.daemon(queues=[name]))
+                builders.claim(daemon=builders.daemon(queues=[name]))
             controller.tick()
 
     def queries() -> tuple[list[str], int]:
@@ -352,7 +352,7 @@ def test_the_counters_match_the_database_after_real_work(
         # one past its timeout (reaped)
         for name in ("dropped", "lost", "slow"):
             daemon = builders.daemon(queues=["c"], name=name)
-            protocol.invocation_claim(daemon=daemon)
+            builders.claim(daemon=daemon)
         Invocation.objects.filter(queue="c", daemon__name="lost").update(max_attempts=1)
         Invocation.objects.filter(queue="c", daemon__name="slow").update(
             timeout_s=1, started_at=timezone.now() - timedelta(seconds=30)
@@ -398,7 +398,7 @@ def test_the_histograms_buckets_add_up_to_their_count(viewer, django_capture_on_
     with django_capture_on_commit_callbacks(execute=True):
         for _ in range(3):
             services.invocation_submit(function=ECHO, queue="h")
-        protocol.invocation_claim(daemon=builders.daemon(queues=["h"]), limit=3)
+        builders.claim(daemon=builders.daemon(queues=["h"]), limit=3)
 
     samples = scrape(viewer)
 
@@ -420,7 +420,7 @@ def test_a_rolled_back_change_counts_nothing(viewer):
 
     before = scrape(viewer)
     with pytest.raises(RuntimeError), transaction.atomic():
-        assert protocol.invocation_claim(daemon=daemon, limit=1)
+        assert builders.claim(daemon=daemon, limit=1)
         assert kill.kill_queued(invocation_id=queued[1].pk, reason="rolled back")
         raise RuntimeError("the caller fails after the statements")
     rolled_back = scrape(viewer)
@@ -468,7 +468,7 @@ def test_what_ran_is_timed_from_claim_to_end(viewer, django_capture_on_commit_ca
     daemon = builders.daemon(queues=["t"])
     before = scrape(viewer)
     with django_capture_on_commit_callbacks(execute=True):
-        protocol.invocation_claim(daemon=daemon)
+        builders.claim(daemon=daemon)
         Invocation.objects.filter(pk=inv.pk).update(started_at=F("started_at") - timedelta(7))
         protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
 

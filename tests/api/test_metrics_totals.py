@@ -103,7 +103,7 @@ def test_the_scrape_names_and_types_are_the_readmes(viewer, django_capture_on_co
     inv, _ = services.invocation_submit(function=ECHO, queue="n")
     daemon = builders.daemon(queues=["n"])
     with django_capture_on_commit_callbacks(execute=True):
-        protocol.invocation_claim(daemon=daemon)
+        builders.claim(daemon=daemon)
         protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
     text = viewer.get("/metrics").content.decode()
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -124,7 +124,7 @@ def test_a_claim_and_its_completion_add_no_statement(viewer):
     daemon = builders.daemon(queues=["hot"])
 
     with CaptureQueriesContext(connection) as work:
-        assert protocol.invocation_claim(daemon=daemon)
+        assert builders.claim(daemon=daemon)
         protocol.invocation_complete(daemon=daemon, invocation_id=inv.pk, attempt=1)
     with CaptureQueriesContext(connection) as scraped:
         samples = scrape(viewer)

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from accounts.roles import grant
-from fleet import controller, protocol
+from fleet import controller
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -36,7 +36,7 @@ def test_drop_asks_then_drops_and_says_what_ended(operator, live_server):
     builders.queue(name="train")
     services.invocation_submit(function="a.b", queue="train")
     daemon = builders.daemon(name="gpu-1", queues=["train"])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     page = operator("/daemons/")
     asked = []
     page.on("dialog", lambda dialog: asked.append(dialog.message) or dialog.accept())

@@ -12,7 +12,6 @@ from django.test import Client
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from fleet import protocol
 from fleet.daemons import daemon_drop
 from fleet.models import Daemon
 from jobs import services as job_services
@@ -238,7 +237,7 @@ def test_every_name_starts_with_what_the_control_shows(ops, live_server, world):
     builders.queue(name="gpu")
     job, _ = job_services.invocation_submit(function="a.b", queue="gpu")
     daemon = builders.daemon(name="gpu-1", queues=["gpu"])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     job_services.invocation_submit(function="a.b", queue="gpu")
     wrong = []
     for path in ("/", f"/queues/{world['queue']}/", "/jobs/?queue=gpu", f"/jobs/{job.pk}/",

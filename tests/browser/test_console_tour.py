@@ -13,7 +13,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from accounts.services import token_create
-from fleet import controller, protocol
+from fleet import controller
 from jobs import services as job_services
 from jobs.models import Invocation
 from queues import services
@@ -70,7 +70,7 @@ def world():
         job_services.invocation_submit(
             function="train.loop.step", queue="training-h100", args=[i], priority=i % 4
         )
-    protocol.invocation_claim(daemon=daemons[0], limit=2)
+    builders.claim(daemon=daemons[0], limit=2)
     failed, _ = job_services.invocation_submit(
         function="train.loop.step", queue="eval", args=[{"lr": 3e-4, "batch": 512}],
         kwargs={"checkpoint": "s3://bucket/checkpoints/run-42/step-0009000.pt"},

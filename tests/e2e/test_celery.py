@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from queues.models import QueueEvent
@@ -59,7 +58,7 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function="x.y", queue="w", max_attempts=2)
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     Daemon.objects.filter(pk=daemon.pk).update(
         last_heartbeat_at=timezone.now() - timedelta(seconds=120)
     )

@@ -9,7 +9,6 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from fleet import protocol
 from jobs import services
 from jobs.models import Invocation
 from jobs.transitions import kill
@@ -76,7 +75,7 @@ def test_it_leaves_running_and_other_queues_alone():
     builders.queue(name="w")
     builders.queue(name="other")
     running, _ = services.invocation_submit(function=ECHO, queue="w")
-    protocol.invocation_claim(daemon=builders.daemon(queues=["w"]))
+    builders.claim(daemon=builders.daemon(queues=["w"]))
     queued, _ = services.invocation_submit(function=ECHO, queue="w")
     elsewhere, _ = services.invocation_submit(function=ECHO, queue="other")
     assert services.invocation_bulk_cancel(queue="w") == 1
@@ -129,7 +128,7 @@ def test_a_claim_between_batches_runs_what_it_took_and_the_rest_is_cancelled(mon
 
     def claim_between_batches():  # after the first batch's commit, in another connection
         if not claimed:
-            thread, out = _in_a_thread(lambda: protocol.invocation_claim(daemon=daemon, limit=2))
+            thread, out = _in_a_thread(lambda: builders.claim(daemon=daemon, limit=2))
             thread.join(30)
             claimed.extend(inv.pk for inv in out["value"])
 
@@ -178,7 +177,7 @@ def test_a_batch_waits_for_a_claim_in_flight_and_then_kills_only_what_it_left(cl
 
     def claim_and_hold():
         with transaction.atomic():
-            taken = [inv.pk for inv in protocol.invocation_claim(daemon=daemon, limit=2)]
+            taken = [inv.pk for inv in builders.claim(daemon=daemon, limit=2)]
             holding.set()
             assert release.wait(30)
             if claim_ends == "rolls back":

@@ -32,7 +32,7 @@ def _submit(queue: str, priorities: list[int]) -> list[int]:
 def _drain(daemon, n: int, limit: int = 1, rng: random.Random | None = None) -> list[Invocation]:
     got: list[Invocation] = []
     while len(got) < n:
-        batch = protocol.invocation_claim(daemon=daemon, limit=limit, rng=rng)
+        batch = builders.claim(daemon=daemon, limit=limit, rng=rng)
         if not batch:
             break
         got += batch
@@ -72,7 +72,7 @@ def _batch(kind: str) -> tuple[list[int], list[int]]:
     builders.queue(name="q", kind=kind)
     ids = _submit("q", priorities)
     daemon = builders.daemon(queues=["q"])
-    batch = protocol.invocation_claim(daemon=daemon, limit=len(expected))
+    batch = builders.claim(daemon=daemon, limit=len(expected))
     return [i.pk for i in batch], [ids[k] for k in expected]
 
 
@@ -113,7 +113,7 @@ def _boltzmann_share() -> int:
     rng = random.Random(99)
     picked = Counter()
     for _ in range(BOLTZMANN_DRAWS):
-        (inv,) = protocol.invocation_claim(daemon=daemon, limit=1, rng=rng)
+        (inv,) = builders.claim(daemon=daemon, limit=1, rng=rng)
         picked[inv.priority] += 1
     return picked[1]
 
@@ -190,11 +190,11 @@ def test_it_dispatches_nothing_from_paused_or_archived_queues():
     (inv,) = _submit("held", [0])
     daemon = builders.daemon(queues=["held"])
     queue_services.queue_transition(name="held", action="pause")
-    assert protocol.invocation_claim(daemon=daemon) == []
+    assert builders.claim(daemon=daemon) == []
     queue_services.queue_transition(name="held", action="archive")
-    assert protocol.invocation_claim(daemon=daemon) == []
+    assert builders.claim(daemon=daemon) == []
     queue_services.queue_transition(name="held", action="resume")
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv]
+    assert [i.pk for i in builders.claim(daemon=daemon)] == [inv]
 
 
 def test_a_draining_queue_still_dispatches_what_it_admitted():
@@ -202,7 +202,7 @@ def test_a_draining_queue_still_dispatches_what_it_admitted():
     (inv,) = _submit("d", [0])
     queue_services.queue_transition(name="d", action="drain")
     daemon = builders.daemon(queues=["d"])
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv]
+    assert [i.pk for i in builders.claim(daemon=daemon)] == [inv]
 
 
 # ---------------------------------------------------------------------------- boltzmann
@@ -265,8 +265,8 @@ def test_the_order_checks_see_a_queue_claimed_in_another_kinds_order(monkeypatch
 @pytest.mark.parametrize("kind", list(BATCH))
 def test_the_batch_check_sees_the_right_rows_in_the_wrong_order(monkeypatch, kind):
     """What a sorted() comparison let through: the right batch, handed back reversed."""
-    claim = protocol.invocation_claim
-    monkeypatch.setattr(protocol, "invocation_claim", lambda **kw: list(reversed(claim(**kw))))
+    claim = builders.claim
+    monkeypatch.setattr(builders, "claim", lambda **kw: list(reversed(claim(**kw))))
     claimed, expected = _batch(kind)
     assert sorted(claimed) == sorted(expected)
     assert claimed != expected

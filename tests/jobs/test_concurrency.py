@@ -61,7 +61,7 @@ def test_it_hands_each_invocation_to_exactly_one_daemon():
 
     def claimer(i):
         while True:
-            got = protocol.invocation_claim(daemon=daemons[i], limit=7)
+            got = builders.claim(daemon=daemons[i], limit=7)
             if not got:
                 return
             claims[i].extend(inv.pk for inv in got)
@@ -123,7 +123,7 @@ def test_kill_and_claim_of_the_same_invocation_never_both_win():
 
         def claim(seen=seen, barrier=barrier):
             barrier.wait()
-            seen["claim"] = [got.pk for got in protocol.invocation_claim(daemon=daemon)]
+            seen["claim"] = [got.pk for got in builders.claim(daemon=daemon)]
 
         _run_threads(lambda i, racers=(kill, claim): racers[i](), 2)
         inv.refresh_from_db()
@@ -174,7 +174,7 @@ def _long_poll_check() -> None:
 
     def claimer():
         try:
-            got["claimed"] = protocol.invocation_claim(daemon=daemon, wait=30)
+            got["claimed"] = builders.claim(daemon=daemon, wait=30)
         except BaseException as exc:  # noqa: BLE001 - asserted below
             got["error"] = exc
         finally:
@@ -211,8 +211,8 @@ def test_a_claim_long_polls_until_work_arrives():
 
 def test_the_long_poll_check_sees_a_claim_that_does_not_wait(monkeypatch):
     """Negative control: a claim that ignores `wait` answers empty before the submit."""
-    claim = protocol.invocation_claim
-    monkeypatch.setattr(protocol, "invocation_claim", lambda **kw: claim(**{**kw, "wait": 0}))
+    claim = builders.claim
+    monkeypatch.setattr(builders, "claim", lambda **kw: claim(**{**kw, "wait": 0}))
     with pytest.raises(AssertionError):
         _long_poll_check()
 
@@ -221,6 +221,6 @@ def test_a_claim_with_nothing_to_do_answers_empty_after_its_wait():
     builders.queue(name="lp")
     daemon = builders.daemon(queues=["lp"])
     started = time.monotonic()
-    assert protocol.invocation_claim(daemon=daemon, wait=0.6) == []
+    assert builders.claim(daemon=daemon, wait=0.6) == []
     # a lower bound only (it answered no sooner than its wait), never a window
     assert time.monotonic() - started >= 0.6

@@ -78,7 +78,7 @@ def test_a_drop_between_the_liveness_check_and_the_claim_strands_nothing():
         ),
     )
 
-    claimed = protocol.invocation_claim(daemon=daemon)  # it passed the check; then the drop
+    claimed = builders.claim(daemon=daemon)  # it passed the check; then the drop
 
     assert claimed == []
     inv.refresh_from_db()
@@ -102,7 +102,7 @@ def test_a_drop_that_waits_for_a_claim_in_flight_ends_what_it_took():
     daemon = builders.daemon(queues=["w"])
     drop = _BehindTheClaim(lambda: daemons.daemon_drop(daemon=Daemon.objects.get(pk=daemon.pk)))
     hooks.register("claim.before_commit", drop.start_and_see_it_wait)
-    claimed = protocol.invocation_claim(daemon=daemon)  # commits; the drop then goes on
+    claimed = builders.claim(daemon=daemon)  # commits; the drop then goes on
     drop.join()
 
     assert drop.errors == []
@@ -213,7 +213,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 
     def submit_and_claim():  # after the tick chose the idle daemon, before it acts
         services.invocation_submit(function=ECHO, queue="pool")
-        got.extend(protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
+        got.extend(builders.claim(daemon=Daemon.objects.get(pk=daemon.pk)))
 
     hooks.register("scale_down.chosen", lambda: _in_other_thread(submit_and_claim))
 
@@ -232,7 +232,7 @@ def test_scale_down_racing_a_claim_lets_the_claimed_job_complete(settings):
 def test_negative_control_ending_the_chosen_daemon_outright_kills_the_claimed_job(settings):
     queue, daemon = _pool_of_one_idle_daemon(settings)
     job, _ = services.invocation_submit(function=ECHO, queue="pool")
-    protocol.invocation_claim(daemon=daemon)  # claimed after the old code chose it
+    builders.claim(daemon=daemon)  # claimed after the old code chose it
     daemons.daemon_drop(daemon=daemon)  # the old scale-down: terminate the chosen one
     job.refresh_from_db()
     assert job.state == "killed"
@@ -320,7 +320,7 @@ def test_two_claims_of_one_daemon_at_once_do_not_deadlock():
 
     def claim(name):
         try:
-            got = protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk))
+            got = builders.claim(daemon=Daemon.objects.get(pk=daemon.pk))
             results[name] = [inv.pk for inv in got]
         except BaseException as exc:  # noqa: BLE001 - asserted below
             errors.append(exc)
@@ -354,7 +354,7 @@ def _heartbeat_during_a_claim_of_a_busy_daemon():
         lambda: daemons.daemon_heartbeat(daemon=Daemon.objects.get(pk=daemon.pk))
     )
     hooks.register("claim.before_commit", beat.start_and_see_it_wait)
-    claimed = protocol.invocation_claim(daemon=daemon)
+    claimed = builders.claim(daemon=daemon)
     beat.join()
     assert beat.errors == []
     assert [i.pk for i in claimed] == [inv.pk]

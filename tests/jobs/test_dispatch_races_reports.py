@@ -103,7 +103,7 @@ def test_a_failed_attempt_waits_its_back_off_before_it_can_be_claimed_again(sett
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=3)
     daemon = builders.daemon(queues=["w"])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     protocol.invocation_complete(
         daemon=daemon, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
     )
@@ -111,9 +111,9 @@ def test_a_failed_attempt_waits_its_back_off_before_it_can_be_claimed_again(sett
     wait = (inv.scheduled_at - inv.created_at).total_seconds()
     assert inv.state == "queued" and 10 <= wait <= 21  # 20 s × a jitter in [0.5, 1)
 
-    assert protocol.invocation_claim(daemon=daemon) == []
+    assert builders.claim(daemon=daemon) == []
     Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)  # its time has come
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv.pk]
+    assert [i.pk for i in builders.claim(daemon=daemon)] == [inv.pk]
 
 
 def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
@@ -125,7 +125,7 @@ def test_the_back_off_doubles_per_attempt_up_to_its_cap(settings):
     waits = []
     for attempt in (1, 2, 3):
         Invocation.objects.filter(pk=inv.pk).update(scheduled_at=None)
-        protocol.invocation_claim(daemon=daemon)
+        builders.claim(daemon=daemon)
         with transaction.atomic():
             completion.complete(
                 daemon_id=daemon.pk,

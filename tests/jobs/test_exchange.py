@@ -8,7 +8,7 @@ import pytest
 from django.db import OperationalError, connection
 from rest_framework.test import APIClient
 
-from fleet import daemons, protocol
+from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
@@ -61,7 +61,7 @@ def test_the_service_records_then_claims(world):
     me, held, queued = world
     daemon = Daemon.objects.get(pk=me)
 
-    answer = protocol.invocation_exchange(daemon=daemon, outcomes=_report(held), limit=1)
+    answer = builders.exchange(daemon=daemon, outcomes=_report(held), limit=1)
 
     assert [a["ok"] for a in answer["recorded"]] == [True, True, True]
     assert [a["invocation"] for a in answer["recorded"]] == [str(pk) for pk in held]
@@ -71,14 +71,14 @@ def test_the_service_records_then_claims(world):
 
 def test_without_outcomes_it_is_a_claim(world):
     me, held, queued = world
-    answer = protocol.invocation_exchange(daemon=Daemon.objects.get(pk=me), outcomes=[], limit=5)
+    answer = builders.exchange(daemon=Daemon.objects.get(pk=me), outcomes=[], limit=5)
     assert answer["recorded"] == []
     assert [inv.pk for inv in answer["claimed"]] == queued
 
 
 def test_limit_0_records_and_claims_nothing(world):
     me, held, queued = world
-    answer = protocol.invocation_exchange(
+    answer = builders.exchange(
         daemon=Daemon.objects.get(pk=me), outcomes=_report(held[:1]), limit=0
     )
     assert [a["ok"] for a in answer["recorded"]] == [True]
@@ -90,7 +90,7 @@ def test_a_gone_daemon_without_outcomes_gets_the_claims_conflict(world):
     me, held, queued = world
     Daemon.objects.filter(pk=me).update(state="terminated")
     with pytest.raises(Conflict) as gone:
-        protocol.invocation_exchange(daemon=Daemon.objects.get(pk=me), outcomes=[], limit=1)
+        builders.exchange(daemon=Daemon.objects.get(pk=me), outcomes=[], limit=1)
     assert gone.value.code == "daemon_terminated"
     assert _states(queued) == ["queued", "queued"]
 
@@ -234,7 +234,7 @@ def test_a_drop_between_the_outcomes_and_the_claim_keeps_the_outcomes_and_takes_
 
     hooks.register("claim.before_statement", drop_meanwhile)
 
-    answer = protocol.invocation_exchange(
+    answer = builders.exchange(
         daemon=Daemon.objects.get(pk=me), outcomes=_report(held[:1]), limit=2
     )
 

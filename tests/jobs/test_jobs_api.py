@@ -6,7 +6,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from fleet import protocol
 from jobs import services
 from jobs.models import Invocation
 from queues import services as queue_services
@@ -184,7 +183,7 @@ def test_it_lists_newest_first_with_filters(operator):
     first, _ = services.invocation_submit(function=ECHO, queue="a")
     second, _ = services.invocation_submit(function=ECHO)
     daemon = builders.daemon(queues=["a"])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     rows = operator.get("/api/v1/jobs/").json()
     assert [r["id"] for r in rows] == [str(second.pk), str(first.pk)]
     running = operator.get("/api/v1/jobs/?state=running&state=queued").json()
@@ -288,7 +287,7 @@ def test_kill_marks_a_queued_invocation_killed_at_once(operator):
 def test_kill_of_a_running_invocation_says_to_drop_the_daemon(operator):
     inv, _ = services.invocation_submit(function=ECHO)
     daemon = builders.daemon()
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     body = _error(operator.post(f"/api/v1/jobs/{inv.pk}/kill/"), 409, "invocation_running")
     assert "drop the daemon" in body["message"] and str(daemon.pk) in body["message"]
 
@@ -306,7 +305,7 @@ def test_bulk_cancel_touches_only_queued_rows(operator):
     services.invocation_submit(function=ECHO, queue="a")
     services.invocation_submit(function=ECHO)
     daemon = builders.daemon(queues=["a"])
-    (running,) = protocol.invocation_claim(daemon=daemon)
+    (running,) = builders.claim(daemon=daemon)
     dry = operator.post("/api/v1/jobs/bulk-cancel/", {"queue": "a", "dry_run": True}, format="json")
     assert dry.json() == {"cancelled": 1, "dry_run": True, "queue": "a"}
     assert Invocation.objects.filter(state="queued").count() == 2
@@ -363,7 +362,7 @@ def test_the_daemon_protocol_round_trip(daemon_client):
 def test_dropping_a_daemon_kills_its_running_invocation(operator):
     inv, _ = services.invocation_submit(function=ECHO)
     daemon = builders.daemon()
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     assert operator.delete(f"/api/v1/daemons/{daemon.pk}/").status_code == 200
     inv.refresh_from_db()
     daemon.refresh_from_db()

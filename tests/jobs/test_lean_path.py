@@ -126,11 +126,11 @@ def test_the_slow_path_still_answers_what_the_fast_one_cannot():
 def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_daemon():
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+    builders.claim(daemon=daemon)  # this process learns the queue's kind
     invocation, _ = services.invocation_submit(function=ECHO, queue="w")
     services.invocation_submit(function=ECHO, queue="w")  # a backlog
 
-    claimed, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
+    claimed, sql = _statements(lambda: builders.claim(daemon=daemon))
     assert [i.pk for i in claimed] == [invocation.pk]
     # the claim: daemon liveness, queue state and marking the daemon busy all inside
     assert len(_work(sql)) == 1
@@ -148,7 +148,7 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
     assert [q.split()[0] for q in _work(sql)] == ["UPDATE", "SELECT"]
     assert "fleet_daemon" not in " ".join(sql)
 
-    claimed, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
+    claimed, sql = _statements(lambda: builders.claim(daemon=daemon))
     assert len(claimed) == 1
     assert len(_work(sql)) == 1  # busy already: the claim writes nothing of the daemon
 
@@ -156,14 +156,14 @@ def test_a_warm_claim_is_one_statement_and_its_completion_writes_nothing_of_the_
 def test_a_paused_queue_dispatches_nothing_though_its_row_is_reused():
     builders.queue(name="p")
     daemon = builders.daemon(queues=["p"])
-    assert protocol.invocation_claim(daemon=daemon) == []  # the row is now reused
+    assert builders.claim(daemon=daemon) == []  # the row is now reused
     queue_services.queue_transition(name="p", action="pause")
     invocation, _ = services.invocation_submit(function=ECHO, queue="p")  # paused admits
 
-    assert protocol.invocation_claim(daemon=daemon) == []
+    assert builders.claim(daemon=daemon) == []
 
     queue_services.queue_transition(name="p", action="resume")
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [invocation.pk]
+    assert [i.pk for i in builders.claim(daemon=daemon)] == [invocation.pk]
 
 
 def test_negative_control_without_the_state_check_the_paused_queue_dispatches(monkeypatch):
@@ -172,7 +172,7 @@ def test_negative_control_without_the_state_check_the_paused_queue_dispatches(mo
     queue_services.queue_transition(name="p", action="pause")
     services.invocation_submit(function=ECHO, queue="p")
     monkeypatch.setitem(states.STATE_PARAMS, "dispatching", ["active", "draining", "paused"])
-    assert len(protocol.invocation_claim(daemon=daemon)) == 1
+    assert len(builders.claim(daemon=daemon)) == 1
 
 
 def test_a_claim_that_fails_after_its_statement_takes_nothing():
@@ -189,7 +189,7 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
     hooks.register("claim.before_commit", fail)
     try:
         with pytest.raises(ConnectionError):
-            protocol.invocation_claim(daemon=daemon)
+            builders.claim(daemon=daemon)
     finally:
         hooks.clear()
 
@@ -200,15 +200,15 @@ def test_a_claim_that_fails_after_its_statement_takes_nothing():
 def test_an_empty_claim_touches_the_daemon_only_when_its_heartbeat_is_due():
     builders.queue(name="w")
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    protocol.invocation_claim(daemon=daemon)  # this process learns the queue's kind
+    builders.claim(daemon=daemon)  # this process learns the queue's kind
 
-    _, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
+    _, sql = _statements(lambda: builders.claim(daemon=daemon))
     assert len(_work(sql)) == 1  # the claim alone: nothing a touch would write
 
     old = timezone.now() - timedelta(minutes=5)
     Daemon.objects.filter(pk=daemon.pk).update(last_heartbeat_at=old)
     daemon.refresh_from_db()
-    _, sql = _statements(lambda: protocol.invocation_claim(daemon=daemon))
+    _, sql = _statements(lambda: builders.claim(daemon=daemon))
     # and the touch, which keeps it from being reaped (under the claim's lock on its row)
     assert len(_work(sql)) == 2
     daemon.refresh_from_db()
@@ -220,7 +220,7 @@ def test_a_batch_of_fresh_outcomes_is_recorded_in_one_statement():
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
     for n in range(10):
         services.invocation_submit(function=ECHO, queue="w", args=[n], max_attempts=2)
-    claimed = protocol.invocation_claim(daemon=daemon, limit=10)
+    claimed = builders.claim(daemon=daemon, limit=10)
     daemon.refresh_from_db()  # busy, as a request would load it
     outcomes = [
         {"invocation": inv.pk, "attempt": 1, "state": "succeeded", "result": [inv.pk]}

@@ -38,7 +38,7 @@ class Claimer(threading.Thread):
     def run(self):
         try:
             with CaptureQueriesContext(connection) as ctx:
-                self.claimed = protocol.invocation_claim(
+                self.claimed = builders.claim(
                     daemon=Daemon.objects.get(pk=self.daemon.pk), wait=self.wait
                 )
             self.queries = len(ctx.captured_queries) - 1  # minus the daemon lookup above
@@ -83,7 +83,7 @@ def _until(condition, timeout=15.0):
 def test_an_empty_20_second_wait_costs_less_than_an_empty_instant_claim():
     builders.queue(name="idle")
     daemon = builders.daemon(queues=["idle"])
-    protocol.invocation_claim(daemon=daemon)  # this process now knows the queue's kind
+    builders.claim(daemon=daemon)  # this process now knows the queue's kind
     instant = Claimer(daemon, wait=0)
     instant.start()
     assert instant.result() == []
@@ -123,7 +123,7 @@ def test_a_waiting_claim_wakes_when_a_failed_attempt_is_requeued(settings):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
     first = builders.daemon(queues=["w"])
-    protocol.invocation_claim(daemon=first)
+    builders.claim(daemon=first)
     claimer = Claimer(builders.daemon(queues=["w"]), wait=15)
     claimer.start()
     time.sleep(0.5)
@@ -139,7 +139,7 @@ def test_a_waiting_claim_wakes_when_its_retry_back_off_ends(settings):
     builders.queue(name="w")
     inv, _ = services.invocation_submit(function=ECHO, queue="w", max_attempts=2)
     first = builders.daemon(queues=["w"])
-    protocol.invocation_claim(daemon=first)
+    builders.claim(daemon=first)
     protocol.invocation_complete(
         daemon=first, invocation_id=inv.pk, attempt=1, outcome="failed", error="x"
     )
@@ -195,13 +195,13 @@ def test_busy_and_idle_are_written_at_once_whatever_the_heartbeat_interval(setti
 
     first, _ = services.invocation_submit(function=ECHO, queue="w")
     second, _ = services.invocation_submit(function=ECHO, queue="w")
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     daemon.refresh_from_db()
     state, current, written = seen()
     assert (state, current) == ("busy", first.pk)
     protocol.invocation_complete(daemon=daemon, invocation_id=first.pk, attempt=1, result=1)
     assert seen() == ("busy", None, written)  # the second is queued: not written
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     assert seen() == ("busy", second.pk, written)  # busy already: not written
     protocol.invocation_complete(daemon=daemon, invocation_id=second.pk, attempt=1, result=1)
     assert seen()[:2] == ("idle", None)
@@ -210,7 +210,7 @@ def test_busy_and_idle_are_written_at_once_whatever_the_heartbeat_interval(setti
 def test_released_waiters_answer_empty_at_once_without_another_query_and_later_waits_still_wait():
     builders.queue(name="idle")
     daemon = builders.daemon(queues=["idle"])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     for _ in range(2):  # what a wait that runs out costs, once its queue is known empty
         short = Claimer(daemon, wait=0.2)
         short.start()

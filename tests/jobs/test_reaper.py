@@ -20,7 +20,7 @@ def _running(max_attempts=1, timeout_s=None):
         function="x.y", queue="w", max_attempts=max_attempts, timeout_s=timeout_s
     )
     daemon = builders.daemon(queues=["w"], last_heartbeat_at=timezone.now())
-    (claimed,) = protocol.invocation_claim(daemon=daemon)
+    (claimed,) = builders.claim(daemon=daemon)
     assert claimed.pk == inv.pk
     return daemon, claimed
 
@@ -70,7 +70,7 @@ def test_a_completion_for_an_older_attempt_is_refused():
     daemon, inv = _running(max_attempts=2)
     daemons.reap(now=_later(settings.LAKESHORE_HEARTBEAT_TIMEOUT + 1))
     other = builders.daemon(queues=["w"])
-    (again,) = protocol.invocation_claim(daemon=other)
+    (again,) = builders.claim(daemon=other)
     assert again.attempts == 2
     with pytest.raises(Conflict):
         protocol.invocation_complete(daemon=other, invocation_id=inv.pk, attempt=1, succeeded=True)

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from fleet import daemons, orders, protocol
+from fleet import daemons, orders
 from jobs import services, transitions
 from jobs.models import (
     ACTIVE_STATES,
@@ -67,7 +67,7 @@ E_NORETRY = Refused("invocation_not_retryable")
 NEW = "a new queued invocation retries it"
 
 # resubmit        services.invocation_submit with the row's key: the row comes back
-# claim           protocol.invocation_claim by a daemon of its queue
+# claim           builders.claim (fleet/protocol.claim_steps) by a daemon of its queue
 # succeed, fail-retry, fail-last, report-timeout
 #                 completion.complete by its daemon, for its attempt (fail-retry: with
 #                 an attempt left; fail-last: none left)
@@ -161,7 +161,7 @@ def _resubmit(inv):
 
 
 def _claim(inv):
-    return protocol.invocation_claim(daemon=_daemon(inv.queue))
+    return builders.claim(daemon=_daemon(inv.queue))
 
 
 def _overdue(inv):

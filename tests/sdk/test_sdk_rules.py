@@ -4,7 +4,6 @@ each route answers, byte for byte, without the SDK package in the way."""
 import msgpack
 import pytest
 
-from fleet import protocol
 from fleet.models import Daemon
 from jobs import sdk, services
 from jobs.models import Invocation, ResultFrame
@@ -103,7 +102,7 @@ def test_this_projects_daemons_and_sdk_workers_take_only_what_they_can_run(
     sdk_job = int(body["invocation_id"])
     json_job, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="gpu")
     ours = builders.daemon(queues=["gpu"])
-    assert [i.pk for i in protocol.invocation_claim(daemon=ours, limit=5)] == [json_job.pk]
+    assert [i.pk for i in builders.claim(daemon=ours, limit=5)] == [json_job.pk]
 
     status, polled = _call(api, "/v1/daemon/poll", {"worker_id": "h-1", "queue": "gpu",
                                                      "timeout_s": 0}, daemon_token)  # fmt: skip

@@ -70,7 +70,7 @@ def _still_queued(ids) -> bool:
 def test_a_claim_of_five_6_mib_invocations_holds_two_and_the_rest_stay_queued():
     builders.queue(name="big")
     ids = _queued("big", 5)
-    claimed = protocol.invocation_claim(daemon=_daemon("big"), limit=5)
+    claimed = builders.claim(daemon=_daemon("big"), limit=5)
 
     assert [inv.pk for inv in claimed] == ids[:2]  # oldest first, as ever
     assert [claim_bytes(inv) for inv in claimed] == [SIX, SIX]
@@ -82,7 +82,7 @@ def test_negative_control_without_the_bound_all_five_come_back(settings):
     settings.LAKESHORE_CLAIM_MAX_BYTES = UNBOUNDED
     builders.queue(name="big")
     ids = _queued("big", 5)
-    claimed = protocol.invocation_claim(daemon=_daemon("big"), limit=5)
+    claimed = builders.claim(daemon=_daemon("big"), limit=5)
     assert [inv.pk for inv in claimed] == ids
     assert sum(claim_bytes(inv) for inv in claimed) == 5 * SIX  # 30 MiB in one answer
 
@@ -92,17 +92,15 @@ def test_an_invocation_bigger_than_the_bound_is_still_claimed_alone(settings):
     builders.queue(name="big")
     ids = _queued("big", 3)
     daemon = _daemon("big")
-    assert [inv.pk for inv in protocol.invocation_claim(daemon=daemon, limit=5)] == ids[:1]
-    assert [inv.pk for inv in protocol.invocation_claim(daemon=daemon, limit=5)] == ids[1:2]
+    assert [inv.pk for inv in builders.claim(daemon=daemon, limit=5)] == ids[:1]
+    assert [inv.pk for inv in builders.claim(daemon=daemon, limit=5)] == ids[1:2]
     assert _still_queued(ids[2:])
 
 
 def test_the_sdk_wire_is_bounded_by_its_blobs():
     builders.queue(name="sdk")
     ids = _queued("sdk", 5, wire=Wire.ENVELOPE)
-    claimed = protocol.invocation_claim(
-        daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE, Wire.VALUE]
-    )
+    claimed = builders.claim(daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE, Wire.VALUE])
     assert [inv.pk for inv in claimed] == ids[:2]
     assert [len(inv.args_blob) for inv in claimed] == [SIX - 4] * 2
     assert _still_queued(ids[2:])
@@ -112,7 +110,7 @@ def test_negative_control_the_sdk_wire_without_the_bound(settings):
     settings.LAKESHORE_CLAIM_MAX_BYTES = UNBOUNDED
     builders.queue(name="sdk")
     ids = _queued("sdk", 5, wire=Wire.ENVELOPE)
-    claimed = protocol.invocation_claim(daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE])
+    claimed = builders.claim(daemon=_daemon("sdk"), limit=5, wires=[Wire.ENVELOPE])
     assert [inv.pk for inv in claimed] == ids
 
 
@@ -120,7 +118,7 @@ def test_the_bound_holds_across_a_daemons_queues():
     builders.queue(name="a")
     builders.queue(name="b")
     in_a, in_b = _queued("a", 1), _queued("b", 4)
-    claimed = protocol.invocation_claim(daemon=_daemon("a", "b"), limit=5)
+    claimed = builders.claim(daemon=_daemon("a", "b"), limit=5)
     assert [inv.pk for inv in claimed] == in_a + in_b[:1]
     assert _still_queued(in_b[1:])
 
@@ -128,7 +126,7 @@ def test_the_bound_holds_across_a_daemons_queues():
 def test_the_bound_holds_across_a_boltzmann_queues_levels():
     builders.queue(name="bz", kind=QueueKind.BOLTZMANN, temperature=1.0)
     ids = [i for level in (1, 2, 3) for i in _queued("bz", 2, priority=level)]
-    claimed = protocol.invocation_claim(daemon=_daemon("bz"), limit=5)
+    claimed = builders.claim(daemon=_daemon("bz"), limit=5)
     assert len(claimed) == 2
     assert _still_queued(sorted(set(ids) - {inv.pk for inv in claimed}))
 
@@ -136,7 +134,7 @@ def test_the_bound_holds_across_a_boltzmann_queues_levels():
 def test_the_bound_holds_in_priority_order():
     builders.queue(name="pq", kind=QueueKind.PRIORITY)
     low, high = _queued("pq", 2, priority=1), _queued("pq", 3, priority=9)
-    claimed = protocol.invocation_claim(daemon=_daemon("pq"), limit=5)
+    claimed = builders.claim(daemon=_daemon("pq"), limit=5)
     assert [inv.pk for inv in claimed] == high[:2]
     assert _still_queued(low + high[2:])
 
@@ -145,7 +143,7 @@ def test_small_invocations_are_not_held_back():
     builders.queue(name="small")
     for i in range(100):
         services.invocation_submit(function="m.f", queue="small", args=[i], kwargs={"k": "é"})
-    assert len(protocol.invocation_claim(daemon=_daemon("small"), limit=100)) == 100
+    assert len(builders.claim(daemon=_daemon("small"), limit=100)) == 100
 
 
 @pytest.mark.parametrize(
@@ -193,7 +191,7 @@ def test_the_exchange_endpoint_answers_within_the_bound(operator):
     builders.queue(name="big")
     ids = _queued("big", 6)
     daemon = _daemon("big")
-    (first,) = protocol.invocation_claim(daemon=daemon, limit=1)
+    (first,) = builders.claim(daemon=daemon, limit=1)
     body = {
         "outcomes": [{"invocation": first.pk, "attempt": 1, "state": "succeeded", "result": 1}],
         "limit": 5,

@@ -10,7 +10,6 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from accounts.authentication import token_cache
 from accounts.roles import can_operate
-from fleet import protocol
 from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
@@ -60,7 +59,7 @@ def fleet(settings):
         token, minted[daemon.pk] = builders.credential(daemon, username="provider-sim")
         Daemon.objects.filter(pk=daemon.pk).update(state="idle", owner=token.user)
     services.invocation_submit(function=ECHO, queue="w")
-    [job] = protocol.invocation_claim(daemon=Daemon.objects.get(pk=b.pk), limit=1)
+    [job] = builders.claim(daemon=Daemon.objects.get(pk=b.pk), limit=1)
     return a, b, minted, job
 
 

@@ -102,7 +102,7 @@ def _rm_behind_a_claim():
         rm[0].wait_until_blocked_on_a_lock()
 
     hooks.register("claim.before_commit", start_rm)
-    claimed = protocol.invocation_claim(daemon=daemon)
+    claimed = builders.claim(daemon=daemon)
     rm[0].join()
     assert [i.pk for i in claimed] == [inv.pk]
     return inv, rm[0]
@@ -140,9 +140,7 @@ def _claim_behind_a_removal():
         late = _Other(lambda: Invocation.objects.create(function=ECHO, queue="w", state="queued"))
         late.join()
         assert late.errors == []
-        claim.append(
-            _Other(lambda: protocol.invocation_claim(daemon=Daemon.objects.get(pk=daemon.pk)))
-        )
+        claim.append(_Other(lambda: builders.claim(daemon=Daemon.objects.get(pk=daemon.pk))))
         claim[0].wait_until_blocked_on_a_lock()  # the daemon's row, which rm unbinds
 
     hooks.register("queue_remove.before_commit", late_submit_then_claim)

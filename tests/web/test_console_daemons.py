@@ -8,7 +8,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.roles import grant
-from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from tests import builders
@@ -38,7 +37,7 @@ def test_an_operator_drops_a_daemon_and_its_work_ends_killed(client):
     operator = _login(client, "operator")
     inv, _ = services.invocation_submit(function="lakeshore.functions.echo")
     daemon = builders.daemon(name="gpu-1")
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     response = operator.post(f"/daemons/{daemon.pk}/drop/")
     assert response.status_code == 302 and response["Location"] == "/daemons/"
     inv.refresh_from_db()
@@ -66,7 +65,7 @@ def test_it_costs_the_same_queries_for_1_and_50_daemons(client):
     for _ in range(49):
         daemon = builders.daemon(provider=provider)
         services.invocation_submit(function="a.b")
-        protocol.invocation_claim(daemon=daemon)  # each runs a job, shown on the page
+        builders.claim(daemon=daemon)  # each runs a job, shown on the page
     assert count() == one
 
 
@@ -74,7 +73,7 @@ def test_it_shows_every_job_a_daemon_runs_and_its_heartbeat_relative_with_the_ti
     viewer = _login(client, "viewer")
     daemon = builders.daemon(name="gpu-8", queues=[])
     jobs = [services.invocation_submit(function=f"a.job{i}")[0] for i in range(3)]
-    protocol.invocation_claim(daemon=daemon, limit=3)
+    builders.claim(daemon=daemon, limit=3)
     Daemon.objects.filter(pk=daemon.pk).update(
         last_heartbeat_at=timezone.now() - timedelta(seconds=75)
     )
@@ -105,7 +104,7 @@ def test_a_drop_says_what_it_did_in_the_live_region(client):
     operator = _login(client, "operator")
     services.invocation_submit(function="a.b")
     daemon = builders.daemon(name="gpu-1")
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     page = operator.get("/daemons/").content.decode()
     assert f'aria-label="Drop daemon {daemon.pk}"' in page and "hx-confirm=" in page
     body = operator.post(f"/daemons/{daemon.pk}/drop/", follow=True).content.decode()

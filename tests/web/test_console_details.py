@@ -13,7 +13,6 @@ from django.utils import timezone
 
 from accounts.roles import grant
 from accounts.services import token_create
-from fleet import protocol
 from fleet.daemons import daemon_drop
 from fleet.models import Daemon
 from jobs import services as job_services
@@ -131,6 +130,6 @@ def test_a_job_s_timeline_links_the_daemon_and_the_jobs_it_names(operator):
     assert link_refs("jobs 3 and daemonic 4") == "jobs 3 and daemonic 4"  # whole words only
     job, _ = job_services.invocation_submit(function="a.b")
     daemon = builders.daemon(name="gpu-1", queues=[])
-    protocol.invocation_claim(daemon=daemon)
+    builders.claim(daemon=daemon)
     body = operator.get(f"/jobs/{job.pk}/").content.decode()
     assert f'started on <a href="/daemons/?id={daemon.pk}">daemon {daemon.pk}</a>' in body

@@ -11,7 +11,6 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.roles import grant
-from fleet import protocol
 from fleet.models import DaemonCommand
 from jobs import services
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
@@ -217,7 +216,7 @@ def _running_on_a_daemon():
     builders.queue(name="q")
     daemon = builders.daemon(queues=["q"])
     inv, _ = services.invocation_submit(function="a.b", queue="q")
-    assert [i.pk for i in protocol.invocation_claim(daemon=daemon)] == [inv.pk]
+    assert [i.pk for i in builders.claim(daemon=daemon)] == [inv.pk]
     return daemon, inv
 
 
