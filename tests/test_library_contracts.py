@@ -12,6 +12,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from edge.http_protocol import Protocol
+from tests import builders
 
 PROTOCOL = ("loop", "transport", "timeout_keep_alive", "timeout_keep_alive_task", "cycle", "scope")
 CYCLE = ("more_body", "response_started", "response_complete", "disconnected", "message_event")
@@ -50,24 +51,26 @@ async def _app(scope, receive, send):
 
 
 def test_uvicorns_protocol_has_what_the_edges_protocol_reads():
-    loop = asyncio.new_event_loop()
-    try:
+    async def connect_and_send_a_head() -> list[str]:
         config = Config(app=_app, http="httptools", lifespan="off", log_config=None)
+        loop = asyncio.get_running_loop()
         protocol = Protocol(config=config, server_state=ServerState(), app_state={}, _loop=loop)
         protocol.connection_made(Transport())
         assert protocol.head_deadline is not None  # armed on a new connection
         protocol.data_received(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
         missing = [name for name in PROTOCOL if not hasattr(protocol, name)]
         missing += [f"cycle.{name}" for name in CYCLE if not hasattr(protocol.cycle, name)]
-        assert not missing, f"uvicorn no longer sets {missing}: edge/http_protocol.py reads them"
         assert protocol.head_deadline is None  # the head came
         assert protocol.body_deadline is not None  # 7 bytes of the body are still due
         protocol.connection_lost(None)
-    finally:
-        for task in asyncio.all_tasks(loop):
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
             task.cancel()
-        loop.run_until_complete(asyncio.sleep(0))
-        loop.close()
+        await asyncio.gather(*others, return_exceptions=True)
+        return missing
+
+    missing = builders.run_async(connect_and_send_a_head())  # a loop of its own thread
+    assert not missing, f"uvicorn no longer sets {missing}: edge/http_protocol.py reads them"
 
 
 @pytest.mark.django_db
