@@ -65,6 +65,7 @@ from rest_framework.utils import json as drf_json
 
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
+from fleet import protocol
 from fleet.api import protocol_views
 from jobs.api import views
 from lakeshore_admin.api_errors import exception_handler
@@ -193,6 +194,8 @@ class LeanPath:
             route, args = "submit", ()
         elif (found := _DAEMON.match(path)) is not None:
             route, args = found.group(2), (found.group(1),)
+            if route in ("claim", "exchange"):  # before its credential is read
+                protocol.hear_on_arrival(environ, found.group(1))
         else:
             return None
         taken = self._take(environ)

@@ -194,9 +194,27 @@ def _none_queued(names: list[str]) -> bool:
 
 
 def daemon_heard(daemon_id) -> int:
-    """Where the daemon's own channel (`daemon:ID`: a drain, its end) stands now: taken
-    before its row is read, a claim's wait then wakes for any change committed after."""
+    """Where the daemon's own channel (`daemon:ID`: a drain, its end, its token's
+    revocation) stands now: taken before its row is read, a claim's wait then wakes for
+    any change committed after."""
     return wakeup.listener.snapshot([f"daemon:{daemon_id}"])[0]
+
+
+HEARD = "lakeshore.daemon_heard"  # the request's environ key (hear_on_arrival)
+
+
+def hear_on_arrival(environ, daemon_id) -> None:
+    """Note daemon_heard in a claim's or an exchange's environ as it arrives, before
+    its credential is read: a revocation committed between that read and the claim's
+    wait then wakes the wait (its check of the credential answers token_revoked),
+    where a note taken after the read would already count it and sleep through."""
+    environ.setdefault(HEARD, daemon_heard(daemon_id))  # the earliest note stands
+
+
+def heard_on_arrival(environ, daemon_id) -> int:
+    """What hear_on_arrival noted, else where the channel stands now."""
+    heard = environ.get(HEARD)
+    return daemon_heard(daemon_id) if heard is None else heard
 
 
 def _claim_once(

@@ -37,7 +37,7 @@ def claim_answer(request, daemon_id, data):
 
 def claim_answer_steps(request, daemon_id, data):
     """claim_answer as steps (jobs/waits.py): where it waits, it yields."""
-    heard = protocol.daemon_heard(daemon_id)  # before its row is read
+    heard = protocol.heard_on_arrival(request.META, daemon_id)  # before its row is read
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ClaimInput, data or {})
     claimed = yield from protocol.claim_steps(
@@ -79,7 +79,7 @@ def exchange_answer(request, daemon_id, data):
 
 def exchange_answer_steps(request, daemon_id, data):
     """exchange_answer as steps (jobs/waits.py): where it waits, it yields."""
-    heard = protocol.daemon_heard(daemon_id)  # before its row is read
+    heard = protocol.heard_on_arrival(request.META, daemon_id)  # before its row is read
     daemon = own_daemon(request, daemon_id)
     fields = validated(s.ExchangeInput, data or {})
     answer = yield from protocol.exchange_steps(
@@ -155,7 +155,16 @@ class DaemonHeartbeat(APIView):
         return Response(*heartbeat_answer(request, daemon_id, request.data))
 
 
-class DaemonClaim(LongPollView):
+class DaemonLongPoll(LongPollView):
+    """A daemon's claim or exchange: it notes the daemon's channel before DRF reads the
+    credential (fleet/protocol.hear_on_arrival)."""
+
+    def initial(self, request, *args, **kwargs):
+        protocol.hear_on_arrival(request.META, kwargs["daemon_id"])
+        super().initial(request, *args, **kwargs)
+
+
+class DaemonClaim(DaemonLongPoll):
     permission_classes = [DaemonProtocol]
 
     @extend_schema(
@@ -186,7 +195,7 @@ class DaemonComplete(APIView):
         return Response(*complete_answer(request, daemon_id, request.data))
 
 
-class DaemonExchange(LongPollView):
+class DaemonExchange(DaemonLongPoll):
     permission_classes = [DaemonProtocol]
 
     @extend_schema(

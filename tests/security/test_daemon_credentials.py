@@ -5,12 +5,17 @@ lean path and Django's full stack), and asserts it is refused; its negative cont
 puts back the rule the server had before (a daemon token acted for every daemon its
 user owned) and shows the same attack succeed."""
 
+import time
+
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
+from django.utils import timezone
 
 from accounts.authentication import token_cache
+from accounts.models import ApiToken
 from accounts.roles import can_operate
 from edge.lean_path import LeanPath
+from fleet import protocol
 from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
@@ -151,3 +156,45 @@ def test_an_operator_still_speaks_for_any_daemon(door):
         door, f"/api/v1/daemons/{made['id']}/heartbeat/", {}, token=builders.token("operator")
     )
     assert status == 200
+
+
+@pytest.mark.parametrize("noted_on_arrival", [True, False])
+def test_a_revocation_between_the_credentials_read_and_the_wait_still_wakes_it(
+    door, settings, monkeypatch, noted_on_arrival
+):
+    """The forced interleaving (seen in CI): the claim's credential is read (usable),
+    then its revocation commits and is heard, and only then does the claim look and
+    wait. With the daemon's channel noted as the request arrived (the server's way) the
+    wait wakes at once and answers 401 token_revoked: the daemon stops. Without the
+    note (the control, as before) the revocation predates the wait's snapshot, and
+    the claim sleeps through its whole wait and answers 200, nothing claimed."""
+    settings.LAKESHORE_TOKEN_CACHE_SECONDS = 0
+    builders.queue(name="w")
+    _, _, made = call(door, "/api/v1/daemons/register/", {"name": "d", "queues": ["w"]},
+                      token=builders.token("daemon"))  # fmt: skip
+    channel = f"daemon:{made['id']}"
+    token_id = Daemon.objects.get(pk=made["id"]).token_id
+    checked = protocol_views.before_body
+
+    def revoked_once_read(request, daemon_id, **kwargs):
+        before = protocol.wakeup.listener.snapshot([channel])[0]
+        ApiToken.objects.filter(pk=token_id).update(revoked_at=timezone.now())
+        deadline = time.monotonic() + 10
+        while protocol.wakeup.listener.snapshot([channel])[0] == before:
+            assert time.monotonic() < deadline, "the revocation was never heard"
+            time.sleep(0.01)
+        return checked(request, daemon_id, **kwargs)
+
+    monkeypatch.setattr(protocol_views, "before_body", revoked_once_read)
+    if not noted_on_arrival:
+        monkeypatch.setattr(protocol, "hear_on_arrival", lambda environ, daemon_id: None)
+    started = time.monotonic()
+    status, _, answer = call(
+        door, f"/api/v1/daemons/{made['id']}/claim/", {"wait": 3}, token=made["token"]
+    )
+    took = time.monotonic() - started
+    if noted_on_arrival:
+        assert (status, answer["error"]["code"]) == (401, "token_revoked")
+        assert took < 2.5
+    else:
+        assert (status, answer, took >= 2.5) == (200, [], True)
