@@ -12,7 +12,7 @@ a daemon's credential registers no other daemon, and a token that registers hold
 most LAKESHORE_DAEMONS_PER_TOKEN live daemons."""
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from accounts.models import ApiToken
@@ -46,8 +46,10 @@ def admit_registration(*, token, returning: Daemon | None = None) -> int | None:
     LAKESHORE_DAEMONS_PER_TOKEN live ones at once, a returning one counted against the
     token that first registered it (429 daemons_per_token, until one ends). Answers
     the id of that token, the new daemon's `registered_with` (None: a provider's
-    daemon, or a session's). Called inside the registration's transaction: it locks
-    that token's row, so registrations at once with one token count each other."""
+    daemon, or a session's). Called inside the registration's transaction, which then
+    holds that token's row: in share while the count is far from the limit (such
+    registrations do not wait for each other), alone near it, so that registrations at
+    once with one token count each other there."""
     own = returning is not None and token is not None and returning.token_id == token.pk
     if token is not None and token.bound and not own:
         raise Forbidden(
@@ -61,11 +63,20 @@ def admit_registration(*, token, returning: Daemon | None = None) -> int | None:
         registrar = token.pk if token is not None else None
     if registrar is None:
         return None
-    lock_registrar(registrar)
     live = Daemon.objects.live().filter(registered_with_id=registrar)
     if returning is not None:
         live = live.exclude(pk=returning.pk)
     limit = settings.LAKESHORE_DAEMONS_PER_TOKEN
+    try:
+        with transaction.atomic():  # a savepoint: rolled back, it lets the token's row go
+            share_registrar(registrar)
+            if live.count() + in_flight_bound() <= limit:
+                hooks.point("registration.counted")
+                return registrar
+            raise _NearTheLimit
+    except _NearTheLimit:
+        pass
+    lock_registrar(registrar)
     counted = live.count()
     hooks.point("registration.counted")
     if counted >= limit:
@@ -77,10 +88,39 @@ def admit_registration(*, token, returning: Daemon | None = None) -> int | None:
     return registrar
 
 
+class _NearTheLimit(Exception):
+    """The token may be near its limit: its registrations are counted one at a time."""
+
+
+def share_registrar(token_id: int) -> None:
+    """Hold the registering token's row in share with the other registrations far from
+    its limit (they do not wait for each other), until the registration commits: one
+    near the limit (lock_registrar) waits for them all."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM accounts_apitoken WHERE id = %s FOR KEY SHARE", [token_id])
+
+
 def lock_registrar(token_id: int) -> None:
-    """Hold the registering token's row until the registration commits: another
-    registration with it waits here, then counts the daemon this one made."""
+    """Hold the registering token's row alone until the registration commits: another
+    registration with it waits here (or in share_registrar), then counts the daemon
+    this one made."""
     ApiToken.objects.select_for_update().filter(pk=token_id).first()
+
+
+_in_flight_bound: int | None = None
+
+
+def in_flight_bound() -> int:
+    """The most registrations that can be under way at once: each holds a transaction
+    on a connection of the database server, which takes at most max_connections. A
+    registration that counts this many fewer live daemons than the limit cannot pass
+    it, whatever the others under way do: it needs no turn of its own."""
+    global _in_flight_bound
+    if _in_flight_bound is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW max_connections")
+            _in_flight_bound = int(cursor.fetchone()[0])
+    return _in_flight_bound
 
 
 # ---------------------------------------------------------------------------- register

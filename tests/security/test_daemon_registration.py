@@ -205,3 +205,90 @@ def test_control_without_the_tokens_lock_both_pass_the_count(monkeypatch, settin
     monkeypatch.setattr(registration, "lock_registrar", lambda token_id: None)
     live, second = _registrations_at_once(settings)
     assert live == 2 and isinstance(second[0], int)
+
+
+def _second_during_the_first(settings, limit: int, *, others: int = 0) -> dict:
+    """Two first polls with one token: the second comes while the first has counted and
+    not yet made its row (the hook point), after `others` more live daemons of the
+    token were committed meanwhile (another thread's, as registrations finishing in
+    between would leave). Answers whether the second waited on a lock, its answer (a
+    daemon id or the refusal's code), and the live workers after both."""
+    settings.LAKESHORE_DAEMONS_PER_TOKEN = limit
+    builders.queue(name="w")
+    token, _ = token_create(username="pool", role="daemon")
+    seen: dict = {"waited": False, "second": None}
+
+    def add_others():
+        for n in range(others):
+            builders.daemon(queues=["w"], registered_with=token, name=f"other-{n}")
+        connection.close()
+
+    def second_poll():
+        try:
+            made = registration.sdk_worker_seen(
+                owner=token.user, worker_id="host-b", queue="w", token=token
+            )
+            seen["second"] = made.pk
+        except QuotaReached as refused:
+            seen["second"] = refused.code
+        finally:
+            connection.close()
+
+    def the_second_comes_now():
+        hooks.clear("registration.counted")
+        adding = threading.Thread(target=add_others)
+        adding.start()
+        adding.join(30)
+        thread = threading.Thread(target=second_poll)
+        thread.start()
+        seen["thread"] = thread
+        for _ in range(3000):  # until it is done, or waits for the first to commit
+            if not thread.is_alive():
+                return
+            if _waiting_on_a_lock():
+                seen["waited"] = True
+                return
+            time.sleep(0.01)
+
+    hooks.register("registration.counted", the_second_comes_now)
+    try:
+        registration.sdk_worker_seen(owner=token.user, worker_id="host-a", queue="w", token=token)
+    finally:
+        hooks.clear()
+    seen["thread"].join(30)
+    return {**seen, "live": Daemon.objects.live().count()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_registrations_far_from_the_limit_do_not_wait_for_each_other(settings):
+    """A fleet coming up registers hundreds a second with one bootstrap token: each one
+    counted alone made them queue behind each other's commit (the idle-fleet bench's
+    registrations timed out at 2,000 daemons). Far from the limit they share the row."""
+    seen = _second_during_the_first(settings, limit=1000)
+    assert (seen["waited"], isinstance(seen["second"], int), seen["live"]) == (False, True, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_control_counted_one_at_a_time_the_second_waits(monkeypatch, settings):
+    monkeypatch.setattr(registration, "share_registrar", registration.lock_registrar)
+    seen = _second_during_the_first(settings, limit=1000)
+    assert (seen["waited"], isinstance(seen["second"], int), seen["live"]) == (True, True, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_near_the_limit_a_registration_waits_for_those_under_way(monkeypatch, settings):
+    """The first counted 0 with room for every registration the database can hold at
+    once (here 2), so it goes on without a turn of its own; another daemon of the token
+    commits meanwhile; the second counts 1, near the limit of 2, and waits for the first
+    to commit: it then counts 2 and is refused. The limit holds."""
+    monkeypatch.setattr(registration, "in_flight_bound", lambda: 2)
+    seen = _second_during_the_first(settings, limit=2, others=1)
+    assert (seen["waited"], seen["second"], seen["live"]) == (True, "daemons_per_token", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_control_if_those_far_from_it_held_nothing_the_limit_is_passed(monkeypatch, settings):
+    monkeypatch.setattr(registration, "in_flight_bound", lambda: 2)
+    monkeypatch.setattr(registration, "share_registrar", lambda token_id: None)
+    seen = _second_during_the_first(settings, limit=2, others=1)
+    assert (seen["waited"], isinstance(seen["second"], int), seen["live"]) == (False, True, 3)
