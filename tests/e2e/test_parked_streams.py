@@ -154,10 +154,11 @@ def test_control_a_threaded_server_answers_the_waits_past_its_threads_at_once(tm
         tmp_path, _server_environment(tmp_path), app="lakeshore_admin.wsgi:application"
     ) as (base, proc):
         seen = _run(base, psutil.Process(proc.pid))
-    # refused a slot: answered at once (the SDK asks again), well before the WAIT that
-    # every await on the parked server waits (at least WAIT - 0.5 there); "at once" is
-    # within WAIT / 2 here, as the 16 threads work through 200 requests on a loaded machine
-    early = [took for r, took in seen["awaits"] if took < WAIT / 2]
+    # refused a slot: answered at once (the SDK asks again), before the WAIT that every
+    # await on the parked server waits (at least WAIT - 0.5 there); "at once" is within
+    # WAIT - 1 here, as the 16 threads work through 200 requests on a loaded machine (in
+    # CI's make test the refusals took up to 2 s)
+    early = [took for r, took in seen["awaits"] if took < WAIT - 1.0]
     assert len(early) > EACH / 2
     busy = [r for r, _, _ in seen["streams"] if r.status_code == 503]
     assert len(busy) > EACH / 2
