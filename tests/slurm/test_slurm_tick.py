@@ -39,7 +39,9 @@ def test_one_squeue_for_all_of_a_providers_queues(cluster, monkeypatch):
     for name in ("a", "b", "c"):  # c: no daemon, nothing to ask
         builders.queue(name=name, provider="hpc", elasticity_spec={"kind": "fixed", "min": 0})
     for name in ("a", "b"):  # a daemon each, in a job of its own (as if just launched)
-        out = cluster.run("sbatch", "--parsable", "--partition=debug", "--wrap", "sleep 120")
+        out = cluster.run(
+            "sbatch", "--parsable", "--partition=debug", "--output=/dev/null", "--wrap", "sleep 120"
+        )  # no slurm-N.out where the tests run
         daemons[name] = builders.daemon(
             queues=[name], state="provisioning", provider=provider,
             external_id=out.strip().split(";")[0], last_heartbeat_at=timezone.now(),
