@@ -3,8 +3,10 @@ Django's middleware stack and DRF's dispatch.
 
 A daemon claims, reports and heartbeats many times a second; the middleware, URL
 resolving and DRF's request wrapping cost more than the answer itself. It stays while
-a figure of `make bench` defends it (its section "The serving door"; why and the
-earlier figures: docs/decisions/0002-the-lean-path.md). This WSGI wrapper
+figures of `make bench` defend it: the section "The serving door" (the claim and the
+exchange, through it and through the full framework) and the "N idle daemons" rows
+run with LAKESHORE_LEAN_PATH=0 (an idle fleet's server CPU); the figures and the
+decision: docs/decisions/0002-the-lean-path.md. This WSGI wrapper
 (lakeshore_admin/wsgi.py) serves these requests itself:
 
     POST /api/v1/jobs/                                   submit, batch submit

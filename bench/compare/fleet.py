@@ -8,8 +8,8 @@ against the bench's Lakeshore server, measured window by window:
                         heartbeat: lakeshore.worker.heartbeat.claims_renew)
     liveness p99        the age of the daemons' heartbeats as the server sees them (what
                         the reaper compares with the timeout: a parked daemon is renewed
-                        by the server), p99 over the live daemons, the highest of the
-                        window's looks (every 2 s)
+                        by the server), p99 over the daemons (each one's newest live
+                        row), the highest of the window's looks (every 2 s)
     submit to claim     jobs submitted one at a time while the fleet idles: from the
                         submit's answer to the claim answer that carries the job
     daemons lost        daemons the server marked lost, by the window's end (the reaper
@@ -320,13 +320,18 @@ AGE_EVERY = 2.0  # seconds between two looks at the fleet's heartbeat ages
 
 
 def _ages(lakeshore) -> tuple[float, float]:
-    """(p99, longest) of the live fleet daemons' heartbeat ages, in seconds: what the
-    reaper compares with LAKESHORE_HEARTBEAT_TIMEOUT."""
+    """(p99, longest) of the fleet daemons' heartbeat ages, in seconds: what the
+    reaper compares with LAKESHORE_HEARTBEAT_TIMEOUT. Of each daemon's newest live row
+    only: an older one of its name is a registration whose answer never reached it (it
+    registered again, as the daemon does), which no daemon renews; the note counts
+    those ("rows of registrations whose answer never arrived") and the reaper ends them."""
     (row,) = lakeshore.sql(
         """SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY age), max(age)
-             FROM (SELECT extract(epoch FROM now() - last_heartbeat_at)::float AS age
+             FROM (SELECT DISTINCT ON (name)
+                          extract(epoch FROM now() - last_heartbeat_at)::float AS age
                      FROM fleet_daemon
-                    WHERE name LIKE %s AND state IN ('idle', 'busy', 'draining')) a""",
+                    WHERE name LIKE %s AND state IN ('idle', 'busy', 'draining')
+                    ORDER BY name, id DESC) a""",
         ["fleet-%"],
     )
     return (row[0] or 0.0, row[1] or 0.0)
