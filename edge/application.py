@@ -62,19 +62,13 @@ from edge.messages import (
     wsgi_environ,
 )
 from edge.parking import Parked, Parking
+from edge.routes import hot_route
 from edge.threads import HotFirstExecutor
-from fleet.api import protocol_views
 from jobs import waits, wakeup
 from lakeshore_admin import dbpool
 from lakeshore_admin.api_errors import error_response
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, body_limit
 
-STEPPED = {
-    "claim": protocol_views.claim_answer_steps,
-    "exchange": protocol_views.exchange_answer_steps,
-}
-# the paths the lean path may take (edge/lean_path.LeanPath.take decides)
-LEAN_ENDINGS = ("/claim/", "/exchange/", "/complete/", "/heartbeat/", "/api/v1/jobs/")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 log = logging.getLogger("django.request")
 
@@ -96,21 +90,23 @@ class Application:
             return await self.lifespan(receive, send)
         if scope["type"] == "http":  # its share of the database pool (dbpool.py)
             dbpool.share.set(dbpool.share_of(scope["path"]))
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path.endswith(LEAN_ENDINGS):  # the daemon protocol, a submit
-                environ = wsgi_environ(scope, io.BytesIO())
-                environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
-                taken = self.lean.take(environ)
-                if taken is not None:
-                    return await self.lean_door(environ, taken, scope, receive, send)
-            elif path == sdk_door.POLL_PATH:
-                environ = wsgi_environ(scope, io.BytesIO())
-                if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
-                    secure = allowed[1]
-                    return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
-        if scope["type"] == "http" and (door := streams_door.door_for(scope)) is not None:
-            return await door(self, scope, receive, send)  # the SDK's await and stream, a follow
+        found = hot_route(scope["method"], scope["path"]) if scope["type"] == "http" else None
+        if found is None:
+            return await self.full_stack(scope, receive, send)
+        route, arguments = found
+        if route.door == "lean":  # the daemon protocol, a submit
+            environ = wsgi_environ(scope, io.BytesIO())
+            environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
+            taken = self.lean.take(environ)
+            if taken is not None:
+                return await self.lean_door(environ, taken, scope, receive, send)
+        elif route.door == "sdk-poll":
+            environ = wsgi_environ(scope, io.BytesIO())
+            if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
+                secure = allowed[1]
+                return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
+        else:  # the SDK's await and stream, a follow
+            return await streams_door.DOORS[route.door](self, scope, receive, send, **arguments)
         return await self.full_stack(scope, receive, send)
 
     async def full_stack(self, scope, receive, send, body=None, *, refused=False):
@@ -265,9 +261,9 @@ class Application:
             await self.run(None, signals.request_finished.send, Application)
             return
         environ["wsgi.input"] = io.BytesIO(body)
-        if route in STEPPED:
+        if route.steps is not None:
             try:
-                outcome = await self.long_poll(request, STEPPED[route], args, environ, receive)
+                outcome = await self.long_poll(request, route.steps, args, environ, receive)
             except waits.Gone:  # the daemon went while it waited: nobody to answer
                 return
         else:

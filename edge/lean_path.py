@@ -7,15 +7,11 @@ figures of `make bench` defend it: the section "The serving door" (the claim and
 exchange, through it and through the full framework) and the "N idle daemons" rows
 run with LAKESHORE_LEAN_PATH=0 (an idle fleet's server CPU); the figures and the
 decision: docs/decisions/0002-the-lean-path.md. This WSGI wrapper
-(lakeshore_admin/wsgi.py) serves these requests itself:
-
-    POST /api/v1/jobs/                                   submit, batch submit
-    POST /api/v1/daemons/<id>/claim|exchange|complete|heartbeat/
-
-through the same answer functions as the DRF views (fleet/api/protocol_views.py and
-jobs/api/views.py: the rules, the validation, the services, the serializers, the error
-bodies of api_errors). It
-takes a request only when it is sure to answer as the full stack would, and hands
+(lakeshore_admin/wsgi.py) serves the routes the apps declare for it (door "lean" in
+fleet/api/routes.py and jobs/api/routes.py: submit and batch submit, a daemon's claim,
+exchange, completion and heartbeat) through the answer functions they name, the DRF
+views' own (the rules, the validation, the services, the serializers, the error bodies
+of api_errors). It takes a request only when it is sure to answer as the full stack would, and hands
 everything else to Django, unchanged:
 
 - JSON only (msgpack and forms go to DRF's parsers), a Host in ALLOWED_HOSTS, headers
@@ -52,7 +48,6 @@ import functools
 import io
 import json
 import logging
-import re
 from http import HTTPStatus
 
 from django.conf import settings
@@ -67,9 +62,7 @@ from rest_framework.utils import json as drf_json
 
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
-from fleet import protocol
-from fleet.api import protocol_views
-from jobs.api import views
+from edge.routes import hot_route
 from lakeshore_admin.api_errors import exception_handler
 from lakeshore_admin.middleware import header_problem
 from lakeshore_admin.parsers import refusal
@@ -118,22 +111,6 @@ def unaccounted(middleware) -> list[str]:
     return [name for name in middleware if name not in ACCOUNTED]
 
 
-_DAEMON = re.compile(r"^/api/v1/daemons/([0-9]{1,19})/(claim|exchange|complete|heartbeat)/$")
-_SUBMIT = "/api/v1/jobs/"
-
-
-def _routes():
-    """route → (its DRF view, the answer function the view serves)."""
-
-    return {
-        "claim": (protocol_views.DaemonClaim, protocol_views.claim_answer),
-        "exchange": (protocol_views.DaemonExchange, protocol_views.exchange_answer),
-        "complete": (protocol_views.DaemonComplete, protocol_views.complete_answer),
-        "heartbeat": (protocol_views.DaemonHeartbeat, protocol_views.heartbeat_answer),
-        "submit": (views.JobList, views.submit_answer),
-    }
-
-
 def _permitted(request, view) -> bool:
     """Whether the view's own permission classes let `request` in."""
     return all(permission().has_permission(request, None) for permission in view.permission_classes)
@@ -161,7 +138,7 @@ class LeanRequest:
 class LeanPath:
     def __init__(self, app):
         self.app = app
-        self._routes = None
+        self._admitted_once = False  # admit_kept: the first request is admitted in a thread
         self._renderer = JSONRenderer()
         self._headers = None
         self._checked = self._accounted = None
@@ -174,7 +151,7 @@ class LeanPath:
         if admitted is None:
             return self.app(environ, start_response)  # the body unread: DRF refuses first
         request, view, answer = admitted
-        route, args, secure = taken
+        _route, args, secure = taken
         refused = self.refused_before_body(request, taken)
         if refused is not None:  # not its daemon: answered, the body unread
             signals.request_finished.send(sender=self.__class__)
@@ -186,34 +163,30 @@ class LeanPath:
         return self.respond(start_response, outcome, secure, allow(view))
 
     def take(self, environ):
-        """(route, its arguments, secure) when the lean path may answer the request,
-        else None. The request line and headers only: no database, no body."""
-        if environ.get("REQUEST_METHOD") != "POST" or not self._enabled():
+        """(its route, the view's arguments, secure) when the lean path may answer the
+        request (a route the apps declare for it: edge/routes.py), else None. The
+        request line and headers only: no database, no body."""
+        if not self._enabled():
             return None
-        path = environ.get("PATH_INFO", "")
-        args: tuple[str, ...]
-        if path == _SUBMIT:
-            route, args = "submit", ()
-        elif (found := _DAEMON.match(path)) is not None:
-            route, args = found.group(2), (found.group(1),)
-            if route in ("claim", "exchange"):  # before its credential is read
-                protocol.hear_on_arrival(environ, found.group(1))
-        else:
+        found = hot_route(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""))
+        if found is None or found[0].door != "lean":
             return None
+        route, arguments = found
+        if route.on_arrival is not None:  # before its credential is read
+            route.on_arrival(environ, **arguments)
         taken = self._take(environ)
         if taken is None:
             return None
-        return route, args, taken[1]
+        return route, tuple(arguments.values()), taken[1]
 
     def admit(self, environ, taken):
         """(request, its DRF view, the answer function) when the bearer token
         authenticates and has the view's role, else None (Django answers, and says
         why). The body is still unread. Sends request_started."""
-        if self._routes is None:
-            self._routes = _routes()
-        view, answer = self._routes[taken[0]]
-        request = self.admit_to(environ, view)
-        return None if request is None else (request, view, answer)
+        route = taken[0]
+        self._admitted_once = True
+        request = self.admit_to(environ, route.view)
+        return None if request is None else (request, route.view, route.answer)
 
     def admit_to(self, environ, view):
         """The request, when its bearer token authenticates and has `view`'s role, else
@@ -234,16 +207,16 @@ class LeanPath:
         request_started: its receivers tidy the calling thread's database connections,
         and the event loop has none (each worker-thread turn gives its own back:
         edge/application.Application.run)."""
-        if self._routes is None:
-            return None  # the first request is admitted in a thread, which loads them
+        if not self._admitted_once:
+            return None  # the first request is admitted in a thread, which loads its code
         kept = kept_token(environ["HTTP_AUTHORIZATION"].split()[1])
         if kept is None:
             return None
-        view, answer = self._routes[taken[0]]
+        route = taken[0]
         request = LeanRequest(environ, *kept)
-        if not _permitted(request, view):
+        if not _permitted(request, route.view):
             return None
-        return request, view, answer
+        return request, route.view, route.answer
 
     def refused_before_body(self, request, taken, *, known_only: bool = False):
         """None when the admitted request may go on to its body. Else what it is
@@ -251,10 +224,10 @@ class LeanPath:
         daemon's id (403 not_your_daemon: fleet/api/protocol_views.before_body); or, with
         `known_only` (the event loop asks), ASK_IN_THREAD when deciding takes a query."""
         route, args, _secure = taken
-        if route == "submit":
+        if route.before_body is None:
             return None
         try:
-            known = protocol_views.before_body(request, *args, known_only=known_only)
+            known = route.before_body(request, *args, known_only=known_only)
         except Exception as exc:  # noqa: BLE001 - the API's error body, as DRF's views
             return self.error(exc, request)
         return None if known else ASK_IN_THREAD

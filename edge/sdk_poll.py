@@ -1,7 +1,7 @@
 """The SDK worker's poll through the ASGI server (edge/application.py): POST
-/v1/daemon/poll, a long-poll of up to a second that every idle SDK worker repeats, is
-served as steps (fleet/sdk_worker.poll_steps): each step in a worker thread, the wait
-parked on the event loop, holding no thread.
+/v1/daemon/poll (fleet/api/routes.py, door "sdk-poll"), a long-poll of up to a second
+that every idle SDK worker repeats, is served as steps (fleet/sdk_worker.poll_steps):
+each step in a worker thread, the wait parked on the event loop, holding no thread.
 
 It takes a poll only when the lean path's checks of the request line and headers pass
 (edge/lean_path.py, for a msgpack body), and its bearer token authenticates
@@ -26,7 +26,6 @@ from jobs import waits
 from lakeshore_admin.api_errors import sdk_error
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
-POLL_PATH = "/v1/daemon/poll"
 PAUSE_ON_DATABASE_ERROR = 1.0  # seconds, as the view pauses
 
 log = logging.getLogger("jobs.api.sdk_views")  # where the view logs

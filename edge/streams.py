@@ -1,5 +1,6 @@
 """The ASGI server's doors (edge/application.py) for the other requests that wait:
-the SDK's await and result stream, and a job log's follow. Each runs as steps
+the SDK's await and result stream, and a job log's follow (the routes
+jobs/api/routes.py declares with the doors "await", "stream" and "follow"). Each runs as steps
 (jobs/waits.py): each step in a worker thread (they touch the database), each wait a
 coroutine on the event loop, holding no thread.
 
@@ -37,7 +38,7 @@ import asyncio
 import contextlib
 import functools
 import io
-import re
+from collections.abc import Awaitable, Callable
 
 from django.core import signals
 from django.core.handlers.wsgi import get_str_from_wsgi
@@ -54,22 +55,7 @@ from lakeshore_admin.api_errors import exception_handler as api_exception_handle
 from lakeshore_admin.api_errors import sdk_answer, sdk_error
 from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 
-AWAIT = re.compile(r"^/v1/namespaces/([^/]+)/producer/await$")
-STREAM = re.compile(r"^/v1/namespaces/([^/]+)/producer/invocations/([^/]+)/result/stream$")
-LOGS = re.compile(r"^/api/v1/jobs/([^/]+)/logs/$")
 JSON_ACCEPTS = {"", "*/*", "application/*", "application/json"}
-
-
-def door_for(scope):
-    """The door that takes this request (a coroutine function), or None."""
-    method, path = scope["method"], scope["path"]
-    if method == "POST" and (found := AWAIT.match(path)):
-        return functools.partial(await_door, namespace=found.group(1))
-    if method == "GET" and (found := STREAM.match(path)):
-        return functools.partial(stream_door, namespace=found.group(1), stream=found.group(2))
-    if method == "GET" and (found := LOGS.match(path)):
-        return functools.partial(follow_door, invocation_id=found.group(1))
-    return None
 
 
 async def _full_stack(app, scope, receive, send, body: bytes | None = None):
@@ -79,7 +65,7 @@ async def _full_stack(app, scope, receive, send, body: bytes | None = None):
 
 
 async def _finished(app) -> None:
-    await app.run(None, signals.request_finished.send, door_for)
+    await app.run(None, signals.request_finished.send, _finished)
 
 
 def _media(environ) -> str:
@@ -311,3 +297,11 @@ def _follow_steps(invocation_id, params: dict):
     query.is_valid(raise_exception=True)
     steps = logs.read_steps(invocation_id, **query.validated_data)
     return steps, waits.first_step(steps)
+
+
+# the doors by the name the apps' routes give them (jobs/api/routes.py)
+DOORS: dict[str, Callable[..., Awaitable[object]]] = {
+    "await": await_door,
+    "stream": stream_door,
+    "follow": follow_door,
+}

@@ -174,20 +174,26 @@ def test_a_revocation_between_the_credentials_read_and_the_wait_still_wakes_it(
                       token=builders.token("daemon"))  # fmt: skip
     channel = f"daemon:{made['id']}"
     token_id = Daemon.objects.get(pk=made["id"]).token_id
-    checked = protocol_views.before_body
+    checked = protocol_views.check_speaker_before_body
 
-    def revoked_once_read(request, daemon_id, **kwargs):
+    def revoked_once_read(daemon_id, **kwargs):
         before = protocol.wakeup.listener.snapshot([channel])[0]
         ApiToken.objects.filter(pk=token_id).update(revoked_at=timezone.now())
         deadline = time.monotonic() + 10
         while protocol.wakeup.listener.snapshot([channel])[0] == before:
             assert time.monotonic() < deadline, "the revocation was never heard"
             time.sleep(0.01)
-        return checked(request, daemon_id, **kwargs)
+        return checked(daemon_id, **kwargs)
 
-    monkeypatch.setattr(protocol_views, "before_body", revoked_once_read)
+    # what both doors ask before the body, after the credential was read
+    monkeypatch.setattr(protocol_views, "check_speaker_before_body", revoked_once_read)
     if not noted_on_arrival:
-        monkeypatch.setattr(protocol, "hear_on_arrival", lambda environ, daemon_id: None)
+        # the old order: the channel as it stands after the credential was read
+        monkeypatch.setattr(
+            protocol,
+            "heard_on_arrival",
+            lambda environ, daemon_id: protocol.daemon_heard(daemon_id),
+        )
     started = time.monotonic()
     status, _, answer = call(
         door, f"/api/v1/daemons/{made['id']}/claim/", {"wait": 3}, token=made["token"]
