@@ -10,6 +10,7 @@ import pytest
 from django.urls import Resolver404, resolve
 
 from edge.routes import ROUTES, hot_route
+from edge.streams import DOORS
 
 SAMPLES = ("1", str(uuid.uuid4()), "default")
 
@@ -41,3 +42,7 @@ def test_a_route_is_found_by_its_method_and_path_only():
     assert hot_route("GET", "/api/v1/daemons/7/claim/") is None  # another method
     assert hot_route("POST", "/api/v1/daemons/7/claim/extra/") is None
     assert hot_route("POST", "/api/v1/daemons/x/claim/") is None
+
+
+def test_every_declared_door_is_one_the_edge_has():
+    assert {route.door for route in ROUTES} <= {"lean", "sdk-poll", *DOORS}

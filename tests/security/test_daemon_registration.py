@@ -155,43 +155,11 @@ def _waiting_on_a_lock() -> bool:
 
 
 def _registrations_at_once(settings) -> tuple[int, list]:
-    """Two first polls with one token, limit 1: the second comes while the first has
-    counted and not yet made its row (the hook point between the two), and the first
-    goes on once the second has finished or waits on a lock. Answers the live workers
+    """Two first polls with one token, limit 1 (near it: counted one at a time), the
+    second while the first has counted (_second_during_the_first): the live workers
     after both, and the second's answer (its daemon's id, or the refusal's code)."""
-    settings.LAKESHORE_DAEMONS_PER_TOKEN = 1
-    builders.queue(name="w")
-    token, _ = token_create(username="pool", role="daemon")
-    second, started = [], []
-
-    def second_poll():
-        try:
-            seen = registration.sdk_worker_seen(
-                owner=token.user, worker_id="host-b", queue="w", token=token
-            )
-            second.append(seen.pk)
-        except QuotaReached as refused:
-            second.append(refused.code)
-        finally:
-            connection.close()
-
-    def the_second_comes_now():
-        hooks.clear("registration.counted")  # the second goes straight through
-        thread = threading.Thread(target=second_poll)
-        thread.start()
-        started.append(thread)
-        for _ in range(3000):  # until it is done, or waits for the first to commit
-            if not thread.is_alive() or _waiting_on_a_lock():
-                return
-            time.sleep(0.01)
-
-    hooks.register("registration.counted", the_second_comes_now)
-    try:
-        registration.sdk_worker_seen(owner=token.user, worker_id="host-a", queue="w", token=token)
-    finally:
-        hooks.clear()
-    started[0].join(30)
-    return Daemon.objects.live().count(), second
+    seen = _second_during_the_first(settings, limit=1)
+    return seen["live"], [seen["second"]]
 
 
 @pytest.mark.django_db(transaction=True)
