@@ -12,7 +12,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from edge.http_protocol import Protocol
-from tests import builders
+from tests.support import builders
 
 PROTOCOL = ("loop", "transport", "timeout_keep_alive", "timeout_keep_alive_task", "cycle", "scope")
 CYCLE = ("more_body", "response_started", "response_complete", "disconnected", "message_event")

@@ -14,8 +14,8 @@ from rest_framework.test import APIClient
 
 from accounts.services import token_create
 from fleet import registration
-from tests import builders
-from tests.sdk.test_sdk_rules import ENVELOPE  # an SDK call's envelope, as its producer packs it
+from tests.support import builders
+from tests.support.sdk_wire import ENVELOPE  # an SDK call's envelope, as its producer packs it
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["viewer", "operator", "daemon token (bootstrap)", "daemon credential", "administrator"]

@@ -15,8 +15,8 @@ from django.contrib.staticfiles import finders
 from playwright.sync_api import expect
 
 from accounts.roles import grant
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -10,53 +10,19 @@ import time
 
 import msgpack
 import pytest
-from django.core.handlers.wsgi import WSGIHandler
 from django.db import connection
 
 from accounts.authentication import token_cache
 from edge.application import Application
 from edge.lean_path import LeanPath
 from jobs import services
-from tests import builders
-from tests.api.test_fastpath import call
+from tests.support import builders
+from tests.support.doors import Counting, call, post_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ECHO = "lakeshore.functions.echo"
 MSGPACK = "application/x-msgpack"
-
-
-class Counting:
-    def __init__(self):
-        self.app = WSGIHandler()
-        self.calls = 0
-
-    def __call__(self, environ, start_response):
-        self.calls += 1
-        return self.app(environ, start_response)
-
-
-def post_scope(path, raw: bytes, *, token, content_type="application/json") -> dict:
-    """An ASGI scope of a POST of `raw` to `path` with a bearer token."""
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"localhost"),
-            (b"content-type", content_type.encode()),
-            (b"content-length", str(len(raw)).encode()),
-            (b"authorization", f"Bearer {token}".encode()),
-        ],
-        "client": ("127.0.0.1", 5000),
-        "server": ("localhost", 80),
-    }
 
 
 def asgi_call(app, path, raw: bytes, *, token, content_type="application/json", https=False):

@@ -19,9 +19,10 @@ from edge.application import Application
 from edge.lean_path import LeanPath
 from jobs import sdk_frames, services, waits, wakeup
 from jobs.models import Invocation
-from tests import builders
-from tests.api.test_asgi_doors import Counting, _normal, _title
-from tests.jobs.test_logs import running_job, ship
+from tests.api.test_asgi_doors import _normal, _title
+from tests.support import builders
+from tests.support.doors import Counting
+from tests.support.job_logs import running_job, ship
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

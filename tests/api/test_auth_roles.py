@@ -13,8 +13,8 @@ from accounts.models import ApiToken, hash_token
 from accounts.services import token_create
 from fleet.models import Provider
 from queues.models import Queue
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

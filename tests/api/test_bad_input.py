@@ -19,7 +19,7 @@ from django.test import RequestFactory
 
 from lakeshore_admin.api_errors import bad_request
 from lakeshore_admin.parsers import DepthLimitedJSONFormField, json_depth
-from tests.api.assertions import assert_error
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from fleet import daemons, protocol
 from fleet.models import Daemon, DaemonCommand
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

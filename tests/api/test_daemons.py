@@ -9,9 +9,9 @@ from rest_framework.test import APIClient
 from fleet.api.serializers import DaemonSerializer
 from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.api.shapes import DAEMON_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import DAEMON_KEYS
 
 pytestmark = pytest.mark.django_db
 

@@ -4,11 +4,7 @@ request by request, through the real WSGI application. What it may not answer as
 the full stack would (a bad token, a role that is refused, a form or msgpack body,
 plain HTTP under LAKESHORE_HTTPS) it hands to Django untouched."""
 
-import io
-import json
-
 import pytest
-from django.core.handlers.wsgi import WSGIHandler
 from django.db import OperationalError, connection
 from django.test.utils import CaptureQueriesContext
 
@@ -17,66 +13,12 @@ from edge.lean_path import LeanPath
 from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
-from tests import builders
+from tests.support import builders
+from tests.support.doors import Counting, call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ECHO = "lakeshore.functions.echo"
-
-
-class Counting:
-    """Django's application, counting the requests it was handed."""
-
-    def __init__(self):
-        self.app = WSGIHandler()  # built after the test's settings: middleware reads them
-        self.calls = 0
-
-    def __call__(self, environ, start_response):
-        self.calls += 1
-        return self.app(environ, start_response)
-
-
-def call(
-    app,
-    path,
-    body=None,
-    *,
-    token,
-    content_type="application/json",
-    extra=None,
-    raw=None,
-    decode=True,
-):
-    if raw is None:
-        raw = b"" if body is None else json.dumps(body).encode()
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
-        "SERVER_NAME": "localhost",
-        "SERVER_PORT": "80",
-        "HTTP_HOST": "localhost",
-        "REMOTE_ADDR": "127.0.0.1",
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(raw),
-        "CONTENT_LENGTH": str(len(raw)),
-        "CONTENT_TYPE": content_type,
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
-        **(extra or {}),
-    }
-    answer = {}
-
-    def start_response(status, headers, exc_info=None):
-        answer["status"] = int(status.split()[0])
-        answer["headers"] = dict(headers)
-
-    result = app(environ, start_response)
-    body = b"".join(result)
-    if hasattr(result, "close"):
-        result.close()
-    answer["headers"].pop("Content-Length", None)
-    if not decode:  # the body's bytes (msgpack, an SDK error's text)
-        return answer["status"], answer["headers"], body
-    return answer["status"], answer["headers"], json.loads(body) if body else None
 
 
 @pytest.fixture

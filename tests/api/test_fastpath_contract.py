@@ -11,8 +11,8 @@ from django.conf import global_settings, settings
 
 from accounts.authentication import token_cache
 from edge.lean_path import ACCOUNTED, LeanPath, unaccounted
-from tests import builders
-from tests.api.test_fastpath import Counting, call
+from tests.support import builders
+from tests.support.doors import Counting, call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

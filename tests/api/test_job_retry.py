@@ -10,8 +10,8 @@ from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin import hooks
 from queues import services as queue_services
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -29,8 +29,8 @@ from jobs.transitions.states import TERMINAL
 from queues import metrics as collector
 from queues import services as queue_services
 from queues.models import QueueEvent
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

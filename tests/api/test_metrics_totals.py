@@ -14,7 +14,6 @@ from jobs import services
 from jobs.transitions import kill
 from lakeshore_admin import metrics
 from queues.models import MetricTotal
-from tests import builders
 from tests.api.test_metrics import (
     ACTIONS,
     ECHO,
@@ -24,6 +23,7 @@ from tests.api.test_metrics import (
     scrape,
     value,
 )
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

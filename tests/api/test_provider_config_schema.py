@@ -4,9 +4,8 @@ types, ranges, required keys; unknown keys are refused, naming the allowed ones.
 import pytest
 
 from fleet.models import Provider
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

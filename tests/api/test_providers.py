@@ -5,9 +5,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from fleet.models import Provider
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.api.shapes import PROVIDER_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import PROVIDER_KEYS
 
 pytestmark = pytest.mark.django_db
 

@@ -4,10 +4,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests import builders
-from tests.api.assertions import assert_error
 from tests.api.events import event, events
-from tests.api.shapes import EVENT_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import EVENT_KEYS
 
 pytestmark = pytest.mark.django_db
 

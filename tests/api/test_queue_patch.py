@@ -4,9 +4,9 @@ from datetime import datetime
 
 import pytest
 
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.api.shapes import QUEUE_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import QUEUE_KEYS
 
 pytestmark = pytest.mark.django_db
 

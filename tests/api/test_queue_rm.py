@@ -5,8 +5,8 @@ import pytest
 from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation
 from queues.models import Queue
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

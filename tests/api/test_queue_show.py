@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from fleet.models import DaemonState
 from jobs.models import Invocation
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.api.shapes import DAEMON_KEYS, QUEUE_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import DAEMON_KEYS, QUEUE_KEYS
 
 pytestmark = pytest.mark.django_db
 

@@ -4,10 +4,10 @@ import pytest
 
 from fleet.models import DaemonState
 from jobs.models import Invocation
-from tests import builders
-from tests.api.assertions import assert_error
 from tests.api.events import events
-from tests.api.shapes import EVENT_KEYS, STATS_KEYS
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.shapes import EVENT_KEYS, STATS_KEYS
 
 pytestmark = pytest.mark.django_db
 

@@ -3,7 +3,7 @@ by `lakeshore auth env --sdk`)."""
 
 import pytest
 
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -8,9 +8,8 @@ from fleet import slurm
 from fleet.driver_base import ProviderError
 from fleet.models import Daemon, Provider
 from queues.models import Queue
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

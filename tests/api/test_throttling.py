@@ -13,8 +13,8 @@ from rest_framework.views import APIView
 
 from accounts.services import token_create
 from accounts.throttles import BadTokenThrottle
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

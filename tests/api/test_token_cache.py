@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from accounts.authentication import token_cache
 from accounts.models import ApiToken
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

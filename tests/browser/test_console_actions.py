@@ -12,7 +12,7 @@ from fleet import controller
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,7 @@ from playwright.sync_api import expect
 from fleet.daemons import daemon_drop
 from fleet.models import Daemon
 from jobs import services as job_services
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.test_console_job_page import _login
-from tests.jobs.test_logs import lines, running_job, ship
+from tests.support.job_logs import lines, running_job, ship
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

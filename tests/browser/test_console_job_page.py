@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 from accounts.roles import grant
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

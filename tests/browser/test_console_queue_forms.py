@@ -4,7 +4,7 @@ from playwright.sync_api import expect
 
 from accounts.roles import grant
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

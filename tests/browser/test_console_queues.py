@@ -5,7 +5,7 @@ from playwright.sync_api import expect
 from accounts.roles import grant
 from queues.models import Queue
 from queues.services import queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -18,7 +18,7 @@ from jobs import services as job_services
 from jobs.models import Invocation
 from queues import services
 from queues.models import QueueEvent, QueueSample
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

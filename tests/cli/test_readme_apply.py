@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import builders
-from tests.cli.test_apply import write
+from tests.support import builders
+from tests.support.shell import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

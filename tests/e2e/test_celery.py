@@ -12,9 +12,9 @@ from django.utils import timezone
 from fleet.models import Daemon
 from jobs import services
 from queues.models import QueueEvent
-from tests import builders
-from tests.e2e.servers import database_url
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders
+from tests.support.servers import database_url
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -64,7 +64,7 @@ def test_beat_reaps_a_silent_daemon_on_its_tick(tmp_path, broker):
     )
     worker = _start_worker(tmp_path, broker)
     try:
-        _wait_for(
+        wait_for(
             lambda: Daemon.objects.get(pk=daemon.pk).state == "lost",
             timeout=40,
             what="beat's reaper tick",
@@ -84,7 +84,7 @@ def test_beat_runs_the_elasticity_controller(tmp_path, broker):
     builders.queue(name="train", provider="sim", elasticity_spec={"kind": "fixed", "min": 2})
     worker = _start_worker(tmp_path, broker)
     try:
-        _wait_for(
+        wait_for(
             lambda: QueueEvent.objects.filter(queue__name="train", action="scale_up").exists(),
             timeout=40,
             what="the controller's first tick",

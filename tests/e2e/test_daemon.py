@@ -19,8 +19,9 @@ from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.servers import database_url
+from tests.support import builders
+from tests.support.servers import database_url
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -42,15 +43,6 @@ def _start_daemon(live_server, tmp_path, *args):
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: kill -9 takes its children too
     )
-
-
-def _wait_for(condition, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _log(tmp_path) -> str:
@@ -75,7 +67,7 @@ def test_it_runs_echo_sleep_and_fail_to_their_final_states(live_server, tmp_path
     ids = [echo.pk, nap.pk, boom.pk, forbidden.pk, slow.pk]
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--concurrency", "2")
     try:
-        _wait_for(
+        wait_for(
             lambda: not Invocation.objects.filter(pk__in=ids, state__in=["queued", "running"]),
             what="every invocation to finish",
         )
@@ -103,7 +95,7 @@ def test_sigterm_lets_the_running_invocation_finish(live_server, tmp_path):
     )
     later, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0, _log(tmp_path)
     inv.refresh_from_db()
@@ -121,7 +113,7 @@ def test_kill_9_then_the_reaper_requeues_or_fails_as_attempts_allow(live_server,
         function="lakeshore.functions.sleep", queue="e2e", args=[60], max_attempts=1
     )
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--concurrency", "2")
-    _wait_for(lambda: Invocation.objects.filter(state="running").count() == 2, what="both claims")
+    wait_for(lambda: Invocation.objects.filter(state="running").count() == 2, what="both claims")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
     report = daemons.reap(now=timezone.now() + timedelta(seconds=61))
@@ -153,7 +145,7 @@ def test_daemon_remove_stops_the_daemon_and_kills_its_work(live_server, tmp_path
         function="lakeshore.functions.sleep", queue="e2e", args=[60]
     )
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
     daemon = Daemon.objects.get()
     env = {
         **os.environ,
@@ -206,7 +198,7 @@ def _serve(port: int, tmp_path):
         except OSError:
             return False
 
-    _wait_for(up, what="the web server")
+    wait_for(up, what="the web server")
     return proc
 
 
@@ -221,12 +213,12 @@ def test_the_daemon_survives_a_server_restart(tmp_path):
 
     proc = _start_daemon(Address, tmp_path, "--queues", "e2e")
     try:
-        _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="claim")
+        wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="claim")
         server.terminate()
         server.wait(10)
         time.sleep(3)  # the invocation finishes while the server is down
         server = _serve(port, tmp_path)
-        _wait_for(
+        wait_for(
             lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded",
             what="the outcome reported after the restart",
         )
@@ -254,7 +246,7 @@ def test_a_daemon_whose_token_is_revoked_stops_cleanly(live_server, tmp_path, se
     settings.LAKESHORE_TOKEN_CACHE_SECONDS = 0  # the revocation holds from the next request
     builders.queue(name="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
-    _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+    wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
     daemon = Daemon.objects.get()
     ApiToken.objects.filter(user=daemon.owner).update(revoked_at=timezone.now())
     token_cache.clear()
@@ -274,7 +266,7 @@ def test_the_daemon_speaks_with_its_own_credential_not_the_token_it_started_with
     builders.queue(name="e2e")
     inv, _ = services.invocation_submit(function="lakeshore.functions.echo", queue="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
     daemon = Daemon.objects.select_related("token").get()
     started_with = ApiToken.objects.filter(user=daemon.owner, bound=False).get()
     assert daemon.token.bound and daemon.token_id != started_with.pk
@@ -296,15 +288,15 @@ def test_the_daemon_beats_within_the_servers_timeout_whatever_it_was_told(
     queue = builders.queue(name="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e", "--heartbeat", "10")
     try:
-        _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+        wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
         job, _ = services.invocation_submit(
             queue=queue.name, function="lakeshore.functions.sleep", args=[7]
         )
-        _wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "running", what="a run")
+        wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "running", what="a run")
         for _ in range(7):  # the job runs past twice the timeout; the reaper looks each second
             time.sleep(1)
             assert daemons.reap(now=timezone.now())["lost"] == 0, _log(tmp_path)
-        _wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "succeeded", what="its end")
+        wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "succeeded", what="its end")
         assert Invocation.objects.get(pk=job.pk).attempts == 1  # never run again
         assert "heartbeat every 1 s: a third of the server's 3 s timeout" in _log(tmp_path)
     finally:
@@ -320,7 +312,7 @@ def test_an_idle_daemon_stops_at_once_though_its_claim_waits_20_s(live_server, t
     builders.queue(name="e2e")
     proc = _start_daemon(live_server, tmp_path, "--queues", "e2e")
     try:
-        _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
+        wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="registration")
         time.sleep(3)  # its claim is waiting on the server
         assert daemons.reap(now=timezone.now())["lost"] == 0
         asked = time.monotonic()

@@ -11,9 +11,9 @@ import pytest
 from fleet.models import Daemon, DaemonCommand
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
 from tests.e2e.jobfuncs import alive, starts
 from tests.e2e.test_daemon_faults import FUNCS, LAKESHORE, _stop, _wait_for
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

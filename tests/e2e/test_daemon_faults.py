@@ -21,9 +21,9 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore.pool.processes import kill_job_group, start_job_process
-from tests import builders
 from tests.e2e import jobfuncs
 from tests.e2e.jobfuncs import alive, starts
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow]
 live = pytest.mark.django_db(transaction=True)

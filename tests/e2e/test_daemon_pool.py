@@ -15,8 +15,8 @@ import pytest
 
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
 from tests.e2e.jobfuncs import alive
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,6 @@ import pytest
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
 from tests.e2e.jobfuncs import alive
 from tests.e2e.test_daemon_exec import _exec
 from tests.e2e.test_daemon_faults import (
@@ -30,6 +29,7 @@ from tests.e2e.test_daemon_faults import (
     _wait_for,
 )
 from tests.lakeshore.test_template import memory_holds
+from tests.support import builders
 
 pytestmark = [
     pytest.mark.slow,

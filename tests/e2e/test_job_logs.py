@@ -11,13 +11,13 @@ from rest_framework.test import APIClient
 
 from jobs import services
 from jobs.models import Invocation, JobLog
-from tests import builders
 from tests.e2e.test_daemon_pool import (  # noqa: F401 - daemon: the fixture
     FUNCS,
     LAKESHORE,
     _wait_for,
     daemon,
 )
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

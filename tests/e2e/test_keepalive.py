@@ -12,7 +12,7 @@ import pytest
 
 from lakeshore.client import KEEPALIVE_EXPIRY, Client
 from lakeshore_admin import gunicorn_conf
-from tests.e2e.servers import environment, gunicorn
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -10,8 +10,8 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from queues.services import queue_patch
-from tests import builders
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -45,7 +45,7 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     up = builders.tick_queue(queue.pk)
     assert (up.action, up.delta) == ("scale_up", 1)
     daemon = Daemon.objects.get()
-    _wait_for(
+    wait_for(
         lambda: Daemon.objects.get(pk=daemon.pk).state == "idle",
         what="the launched daemon to register",
     )
@@ -57,7 +57,7 @@ def test_it_starts_a_daemon_that_runs_work_and_stops_it_on_scale_down(local_prov
     inv, _ = services.invocation_submit(
         function="lakeshore.functions.echo", queue="train", args=["from a local daemon"]
     )
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the job")
     inv.refresh_from_db()
     assert inv.daemon_id == daemon.pk and inv.result["args"] == ["from a local daemon"]
 
@@ -77,9 +77,9 @@ def test_a_daemon_it_starts_runs_the_python_sdks_calls_too(local_provider, setti
     """The controller's fleet serves both kinds of job: an @dls.udf call submitted with
     the real SDK runs on a daemon the local provider started."""
     dls = pytest.importorskip("dreamlake.lakeshore")
-    from tests.sdk import sdk_udfs  # noqa: PLC0415 - needs the optional dreamlake SDK: after the importorskip
+    from tests.support import sdk_udfs  # noqa: PLC0415 - needs the optional dreamlake SDK: after the importorskip
 
-    settings.LAKESHORE_ALLOWED_MODULES = ["tests.sdk"]  # the server owner's word
+    settings.LAKESHORE_ALLOWED_MODULES = ["tests.support.sdk_udfs"]  # the server owner's word
     queue = builders.queue(name="gpu", provider="here", elasticity_spec={"kind": "fixed", "min": 1})
     builders.tick_queue(queue.pk)
     dp = dls.HttpDispatch(settings.LAKESHORE_PUBLIC_URL, token=builders.token("operator"))

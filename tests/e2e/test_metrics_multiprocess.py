@@ -30,9 +30,8 @@ from jobs.models import Invocation
 from jobs.transitions.states import TERMINAL
 from lakeshore_admin import metrics
 from queues.models import MetricTotal, QueueEvent
-from tests import builders
-from tests.e2e import stack
-from tests.e2e.servers import database_url, free_port, gunicorn
+from tests.support import builders, stack
+from tests.support.servers import database_url, free_port, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

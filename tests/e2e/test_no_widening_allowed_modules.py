@@ -11,8 +11,8 @@ from fleet.daemons import daemon_drop
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon, Provider
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -70,7 +70,7 @@ def test_a_forced_config_widens_nothing_and_os_system_does_not_run(api, local_da
 
     assert (up.action, up.delta) == ("scale_up", 1)
     daemon = Daemon.objects.get()
-    _wait_for(
+    wait_for(
         lambda: Daemon.objects.get(pk=daemon.pk).state == "idle",
         what="the launched daemon to register",
     )
@@ -81,7 +81,7 @@ def test_a_forced_config_widens_nothing_and_os_system_does_not_run(api, local_da
     )
     assert response.status_code == 201, response.text  # a public path: the daemon decides
     job = Invocation.objects.get(pk=response.json()["id"])
-    _wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "failed", what="the refusal")
+    wait_for(lambda: Invocation.objects.get(pk=job.pk).state == "failed", what="the refusal")
     job.refresh_from_db()
     assert job.daemon_id == daemon.pk
     assert "not in an allowed module" in job.error

@@ -13,8 +13,8 @@ import sys
 import psutil
 import pytest
 
-from tests import builders
-from tests.e2e.servers import ROOT, environment, gunicorn
+from tests.support import builders
+from tests.support.servers import ROOT, environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from fleet.models import Daemon, DaemonState
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

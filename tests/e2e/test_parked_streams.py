@@ -20,9 +20,9 @@ from django.db import connection
 
 from jobs import sdk_frames, services
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.servers import gunicorn
 from tests.e2e.test_parked_long_polls import WORKERS, _environment, _threads
+from tests.support import builders
+from tests.support.servers import gunicorn
 
 pytestmark = [
     pytest.mark.slow,

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e import stack
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders, stack
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -84,7 +83,7 @@ def test_the_readmes_using_it_block_runs_end_to_end(tmp_path):
                 submitted += SUBMITTED.findall(done.stdout)
 
             assert len(submitted) >= 4
-            _wait_for(
+            wait_for(
                 lambda: all(
                     state == "succeeded"
                     for state in Invocation.objects.filter(pk__in=submitted).values_list(

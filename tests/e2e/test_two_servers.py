@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.models import Invocation
 from jobs.transitions.states import TERMINAL
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

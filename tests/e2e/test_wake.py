@@ -13,9 +13,8 @@ import pytest
 from fleet.models import Daemon
 from jobs.models import Invocation
 from queues.models import QueueEvent
-from tests import builders
-from tests.e2e import stack
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders, stack
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -52,14 +51,14 @@ def test_a_submit_launches_the_first_daemon_in_under_a_second(tmp_path, broker):
             assert _submit(base, token, queue)["state"] == "queued"
         started = time.monotonic()
         job = _submit(base, token, "elastic")
-        _wait_for(
+        wait_for(
             lambda: Daemon.objects.filter(queues=["elastic"]).exists(),
             timeout=10,
             what="the first daemon's launch",
         )
         took = time.monotonic() - started
         assert took < LAUNCH_BOUND, f"submit → launch took {took:.2f} s"
-        _wait_for(
+        wait_for(
             lambda: Invocation.objects.get(pk=job["id"]).state == "succeeded",
             timeout=60,
             what="the job on the daemon the wake started",

@@ -15,7 +15,7 @@ from jobs import services
 from lakeshore_admin import hooks
 from lakeshore_admin.celery import app as celery_app
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from jobs.models import Invocation
 from jobs.wakeup import listener
 from lakeshore_admin import hooks
 from queues.services import queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,7 +15,7 @@ from bench.fleet_swarm import CLAIM_WAIT, HEARTBEAT_DEFAULT, Fleet, percentile, 
 from lakeshore.client import Client
 from lakeshore.worker import heartbeat
 from lakeshore.worker.daemon import Worker
-from tests import builders
+from tests.support import builders
 
 
 @pytest.mark.parametrize("timeout", [None, "60", 0, 60.0, 30.0, 12.0, 3.0, 2.0, 1.0])

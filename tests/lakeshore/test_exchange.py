@@ -20,7 +20,7 @@ from lakeshore.worker.calls import Stopped
 from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.daemon import Worker
 from lakeshore.worker.reporting import Outcome, Reporter
-from tests import builders
+from tests.support import builders
 
 
 def _outcome(n: int, state: str = "succeeded", daemon_id: str = "7") -> Outcome:

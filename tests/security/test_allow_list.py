@@ -24,7 +24,7 @@ import pytest
 
 from jobs import sdk, services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore import wire  # noqa: E402

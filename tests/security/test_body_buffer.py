@@ -14,7 +14,7 @@ from django.core.handlers.wsgi import WSGIHandler
 
 from edge.application import Application
 from edge.lean_path import LeanPath
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

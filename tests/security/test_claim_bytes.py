@@ -18,7 +18,7 @@ from jobs import services
 from jobs.claim_room import claim_bytes
 from jobs.models import Invocation, Wire
 from queues.models import QueueKind
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

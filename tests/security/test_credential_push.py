@@ -19,7 +19,7 @@ from accounts.authentication import token_cache
 from accounts.models import ApiToken
 from fleet.models import Daemon
 from jobs.wakeup import listener
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from fleet.driver_base import mint_daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -20,8 +20,8 @@ from fleet.api import protocol_views
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
-from tests.api.test_fastpath import call
+from tests.support import builders
+from tests.support.doors import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

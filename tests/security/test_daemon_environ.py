@@ -20,9 +20,9 @@ from rest_framework.test import APIClient
 from fleet.driver_base import DRIVERS, server_free_environ
 from fleet.models import Daemon
 from queues.models import QueueEvent
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -55,7 +55,7 @@ def test_a_local_daemon_gets_no_server_secret_only_what_its_config_names(
     try:
         builders.tick_queue(queue.pk)
         daemon = Daemon.objects.get()
-        _wait_for(lambda: Daemon.objects.get(pk=daemon.pk).state == "idle", what="the daemon")
+        wait_for(lambda: Daemon.objects.get(pk=daemon.pk).state == "idle", what="the daemon")
         pid = int(Daemon.objects.get(pk=daemon.pk).external_id.removeprefix("pid:"))
         seen = _environ(pid)
     finally:

@@ -23,8 +23,8 @@ from fleet import daemons, registration
 from fleet.models import Daemon
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import QuotaReached
-from tests import builders
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
 
 pytestmark = pytest.mark.django_db
 

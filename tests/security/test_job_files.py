@@ -27,9 +27,9 @@ from jobs.models import Invocation
 from lakeshore import config as cli_config
 from lakeshore import private
 from lakeshore_admin import settings as server_settings
-from tests import builders
-from tests.api.assertions import assert_error
-from tests.e2e.test_daemon import _wait_for
+from tests.support import builders
+from tests.support.assertions import assert_error
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 USER = "lakeshore-test-job"
@@ -185,7 +185,7 @@ def local(live_server, settings, monkeypatch, place):
         paths = [str(auth), str(secret), str(public)]
         inv, _ = services.invocation_submit(function="jobfiles.report", queue="files", args=[paths])
         ended = ("succeeded", "failed")
-        _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state in ended, what="the job")
+        wait_for(lambda: Invocation.objects.get(pk=inv.pk).state in ended, what="the job")
         inv.refresh_from_db()
         log = Path(settings.VAR_DIR, "log", "daemons", f"{daemon.name}.log")
         assert inv.state == "succeeded", (inv.error, log.read_text() if log.exists() else "")

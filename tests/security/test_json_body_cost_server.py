@@ -25,9 +25,9 @@ import time
 import httpx
 import pytest
 
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
 from tests.security.test_token_before_body_server import Sampler, server_rss
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

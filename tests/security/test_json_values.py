@@ -29,8 +29,8 @@ from lakeshore import joblog
 from lakeshore_admin.api_errors import ERRORS_SHOWN
 from lakeshore_admin.parsers import DepthLimitedJSONFormField, json_values
 from lakeshore_admin.strict_input import StrictInput, name_field
-from tests import builders
 from tests.security.test_token_before_body import call
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Invocation, JobLog, LogChunk
-from tests.jobs.test_logs import lines, read, running_job
+from tests.support.job_logs import lines, read, running_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,9 +25,9 @@ import pytest
 from jobs import services, waits
 from jobs.models import ResultFrame
 from jobs.wakeup import listener
-from tests import builders
-from tests.e2e.test_daemon import _wait_for
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -88,7 +88,7 @@ class Waiting:
             target=lambda: self.answers.append(claim(self.base, daemon, token)), daemon=True
         )
         thread.start()
-        _wait_for(lambda: waits.slots.held == before + 1, what=f"{name} waiting", timeout=10)
+        wait_for(lambda: waits.slots.held == before + 1, what=f"{name} waiting", timeout=10)
         self.threads.append(thread)
         return thread
 
@@ -200,7 +200,7 @@ def test_control_without_the_limit_the_sdk_poll_waits(full, live_server, setting
         target=sdk_post, args=(live_server.url, token, "/v1/daemon/poll", body), daemon=True
     )
     thread.start()
-    _wait_for(lambda: waits.slots.held == 3, what="the poll waiting", timeout=10)
+    wait_for(lambda: waits.slots.held == 3, what="the poll waiting", timeout=10)
     full.threads.append(thread)  # ended with the others
 
 
@@ -225,7 +225,7 @@ def test_past_the_limit_an_sdk_await_answers_the_current_state(full, live_server
         target=sdk_post, args=(live_server.url, operator, path, body), daemon=True
     )
     thread.start()
-    _wait_for(lambda: waits.slots.held == 3, what="the await waiting", timeout=10)
+    wait_for(lambda: waits.slots.held == 3, what="the await waiting", timeout=10)
     services.invocation_kill(invocation_id=pending.pk)  # ends it: the await answers
     thread.join(30)
     assert not thread.is_alive()
@@ -262,11 +262,11 @@ def test_past_the_limit_a_stream_that_would_wait_is_refused_whole(full, live_ser
         target=lambda: answers.append(httpx.get(url, headers=headers, timeout=30)), daemon=True
     )
     thread.start()
-    _wait_for(lambda: waits.slots.held == 3, what="the stream waiting", timeout=10)
+    wait_for(lambda: waits.slots.held == 3, what="the stream waiting", timeout=10)
     services.invocation_kill(invocation_id=pending.pk)  # over: the stream ends
     thread.join(30)
     assert [(a.status_code, a.content) for a in answers] == [(200, b"")]
-    _wait_for(lambda: waits.slots.held == 2, what="the stream's slot given back", timeout=10)
+    wait_for(lambda: waits.slots.held == 2, what="the stream's slot given back", timeout=10)
 
 
 # ---------------------------------------------------------------------------- the daemon
@@ -315,7 +315,7 @@ def _daemon_claims(live_server, tmp_path, *, strip: bool, window: float) -> list
         start_new_session=True,
     )
     try:
-        _wait_for(lambda: counting.times, what="the daemon's first claim", timeout=30)
+        wait_for(lambda: counting.times, what="the daemon's first claim", timeout=30)
         time.sleep(window)
         first = counting.times[0]
         return [t - first for t in counting.times if t - first <= window]

@@ -15,8 +15,8 @@ from jobs import sdk
 from lakeshore import sdk_job
 from lakeshore.msgpack_count import count_objects
 from lakeshore_admin.msgpack_api import MsgPackParser, body_limit, unpack_limits
-from tests import builders
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
 
 pytestmark = pytest.mark.django_db
 

@@ -17,10 +17,10 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
 from tests.security.test_body_deadline import CSRF, PASSWORD, server_user
 from tests.security.test_token_before_body_server import Sampler, server_rss
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

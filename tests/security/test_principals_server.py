@@ -12,9 +12,9 @@ from django.contrib.auth import get_user_model
 from accounts.models import ApiToken
 from accounts.services import token_create
 from fleet.models import Daemon
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -19,9 +19,8 @@ from rest_framework.test import APIClient
 
 from fleet import controller
 from fleet.models import Provider
-from tests import builders
-from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = pytest.mark.django_db
 

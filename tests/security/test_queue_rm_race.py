@@ -22,7 +22,7 @@ from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict
 from queues import services as queue_services
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,9 @@ from jobs.models import Invocation, InvocationState, ResultFrame, ResultStream
 from jobs.retention import retention_sweep
 from jobs.transitions import rescue
 from lakeshore_admin.errors import Forbidden
-from tests import builders
-from tests.sdk.test_sdk_rules import ENVELOPE, SUBMIT, _call
+from tests.sdk.test_sdk_rules import SUBMIT, _call
+from tests.support import builders
+from tests.support.sdk_wire import ENVELOPE
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
+from tests.support import builders
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

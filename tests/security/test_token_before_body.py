@@ -14,9 +14,9 @@ from rest_framework.utils import json as drf_json
 
 from accounts.authentication import BearerTokenAuthentication, token_cache
 from edge.lean_path import LeanPath
-from tests import builders
-from tests.sdk.answers import decoded as sdk_decoded
 from tests.security.parse_first import ParseFirst
+from tests.support import builders
+from tests.support.sdk_wire import decoded as sdk_decoded
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.servers import environment, gunicorn
 from tests.security.test_token_before_body import json_bomb, msgpack_bomb
+from tests.support.servers import environment, gunicorn
 
 pytestmark = [
     pytest.mark.slow,

@@ -19,7 +19,7 @@ from accounts.models import ApiToken, AuditEvent
 from accounts.roles import grant, user_roles
 from accounts.services import token_create, token_mint
 from lakeshore_admin.errors import Forbidden
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -15,8 +15,8 @@ from accounts.services import token_create
 from fleet.models import Daemon
 from jobs import services
 from queues.models import Queue
-from tests import builders
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
 
 pytestmark = pytest.mark.django_db
 

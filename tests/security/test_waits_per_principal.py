@@ -16,9 +16,9 @@ from accounts.authentication import authenticate_token
 from edge.lean_path import LeanRequest
 from jobs import waits
 from jobs.wakeup import listener
-from tests import builders
-from tests.e2e.test_daemon import _wait_for
 from tests.security.test_long_poll_admission import WAIT, claim, register
+from tests.support import builders
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -35,7 +35,7 @@ class Claims:
         before = waits.slots.held
         thread = threading.Thread(target=claim, args=(self.base, daemon, token), daemon=True)
         thread.start()
-        _wait_for(lambda: waits.slots.held == before + 1, what="the claim waiting", timeout=10)
+        wait_for(lambda: waits.slots.held == before + 1, what="the claim waiting", timeout=10)
         self.threads.append(thread)
 
     def holding(self) -> bool:

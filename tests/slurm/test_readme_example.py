@@ -13,9 +13,9 @@ import pytest
 
 from fleet.models import Daemon
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.servers import database_url
-from tests.slurm.test_slurm_provider import _ours, _wait_for
+from tests.support import builders
+from tests.support.servers import database_url
+from tests.support.slurm import ours, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -86,7 +86,7 @@ def test_the_readme_example_works_as_printed(slurm_cluster, live_server, tmp_pat
     try:
         for line in commands:
             if line.startswith("lakeshore providers show"):
-                _wait_for(
+                wait_for(
                     lambda: Daemon.objects.filter(state="idle").count() == 2,
                     timeout=60,
                     what="two daemons from Slurm jobs",
@@ -97,10 +97,10 @@ def test_the_readme_example_works_as_printed(slurm_cluster, live_server, tmp_pat
                     seen.append(run(line))
                     return len(re.findall(r"lakeshore-train-\d+\s+RUNNING", seen[-1])) == 2
 
-                _wait_for(both_running, timeout=60, what="the tick to observe both jobs")
+                wait_for(both_running, timeout=60, what="the tick to observe both jobs")
                 assert "Cluster: reachable" in seen[-1] and "Slurm jobs: 2" in seen[-1], seen[-1]
             elif line.startswith("lakeshore jobs list"):
-                _wait_for(
+                wait_for(
                     lambda: Invocation.objects.filter(state="succeeded").count() == 1,
                     what="the job",
                 )
@@ -108,8 +108,8 @@ def test_the_readme_example_works_as_printed(slurm_cluster, live_server, tmp_pat
                 assert "succeeded" in listed, listed
             elif line.startswith("lakeshore queues patch train --min 0"):
                 run(line)
-                _wait_for(
-                    lambda: not _ours(slurm_cluster, "train"),
+                wait_for(
+                    lambda: not ours(slurm_cluster, "train"),
                     timeout=60,
                     what="squeue to be empty after the scale-down",
                 )

@@ -19,8 +19,8 @@ from jobs import services
 from jobs.models import Invocation
 from queues.models import Queue, QueueEvent
 from queues.services import queue_patch
-from tests import builders
-from tests.e2e.test_daemon import _wait_for as daemon_wait_for
+from tests.support import builders
+from tests.support.slurm import ours, wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,10 +29,6 @@ pytestmark = [
 ]
 
 LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
-
-
-def _wait_for(condition, timeout=45.0, what="condition"):
-    daemon_wait_for(condition, timeout=timeout, what=what)
 
 
 @pytest.fixture
@@ -49,14 +45,6 @@ def hpc(slurm_cluster, live_server, settings, tmp_path):
     )
     yield provider
     slurm_cluster.cancel_all()
-
-
-def _ours(cluster, queue: str) -> dict[str, tuple[str, str]]:
-    return {
-        job: (name, state)
-        for job, (name, state) in cluster.jobs().items()
-        if name.startswith(f"lakeshore-{queue}-")
-    }
 
 
 def _tick(queue_name: str) -> QueueEvent:
@@ -86,13 +74,13 @@ def test_scale_up_runs_real_work_in_slurm_jobs_and_scale_down_ends_them(
 
     # squeue lists one job per daemon, named for the queue and the daemon, and the daemon
     # knows its job by id
-    _wait_for(lambda: all(d.external_id for d in Daemon.objects.all()), what="job ids")
-    jobs = _ours(slurm_cluster, "train")
+    wait_for(lambda: all(d.external_id for d in Daemon.objects.all()), what="job ids")
+    jobs = ours(slurm_cluster, "train")
     by_daemon = {d.pk: d for d in Daemon.objects.all()}
     assert {name for name, _ in jobs.values()} == {f"lakeshore-train-{pk}" for pk in by_daemon}
     assert set(jobs) == {d.external_id for d in by_daemon.values()}
 
-    _wait_for(
+    wait_for(
         lambda: Daemon.objects.filter(state="idle").count() == 2,
         what="both daemons to register from inside their Slurm jobs",
     )
@@ -100,7 +88,7 @@ def test_scale_up_runs_real_work_in_slurm_jobs_and_scale_down_ends_them(
         services.invocation_submit(function="lakeshore.functions.echo", queue="train", args=[n])[0]
         for n in range(6)
     ]
-    _wait_for(lambda: Invocation.objects.filter(state="succeeded").count() == 6, what="the work")
+    wait_for(lambda: Invocation.objects.filter(state="succeeded").count() == 6, what="the work")
     ran_on = set(
         Invocation.objects.filter(pk__in=[i.pk for i in submitted]).values_list(
             "daemon_id", flat=True
@@ -129,7 +117,7 @@ def test_scale_up_runs_real_work_in_slurm_jobs_and_scale_down_ends_them(
     queue_patch(name="train", changes={"elasticity": {"min": 0}})
     down = _tick("train")
     assert (down.action, down.delta) == ("scale_down", -2)
-    _wait_for(lambda: not _ours(slurm_cluster, "train"), what="squeue to be empty")
+    wait_for(lambda: not ours(slurm_cluster, "train"), what="squeue to be empty")
     for d in Daemon.objects.all():
         assert d.state == "terminated"
         assert ApiToken.objects.get(pk=d.token_id).revoked_at is not None
@@ -149,7 +137,7 @@ def test_never_more_slurm_jobs_than_max(hpc, slurm_cluster):
     while Invocation.objects.exclude(state="succeeded").exists():
         assert time.monotonic() < deadline, "the work did not finish"
         _tick("burst")
-        seen.append(len(_ours(slurm_cluster, "burst")))
+        seen.append(len(ours(slurm_cluster, "burst")))
         assert seen[-1] <= 2, seen
         time.sleep(0.3)
     assert max(seen) == 2  # it did grow to --max, and never past it
@@ -160,11 +148,11 @@ def _one_daemon_running_a_sleep(seconds: float) -> tuple[Daemon, Invocation]:
     """Queue gpu with one Slurm daemon, running a sleep that may run twice."""
     builders.queue(name="gpu", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
     _tick("gpu")
-    _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
+    wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
     inv, _ = services.invocation_submit(
         function="lakeshore.functions.sleep", queue="gpu", args=[seconds], max_attempts=2
     )
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="the claim")
     return Daemon.objects.get(), inv
 
 
@@ -176,7 +164,7 @@ def test_a_slurm_job_that_ends_under_its_daemon_marks_it_lost_at_once_and_the_wo
     # kill -9 of the daemon inside the job (an OOM kill, a crash): it cannot say goodbye,
     # and its job ends FAILED
     subprocess.run(["pkill", "-KILL", "-f", "--", f"--name {first.name}"], check=True)
-    _wait_for(lambda: first.external_id not in slurm_cluster.jobs(), what="the job to end")
+    wait_for(lambda: first.external_id not in slurm_cluster.jobs(), what="the job to end")
     event = _tick("gpu")  # no heartbeat timeout (600 s here): Slurm's word is enough
     first.refresh_from_db()
     assert first.state == "lost"
@@ -190,7 +178,7 @@ def test_a_slurm_job_that_ends_under_its_daemon_marks_it_lost_at_once_and_the_wo
 
     # the same tick saw one daemon fewer than wanted and launched a replacement
     assert (event.action, event.delta) == ("scale_up", 1)
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the rerun")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the rerun")
     inv.refresh_from_db()
     assert inv.attempts == 2 and inv.daemon_id != first.pk
 
@@ -201,7 +189,7 @@ def test_an_external_scancel_ends_the_daemon_and_its_job_reruns(hpc, slurm_clust
     the work, and the next tick replaces the daemon."""
     first, inv = _one_daemon_running_a_sleep(60)
     slurm_cluster.run("scancel", first.external_id)
-    _wait_for(lambda: first.external_id not in slurm_cluster.jobs(), what="the job to end")
+    wait_for(lambda: first.external_id not in slurm_cluster.jobs(), what="the job to end")
     event = _tick("gpu")
     first.refresh_from_db()
     assert first.state in ("terminated", "lost")  # it left, or Slurm's word came first
@@ -212,7 +200,7 @@ def test_an_external_scancel_ends_the_daemon_and_its_job_reruns(hpc, slurm_clust
     assert (event.action, event.delta) == ("scale_up", 1)
     inv.max_attempts = 2  # the rerun: a short one this time
     Invocation.objects.filter(pk=inv.pk).update(args=[0.2])
-    _wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the rerun")
+    wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded", what="the rerun")
 
 
 def test_a_bad_partition_is_a_launch_failed_event_with_slurms_words_then_back_off(
@@ -231,7 +219,7 @@ def test_a_bad_partition_is_a_launch_failed_event_with_slurms_words_then_back_of
     daemon = Daemon.objects.get()
     assert daemon.state == "terminated" and daemon.external_id == ""
     assert ApiToken.objects.get(pk=daemon.token_id).revoked_at is not None
-    assert not _ours(slurm_cluster, "bad")
+    assert not ours(slurm_cluster, "bad")
 
     again = _tick("bad")  # backing off: no new launch, and it says so
     assert again.action == "hold" or again.action == "tick_noop"
@@ -247,9 +235,9 @@ def test_a_job_pending_past_the_start_up_grace_is_cancelled_and_counted_as_faile
     hpc.save()  # more CPUs than the node has: Slurm accepts it and leaves it pending
     builders.queue(name="big", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
     _tick("big")
-    _wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
+    wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
     daemon = Daemon.objects.get()
-    assert _ours(slurm_cluster, "big")[daemon.external_id][1] == "PENDING"
+    assert ours(slurm_cluster, "big")[daemon.external_id][1] == "PENDING"
     time.sleep(1.2)
     _tick("big")
     failed = QueueEvent.objects.get(action="launch_failed")
@@ -257,7 +245,7 @@ def test_a_job_pending_past_the_start_up_grace_is_cancelled_and_counted_as_faile
     assert "cancelled" in failed.reason and "backing off" in failed.reason
     daemon.refresh_from_db()
     assert daemon.state == "terminated"
-    _wait_for(lambda: not _ours(slurm_cluster, "big"), what="the pending job to be cancelled")
+    wait_for(lambda: not ours(slurm_cluster, "big"), what="the pending job to be cancelled")
 
 
 def test_providers_show_says_whether_the_cluster_answers_and_lists_its_jobs(
@@ -265,7 +253,7 @@ def test_providers_show_says_whether_the_cluster_answers_and_lists_its_jobs(
 ):
     builders.queue(name="train", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
     _tick("train")
-    _wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
+    wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
     daemon = Daemon.objects.get()
     controller.tick()  # the tick observes the cluster; a read shows what it saw
     out = _cli(live_server, tmp_path, "providers", "show", "hpc")
@@ -293,8 +281,8 @@ def test_without_slurm_conf_the_servers_environment_finds_the_cluster(
     hpc.save()
     builders.queue(name="env", provider="hpc", elasticity_spec={"kind": "fixed", "min": 1})
     _tick("env")
-    _wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
-    assert list(_ours(slurm_cluster, "env").values())[0][1] == "RUNNING"
+    wait_for(lambda: Daemon.objects.filter(state="idle").exists(), what="the daemon")
+    assert list(ours(slurm_cluster, "env").values())[0][1] == "RUNNING"
 
 
 def test_an_instance_type_maps_onto_the_jobs_resources(hpc, slurm_cluster):
@@ -311,7 +299,7 @@ def test_an_instance_type_maps_onto_the_jobs_resources(hpc, slurm_cluster):
         elasticity_spec={"kind": "fixed", "min": 1},
     )
     _tick("sized")
-    _wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
+    wait_for(lambda: Daemon.objects.exclude(external_id="").exists(), what="the job id")
     daemon = Daemon.objects.get()
     shown = slurm_cluster.run("scontrol", "show", "job", daemon.external_id)
     assert "NumCPUs=2" in shown and "TimeLimit=00:10:00" in shown

@@ -11,7 +11,7 @@ from fleet import controller
 from fleet.models import Daemon
 from fleet.slurm import SlurmCommands
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = [
     pytest.mark.slow,

@@ -28,14 +28,14 @@ from django.db import InterfaceError, OperationalError, connection
 
 from fleet.models import LIVE_DAEMON_STATES, Daemon
 from jobs.models import Invocation
-from tests import builders
-from tests.e2e.servers import database_url
 from tests.soak.chaos import Chaos, Reaper
 from tests.soak.daemon_thread import CLAIM_LIMIT, QUEUE, SINGLE_EVERY, DaemonThread
 from tests.soak.database_restart import restart_database
 from tests.soak.http_calls import REFUSED
 from tests.soak.ledger import Shared
 from tests.soak.web_server import DB_POOL_MAX, HEARTBEAT_TIMEOUT, WEB_WORKERS, Server
+from tests.support import builders
+from tests.support.servers import database_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.soak, pytest.mark.django_db(transaction=True)]
 

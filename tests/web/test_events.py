@@ -20,7 +20,7 @@ from fleet.daemons import daemon_drop
 from jobs import services as job_services
 from queues import services
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

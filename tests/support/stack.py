@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.servers import database_url, free_port, gunicorn
+from tests.support.servers import database_url, free_port, gunicorn
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKERS = ["filesystem://"]

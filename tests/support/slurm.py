@@ -1,7 +1,8 @@
 """A real single-node Slurm cluster (slurmctld, slurmd, munged on 127.0.0.1, private
 ports, everything under one temp directory), started once per test process by
 scripts/slurm/up and stopped by scripts/slurm/down. Tests that need it are skipped,
-with the install command, where Slurm's daemons are not installed."""
+with the install command, where Slurm's daemons are not installed. A pytest plugin:
+tests/conftest.py registers it (the `slurm_cluster` fixture)."""
 
 import os
 import shutil
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "munged")
@@ -75,3 +78,17 @@ def slurm_cluster():
             capture_output=True,
             timeout=120,
         )
+
+
+def ours(cluster: Cluster, queue: str) -> dict[str, tuple[str, str]]:
+    """The cluster's live jobs that are daemons of `queue`: id → (name, state)."""
+    return {
+        job: (name, state)
+        for job, (name, state) in cluster.jobs().items()
+        if name.startswith(f"lakeshore-{queue}-")
+    }
+
+
+def wait_for(condition, timeout=45.0, what="condition"):
+    """wait_for with the time a Slurm job takes to start a daemon that registers."""
+    waiting.wait_for(condition, timeout=timeout, what=what)

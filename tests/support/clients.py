@@ -1,7 +1,11 @@
+"""API clients holding a fresh token of a role, for the tests of every area that call the
+REST API. A pytest plugin: tests/conftest.py registers it (tests/jobs/conftest.py has an
+`operator` of its own)."""
+
 import pytest
 from rest_framework.test import APIClient
 
-from tests import builders
+from tests.support import builders
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""UDFs for the SDK tests. The producer (the test) and the SDK's worker (a subprocess
-with the project on PYTHONPATH) both import this module."""
+"""UDFs for the tests that drive the real Python SDK (the SDK's own, the CLI's `auth env
+--sdk`, the local provider's daemons). The producer (the test) and the SDK's worker (a
+subprocess with the project on PYTHONPATH) both import this module."""
 
 import os
 import time
