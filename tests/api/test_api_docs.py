@@ -176,7 +176,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def browser_type_launch_args(browser_type_launch_args):
     if not CHROMIUM:
         pytest.skip("no Chromium: 'apt-get install chromium' runs this test")
-    # as in tests/browser: Debian's Chromium, and no host but this one resolves
+    # as in tests/web/browser: Debian's Chromium, and no host but this one resolves
     return {
         **browser_type_launch_args,
         "executable_path": CHROMIUM,

@@ -1,6 +1,6 @@
 """A submit into an elastic queue that no live daemon serves wakes the controller for that
 queue (issue 20: scale from zero without waiting for a tick); a wake and a tick that race
-launch once. The real chain (gunicorn, a Celery worker, real daemons): tests/e2e/test_wake.py."""
+launch once. The real chain (gunicorn, a Celery worker, real daemons): tests/fleet/test_wake.py."""
 
 import threading
 
