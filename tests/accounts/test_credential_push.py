@@ -21,7 +21,7 @@ from fleet.models import Daemon
 from jobs.wakeup import listener
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from tests.support import builders
 from tests.support.sdk_wire import answer_of
 from tests.support.servers import environment, gunicorn
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 
 @pytest.fixture(scope="module")

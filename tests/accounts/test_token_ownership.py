@@ -21,7 +21,7 @@ from accounts.services import token_create, token_mint
 from lakeshore_admin.errors import Forbidden
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 TOKENS = "/api/v1/tokens/"
 

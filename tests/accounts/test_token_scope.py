@@ -18,7 +18,7 @@ from queues.models import Queue
 from tests.support import builders
 from tests.support.sdk_wire import answer_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 
 def _as(api, raw):

@@ -185,6 +185,7 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_both_pages_render_in_a_browser_from_this_server_alone_within_its_csp(
     page, live_server, public
 ):

@@ -29,7 +29,7 @@ from tests.support import builders
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore import wire  # noqa: E402
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.security]
 live = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]

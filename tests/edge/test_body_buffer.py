@@ -16,7 +16,7 @@ from edge.application import Application
 from edge.lean_path import LeanPath
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 KIB = 1024
 

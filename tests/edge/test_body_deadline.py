@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("load"),  # 300 connections at once
+    pytest.mark.security,
 ]
 
 BODY_SECONDS = 6.0

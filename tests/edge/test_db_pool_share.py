@@ -25,7 +25,7 @@ from django.db import connection
 from tests.support import builders
 from tests.support.servers import environment, gunicorn
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 POOL = {
     "LAKESHORE_WEB_WORKERS": "1",

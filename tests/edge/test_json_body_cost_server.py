@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("memory"),  # one at a time: the control takes about 1 GiB
+    pytest.mark.security,
 ]
 
 MIB = 1024 * 1024

@@ -32,7 +32,7 @@ from lakeshore_admin.strict_input import StrictInput, name_field
 from tests.edge.test_token_before_body import call
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 SUBMIT = "/api/v1/jobs/"
 ECHO = "lakeshore.functions.echo"

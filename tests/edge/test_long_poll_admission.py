@@ -29,7 +29,7 @@ from tests.support import builders
 from tests.support.sdk_wire import answer_of
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 ROOT = Path(__file__).resolve().parents[2]
 LAKESHORE = str(Path(sys.executable).parent / "lakeshore")

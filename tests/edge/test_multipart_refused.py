@@ -26,6 +26,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("memory"),  # measures the server's memory
+    pytest.mark.security,
 ]
 
 MIB = 1024 * 1024

@@ -18,7 +18,7 @@ import pytest
 from tests.support import builders
 from tests.support.servers import environment, gunicorn
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 ROOM = 20  # LAKESHORE_MAX_PARKED
 SHARE = 5  # LAKESHORE_MAX_PARKED_PER_PRINCIPAL

@@ -20,7 +20,7 @@ from django.utils import timezone
 from tests.support import builders
 from tests.support.servers import environment, gunicorn
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 KEEP = 2.0  # seconds: the server's keep-alive here
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

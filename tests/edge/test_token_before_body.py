@@ -18,7 +18,7 @@ from tests.edge.parse_first import ParseFirst
 from tests.support import builders
 from tests.support.sdk_wire import decoded as sdk_decoded
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 MIB = 1024 * 1024
 CLAIM = "/api/v1/daemons/{}/claim/"

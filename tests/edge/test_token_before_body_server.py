@@ -28,6 +28,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("memory"),  # one at a time: a control takes 2-4 GiB
+    pytest.mark.security,
 ]
 
 MIB = 1024 * 1024

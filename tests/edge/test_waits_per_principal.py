@@ -20,7 +20,7 @@ from tests.edge.test_long_poll_admission import WAIT, claim, register
 from tests.support import builders
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 
 class Claims:

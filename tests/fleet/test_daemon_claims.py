@@ -19,7 +19,7 @@ from jobs.models import Invocation
 from tests.support import builders
 from tests.support.assertions import assert_error
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 ECHO = "lakeshore.functions.echo"
 REGISTER = "/api/v1/daemons/register/"

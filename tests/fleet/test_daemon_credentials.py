@@ -23,7 +23,7 @@ from jobs.models import Invocation
 from tests.support import builders
 from tests.support.doors import call
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 ECHO = "lakeshore.functions.echo"
 

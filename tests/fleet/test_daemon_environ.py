@@ -25,7 +25,7 @@ from tests.support import builders
 from tests.support.assertions import assert_error
 from tests.support.waiting import wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 SECRET = "AWS_SECRET_ACCESS_KEY"
 

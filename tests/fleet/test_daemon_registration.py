@@ -26,7 +26,7 @@ from lakeshore_admin.errors import QuotaReached
 from tests.support import builders
 from tests.support.sdk_wire import answer_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 REGISTER = "/api/v1/daemons/register/"
 

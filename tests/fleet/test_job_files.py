@@ -31,6 +31,8 @@ from tests.support import builders
 from tests.support.assertions import assert_error
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.security
+
 ROOT = Path(__file__).resolve().parents[2]
 USER = "lakeshore-test-job"
 

@@ -23,7 +23,7 @@ from fleet.models import Provider
 from tests.support import builders
 from tests.support.servers import environment, gunicorn
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 FAKE = """\
     #!/bin/sh

@@ -26,6 +26,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("slurm"),  # one cluster per test process: keep them on one
+    pytest.mark.slurm,
 ]
 
 LAKESHORE = str(Path(sys.executable).parent / "lakeshore")

@@ -17,6 +17,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db,
     pytest.mark.xdist_group("slurm"),  # one cluster per test process: keep them on one
+    pytest.mark.slurm,
 ]
 
 

@@ -20,7 +20,7 @@ from jobs.models import Invocation, Wire
 from queues.models import QueueKind
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 MiB = 1024 * 1024
 SIX = 6 * MiB

@@ -21,7 +21,7 @@ from django.utils import timezone
 from jobs.models import Invocation, JobLog, LogChunk
 from tests.support.job_logs import lines, read, running_job
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 
 @pytest.fixture

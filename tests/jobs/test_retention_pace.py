@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),  # every batch commits, as in production
     # its pace is measured: never beside the tests that load both cores (their group)
     pytest.mark.xdist_group("load"),
+    pytest.mark.security,
 ]
 
 BACKLOG = 300_000

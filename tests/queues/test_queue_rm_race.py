@@ -24,7 +24,7 @@ from queues import services as queue_services
 from queues.models import Queue
 from tests.support import builders
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 ECHO = "lakeshore.functions.echo"
 LOCK = re.compile(r"\s+FOR KEY SHARE")

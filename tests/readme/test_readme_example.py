@@ -21,6 +21,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.xdist_group("slurm"),
+    pytest.mark.slurm,
 ]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """The README's "Security" table tells the truth: each bound it names by a setting has
 that setting's default, as the server reads it in a clean environment (no LAKESHORE_*
 variable set), and each setting it names is one the server has. A row whose setting
-is "—" is a rule with no knob (its attack has a test of its own in tests/security/)."""
+is "—" is a rule with no knob (its attack has a test of its own, marked `security`)."""
 
 import json
 import os

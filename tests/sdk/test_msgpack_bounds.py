@@ -18,7 +18,7 @@ from lakeshore_admin.msgpack_api import MsgPackParser, body_limit, unpack_limits
 from tests.support import builders
 from tests.support.sdk_wire import answer_of
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 MIB = 1024 * 1024
 POLL = "/v1/daemon/poll"

@@ -21,7 +21,7 @@ from tests.sdk.test_sdk_rules import SUBMIT, _call
 from tests.support import builders
 from tests.support.sdk_wire import ENVELOPE
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 
 def owner_rule(pk, token):

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 
 from tests.web.browser.test_console_tour import _pages  # `world`: tests/web/browser/conftest.py
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 AXE_OPTIONS = {
     "runOnly": {

@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 from tests.support.job_logs import lines, running_job, ship
 from tests.web.browser.test_console_job_page import _login
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 AT_END = "b => b.scrollHeight - b.scrollTop - b.clientHeight < 24"
 

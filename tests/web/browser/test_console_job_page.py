@@ -11,7 +11,7 @@ from jobs import services
 from jobs.models import Invocation
 from tests.support import builders
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 
 @pytest.fixture

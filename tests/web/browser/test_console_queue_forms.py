@@ -6,7 +6,7 @@ from accounts.roles import grant
 from queues.models import Queue
 from tests.support import builders
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 
 @pytest.fixture

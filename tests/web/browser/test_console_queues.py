@@ -7,7 +7,7 @@ from queues.models import Queue
 from queues.services import queue_transition
 from tests.support import builders
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 
 @pytest.fixture

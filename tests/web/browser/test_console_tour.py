@@ -20,7 +20,7 @@ from queues import services
 from queues.models import QueueEvent, QueueSample
 from tests.support import builders
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 TRACEBACK = """Traceback (most recent call last):
   File "/srv/train/loop.py", line 88, in step

@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 from tests.support import builders
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.browser]
 
 # Registered before any page script runs; Playwright's init scripts are not subject to CSP.
 LISTEN = """
