@@ -82,7 +82,7 @@ clean:
 # The console tour (README): every page in light and dark, at 1280 and 390 px.
 screenshots: install
 	rm -rf docs/tour && mkdir -p docs/tour
-	LAKESHORE_SCREENSHOTS=$(CURDIR)/docs/tour $(BIN)/pytest tests/browser/test_console_tour.py -k shot
+	LAKESHORE_SCREENSHOTS=$(CURDIR)/docs/tour $(BIN)/pytest tests/web/browser/test_console_tour.py -k shot
 	@echo "written to docs/tour/"
 
 # A private one-node Slurm cluster (README "Providers"): Debian's slurmctld, slurmd and

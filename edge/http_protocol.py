@@ -20,7 +20,7 @@ It relies on the attributes uvicorn's protocol class sets for itself (`loop`,
 `transport`, `timeout_keep_alive`, `timeout_keep_alive_task`, `cycle`, `scope`,
 `access_logger`) and its request cycle's (`more_body`, `response_started`,
 `response_complete`, `disconnected`, `message_event`) in the pinned version
-(requirements.txt); tests/security/test_slow_head.py and test_body_deadline.py check
+(requirements.txt); tests/edge/test_slow_head.py and test_body_deadline.py check
 it on the real server."""
 
 import asyncio

@@ -26,15 +26,15 @@ everything else to Django, unchanged:
 
 The token and the role are checked before a byte of the body is read: a request
 refused for either goes to Django with its body unread, and DRF refuses it before
-its parsers run, so a stranger's body is never read or parsed (tests/security/
+its parsers run, so a stranger's body is never read or parsed (tests/edge/
 test_token_before_body.py). So is the daemon's: a token that may not speak for the
 daemon of the path is answered 403 not_your_daemon here, its body unread
-(refused_before_body; tests/security/test_json_body_cost_server.py).
+(refused_before_body; tests/edge/test_json_body_cost_server.py).
 
-Its answers carry the headers the middleware would add (tests/api/test_fastpath.py
+Its answers carry the headers the middleware would add (tests/edge/test_fastpath.py
 compares both ways request by request). ACCOUNTED lists every middleware of
 settings.MIDDLEWARE with what stands in for it here: one it does not list turns the
-lean path off, and tests/api/test_fastpath_contract.py fails until it is listed; the
+lean path off, and tests/edge/test_fastpath_contract.py fails until it is listed; the
 same test turns on each of Django's security settings and compares the headers.
 
 It sends Django's request_started and request_finished signals, so database
@@ -72,7 +72,7 @@ log = logging.getLogger("django.request")
 
 # Every middleware of settings.MIDDLEWARE, and what stands in for it on the requests the
 # lean path takes. A middleware that is not listed turns the lean path off (a warning
-# names it), so a new one is never skipped unseen; tests/api/test_fastpath_contract.py
+# names it), so a new one is never skipped unseen; tests/edge/test_fastpath_contract.py
 # fails until it is listed here.
 ACCOUNTED = {
     "django.middleware.security.SecurityMiddleware": (

@@ -15,6 +15,14 @@ from lakeshore_admin import embedded_db, metrics
 # Playwright keeps an asyncio loop on the main thread; Django's ORM must still run there.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
+# Fixtures the tests of several areas use (pytest reads pytest_plugins here only, in the
+# root conftest.py). An area's own fixtures are in its conftest.py.
+pytest_plugins = [
+    "tests.support.clients",  # operator, viewer: API clients with a fresh token
+    "tests.support.shell",  # sh, operator_token: the installed CLI against the live server
+    "tests.support.slurm",  # slurm_cluster: a real one-node Slurm cluster
+]
+
 
 def pytest_unconfigure(config):
     """Stop the test session's embedded PostgreSQL (if it started one): SIGTERM and

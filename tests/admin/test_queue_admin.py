@@ -7,7 +7,7 @@ from fleet.models import Provider
 from jobs.models import Invocation
 from jobs.services import invocation_submit
 from queues.models import Queue, QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

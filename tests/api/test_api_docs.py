@@ -15,8 +15,8 @@ from django.contrib.staticfiles import finders
 from playwright.sync_api import expect
 
 from accounts.roles import grant
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 
@@ -176,7 +176,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def browser_type_launch_args(browser_type_launch_args):
     if not CHROMIUM:
         pytest.skip("no Chromium: 'apt-get install chromium' runs this test")
-    # as in tests/browser: Debian's Chromium, and no host but this one resolves
+    # as in tests/web/browser: Debian's Chromium, and no host but this one resolves
     return {
         **browser_type_launch_args,
         "executable_path": CHROMIUM,
@@ -185,6 +185,7 @@ def browser_type_launch_args(browser_type_launch_args):
 
 
 @pytest.mark.slow
+@pytest.mark.browser
 def test_both_pages_render_in_a_browser_from_this_server_alone_within_its_csp(
     page, live_server, public
 ):

@@ -8,8 +8,8 @@ from django.test.utils import CaptureQueriesContext
 from accounts.models import AuditEvent
 from fleet.models import Provider
 from queues.models import Queue
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

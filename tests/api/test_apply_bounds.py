@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet import declarative
 from queues.models import Queue
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 from django.db import OperationalError
 
 from queues.models import QueueQuerySet
-from tests.api.assertions import assert_error
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from fleet.api.serializers import DaemonSerializer
 from fleet.models import Daemon
 from jobs.api.serializers import InvocationDetailSerializer, InvocationSerializer
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,8 @@
 import pytest
 from django.test import Client
 
-from tests import builders
-from tests.api.assertions import assert_error
+from tests.support import builders
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,6 @@
 real installed `lakeshore` command against a live server."""
 
 import json
-import textwrap
 
 import psycopg
 import pytest
@@ -12,7 +11,8 @@ from django.db import connection
 from fleet import declarative
 from fleet.models import Provider
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
+from tests.support.shell import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -40,10 +40,6 @@ queues:
 def workdir(tmp_path):
     """A directory to write lakeshore.yaml into; `run` runs a command line there."""
     return tmp_path
-
-
-def write(workdir, text: str, name: str = "lakeshore.yaml") -> None:
-    (workdir / name).write_text(textwrap.dedent(text))
 
 
 def names() -> tuple[list[str], list[str]]:

@@ -10,11 +10,11 @@ import pytest
 
 from accounts.models import ApiToken
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parents[2]  # where tests.sdk.sdk_udfs imports from
+ROOT = Path(__file__).resolve().parents[2]  # where tests.support.sdk_udfs imports from
 FORGET_LOGIN = "unset LAKESHORE_URL LAKESHORE_TOKEN LAKESHORE_CLIENT_TOKEN LAKESHORE_NAMESPACE"
 
 
@@ -111,7 +111,7 @@ def test_the_printed_lines_make_the_real_sdk_submit_here(sh, tmp_path):
     builders.queue(name="gpu")
     home = tmp_path / "home"
     home.mkdir()
-    script = "from tests.sdk import sdk_udfs; print(sdk_udfs.add.submit(40, 2))"
+    script = "from tests.support import sdk_udfs; print(sdk_udfs.add.submit(40, 2))"
     result = sh(
         f'lines="$(lakeshore auth env --sdk)"; {FORGET_LOGIN}; eval "$lines"; '
         f"cd {ROOT} && HOME={home} {sys.executable} -c {shlex.quote(script)}"
@@ -119,7 +119,7 @@ def test_the_printed_lines_make_the_real_sdk_submit_here(sh, tmp_path):
 
     invocation = Invocation.objects.get(pk=int(result.stdout.strip()))
     assert (invocation.function, invocation.queue, invocation.state) == (
-        "tests.sdk.sdk_udfs.add",
+        "tests.support.sdk_udfs.add",
         "gpu",
         "queued",
     )
@@ -132,7 +132,7 @@ def test_control_without_the_lines_the_sdk_queues_locally_and_says_nothing(sh, t
     builders.queue(name="gpu")
     home = tmp_path / "home"
     home.mkdir()
-    script = "from tests.sdk import sdk_udfs; print(sdk_udfs.add.submit(40, 2))"
+    script = "from tests.support import sdk_udfs; print(sdk_udfs.add.submit(40, 2))"
     result = sh(
         f"{FORGET_LOGIN}; cd {ROOT} && HOME={home} {sys.executable} -c {shlex.quote(script)}"
     )

@@ -11,7 +11,7 @@ import yaml
 from django.utils import timezone
 
 from queues.models import Queue, QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -8,7 +8,7 @@ import pytest
 from jobs import services
 from jobs.models import Invocation
 from queues.services import queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.jobs.test_logs import lines, running_job, ship
+from tests.support.job_logs import lines, running_job, ship
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

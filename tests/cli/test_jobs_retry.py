@@ -6,7 +6,7 @@ import pytest
 
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -9,8 +9,8 @@ import msgpack
 import pytest
 from django.test import Client
 
-from tests import builders
-from tests.jobs.test_logs import ECHO, client, ship
+from tests.support import builders
+from tests.support.job_logs import ECHO, client, ship
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

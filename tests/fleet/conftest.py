@@ -1,7 +1,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from tests import builders
+from tests.support import builders
 
 
 @pytest.fixture

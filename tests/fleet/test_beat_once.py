@@ -13,7 +13,7 @@ from django.utils import timezone
 from fleet import controller, tasks
 from fleet.models import Beat
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from fleet.models import Daemon
 from jobs.models import Invocation
 from queues.models import Queue, QueueEvent
 from queues.services import queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

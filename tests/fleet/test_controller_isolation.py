@@ -13,8 +13,7 @@ from fleet.models import Daemon, Provider
 from jobs.models import Invocation
 from queues import elasticity
 from queues.models import Queue, QueueEvent
-from tests import builders
-from tests.cli.conftest import operator_token, sh  # noqa: F401 - the live CLI's fixtures
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from fleet.controller import managed
 from jobs import serving
 from queues.models import Queue, QueueState
 from queues.services import queue_patch, queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

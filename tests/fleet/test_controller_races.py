@@ -10,7 +10,7 @@ from fleet import controller
 from fleet.drivers import SimulatedDriver
 from fleet.models import Daemon
 from queues.models import Queue, QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,7 +20,7 @@ from lakeshore_admin import hooks
 from lakeshore_admin.celery import app as celery_app
 from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -1,6 +1,6 @@
 """A submit into an elastic queue that no live daemon serves wakes the controller for that
 queue (issue 20: scale from zero without waiting for a tick); a wake and a tick that race
-launch once. The real chain (gunicorn, a Celery worker, real daemons): tests/e2e/test_wake.py."""
+launch once. The real chain (gunicorn, a Celery worker, real daemons): tests/fleet/test_wake.py."""
 
 import threading
 
@@ -15,7 +15,7 @@ from jobs import services
 from lakeshore_admin import hooks
 from lakeshore_admin.celery import app as celery_app
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

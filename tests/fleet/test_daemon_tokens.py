@@ -9,7 +9,7 @@ from fleet import services as fleet_services
 from fleet.driver_base import DRIVERS
 from fleet.models import Daemon
 from queues.models import QueueEvent
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

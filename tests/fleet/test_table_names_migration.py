@@ -11,7 +11,7 @@ from django.utils import timezone
 from accounts.models import ApiToken
 from accounts.services import token_create
 from fleet.models import Daemon, DaemonCommand, Provider
-from tests import builders
+from tests.support import builders
 
 BEFORE = [("fleet", "0006_registered_with_and_provider_observed")]
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from jobs.models import Invocation, InvocationState
 from queues.models import EventAction, QueueEvent
-from tests import builders
+from tests.support import builders
 
 NOW = timezone.now()
 OLD = NOW - timedelta(days=settings.LAKESHORE_RETENTION_DAYS, seconds=1)

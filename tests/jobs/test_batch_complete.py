@@ -5,7 +5,7 @@ import pytest
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs import services
 from jobs.models import Invocation
 from jobs.transitions import kill
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

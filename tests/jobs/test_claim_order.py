@@ -14,7 +14,7 @@ from jobs import services
 from jobs.models import Invocation
 from queues import services as queue_services
 from queues.models import QueueKind
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

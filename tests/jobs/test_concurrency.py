@@ -11,7 +11,7 @@ from fleet import protocol
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,7 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin import hooks
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

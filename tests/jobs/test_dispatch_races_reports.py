@@ -13,7 +13,7 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from jobs.transitions import completion
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import Conflict
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

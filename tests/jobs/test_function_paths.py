@@ -4,7 +4,7 @@
 import pytest
 
 from jobs.models import Invocation
-from tests.api.assertions import assert_error
+from tests.support.assertions import assert_error
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.models import Invocation
 from queues.views import add_activity
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from jobs import services
 from jobs.models import Invocation
 from queues import services as queue_services
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

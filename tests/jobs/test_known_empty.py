@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from jobs import services, wakeup
 from jobs.transitions import claim
-from tests import builders
 from tests.jobs.test_long_poll import Claimer
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from jobs.transitions import states
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import BacklogFull, Conflict, NotFound
 from queues import services as queue_services
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

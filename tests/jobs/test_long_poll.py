@@ -18,7 +18,7 @@ from jobs.models import Invocation
 from jobs.wakeup import listener
 from lakeshore_admin import hooks
 from queues.services import queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -298,8 +298,8 @@ def test_a_waiting_claim_of_a_removed_daemon_says_it_ended():
 
 def test_a_waiting_claim_of_a_daemon_asked_to_drain_answers_at_once():
     """The drain's notification (daemon:ID) wakes its claim, which answers empty at once
-    through the daemon protocol (it says draining: tests/e2e); the control is a claim
-    that does not tell a draining daemon, which waits its whole wait."""
+    through the daemon protocol (it says draining: tests/daemon/test_daemon.py); the
+    control is a claim that does not tell a draining daemon, which waits its whole wait."""
     name = _own_queue()
     builders.queue(name=name)
     daemon = builders.daemon(queues=[name])

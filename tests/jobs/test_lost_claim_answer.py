@@ -10,7 +10,7 @@ from django.utils import timezone
 from fleet.daemons import CLAIM_GRACE_SECONDS
 from jobs import services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -21,9 +21,9 @@ from fleet.models import Daemon, DaemonState
 from jobs import services
 from jobs.models import Invocation
 from jobs.wakeup import listener
-from tests import builders
-from tests.api.test_asgi_doors import Counting, post_scope
 from tests.jobs.test_long_poll import Claimer
+from tests.support import builders
+from tests.support.doors import Counting, post_scope
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,8 @@ from jobs import services
 from jobs.models import TERMINAL_STATES, Invocation, InvocationState, JobLog, LogChunk, ResultFrame
 from jobs.retention import retention_sweep
 from queues.models import QueueEvent, QueueSample
-from tests import builders
 from tests.jobs.retention_rows import NOW, OLD, YOUNG, _deletes, _events, _ids, _invocations
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from jobs import sdk, services, waits, wakeup
 from jobs.models import Invocation
 from jobs.wakeup import listener
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

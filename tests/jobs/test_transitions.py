@@ -38,7 +38,7 @@ from jobs.models import (
 from jobs.transitions import completion, rescue
 from lakeshore_admin.errors import Conflict
 from queues import services as queue_services
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin.rows import model_rows
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from jobs.retention import retention_sweep
 from queues import samples
 from queues.models import Queue, QueueEvent, QueueSample
 from queues.services import queue_stats, queue_transition
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

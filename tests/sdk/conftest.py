@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]  # where tests.sdk.sdk_udfs imports from
+ROOT = Path(__file__).resolve().parents[2]  # where tests.support.sdk_udfs imports from
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import pytest
 from fleet.models import Daemon
 from jobs import logs, services
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
 
-from tests.sdk import sdk_udfs  # noqa: E402
+from tests.support import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -36,10 +36,10 @@ def dp(live_server):
 
 @pytest.fixture
 def daemon(live_server, tmp_path, processes):
-    """Start `lakeshore daemon run` in the project directory (where tests.sdk imports
-    from); killed at the end if still running."""
+    """Start `lakeshore daemon run` in the project directory (where
+    tests.support.sdk_udfs imports from); killed at the end if still running."""
 
-    def start(*flags, allowed="tests.sdk", pythonpath=None):
+    def start(*flags, allowed="tests.support.sdk_udfs", pythonpath=None):
         env = {
             "LAKESHORE_URL": live_server.url,
             "LAKESHORE_TOKEN": builders.token("daemon"),

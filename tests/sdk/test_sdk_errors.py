@@ -16,12 +16,12 @@ import pytest
 
 from lakeshore_admin.api_errors import error_body
 from queues import services as queue_services
-from tests import builders
+from tests.support import builders
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
 
-from tests.sdk import sdk_udfs  # noqa: E402
+from tests.support import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -15,11 +15,11 @@ from django.contrib.auth import get_user_model
 from accounts.roles import grant
 from jobs import sdk
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 
-from tests.sdk import sdk_udfs  # noqa: E402
+from tests.support import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -72,7 +72,7 @@ def test_the_function_is_shown_as_the_sdk_sent_it_everywhere(live_server, client
 
     here = Path(__file__).resolve()
     assert shown["udf"] == (
-        "tests.sdk.sdk_udfs.add (Python SDK: @dls.udf by reference, imported where it runs)"
+        "tests.support.sdk_udfs.add (Python SDK: @dls.udf by reference, imported where it runs)"
     )
     assert re.fullmatch(
         rf"test_the_function_is_shown_as_the_sdk_sent_it_everywhere\.<locals>\.<lambda> "

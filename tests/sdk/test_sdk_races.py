@@ -11,7 +11,7 @@ from django.db import connection
 from fleet import registration
 from fleet.models import Daemon
 from lakeshore_admin import hooks
-from tests import builders
+from tests.support import builders
 
 ENVELOPE = msgpack.packb(
     {"v": 1, "id": "x", "fn": {"kind": "ref", "module": "m", "qualname": "f"}},

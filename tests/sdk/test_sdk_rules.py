@@ -8,25 +8,10 @@ from fleet.models import Daemon
 from jobs import sdk, services
 from jobs.models import Invocation, ResultFrame
 from queues import services as queue_services
-from tests import builders
-from tests.sdk.answers import answer_of
+from tests.support import builders
+from tests.support.sdk_wire import ENVELOPE, answer_of
 
 pytestmark = pytest.mark.django_db
-
-ENVELOPE = msgpack.packb(
-    {
-        "v": 1,
-        "id": "01J",
-        "fn": {"kind": "ref", "module": "pkg.mod", "qualname": "train", "src_hash": "x"},
-        "args": msgpack.packb([1]),
-        "kwargs": msgpack.packb({}),
-        "prefix": "",
-        "key": None,
-        "cfg": {},
-        "parent": None,
-    },
-    use_bin_type=True,
-)
 
 
 def _call(api, path, body, token):

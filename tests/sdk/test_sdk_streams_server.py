@@ -24,15 +24,15 @@ import pytest
 from accounts.services import token_create
 from jobs.models import Invocation, ResultFrame
 from queues.models import Queue
-from tests import builders
-from tests.e2e.servers import environment, gunicorn
-from tests.sdk.answers import answer_of
 from tests.sdk.conftest import ROOT
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
+from tests.support.servers import environment, gunicorn
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
 
-from tests.sdk import sdk_udfs  # noqa: E402
+from tests.support import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

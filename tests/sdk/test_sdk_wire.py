@@ -17,15 +17,15 @@ from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
 from queues import services as queue_services
-from tests import builders
-from tests.e2e.test_daemon import _wait_for
-from tests.sdk.answers import answer_of
 from tests.sdk.conftest import ROOT
+from tests.support import builders
+from tests.support.sdk_wire import answer_of
+from tests.support.waiting import wait_for
 
 dls = pytest.importorskip("dreamlake.lakeshore")
 from dreamlake.lakeshore.dispatch import DispatchError  # noqa: E402
 
-from tests.sdk import sdk_udfs  # noqa: E402
+from tests.support import sdk_udfs  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,7 +71,7 @@ def test_a_udf_call_by_reference_runs_and_its_result_comes_back(gpu, dp, worker)
     row = Invocation.objects.get(pk=int(inv))  # the id the SDK holds is ours
     assert (row.state, row.function, row.wire, row.attempts) == (
         "succeeded",
-        "tests.sdk.sdk_udfs.add",
+        "tests.support.sdk_udfs.add",
         "envelope",
         1,
     )
@@ -201,7 +201,7 @@ def test_an_sdk_worker_killed_during_a_job_has_it_rerun_after_the_lease_not_befo
     with override_settings(LAKESHORE_HEARTBEAT_TIMEOUT=1, LAKESHORE_SDK_LEASE_SECONDS=4):
         inv = sdk_udfs.nap.submit(30, _dispatch=dp)
         first = worker()
-        _wait_for(
+        wait_for(
             lambda: Invocation.objects.filter(pk=int(inv), state="running").exists(),
             what="the first worker to take the job",
         )

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts.roles import grant
 from fleet.models import Daemon
 from jobs import services
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

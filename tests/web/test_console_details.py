@@ -17,7 +17,7 @@ from fleet.daemons import daemon_drop
 from fleet.models import Daemon
 from jobs import services as job_services
 from jobs.templatetags.console_tags import link_refs
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 from accounts.roles import grant
 from queues import services
 from queues.views import server_error
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 
 from accounts.roles import grant
 from jobs.models import Invocation
-from tests.jobs.test_logs import lines, running_job, ship
+from tests.support.job_logs import lines, running_job, ship
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,7 +14,7 @@ from accounts.roles import grant
 from fleet.models import DaemonCommand
 from jobs import services
 from jobs.models import Invocation, InvocationState, JobLog, LogChunk
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

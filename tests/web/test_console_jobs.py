@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts.roles import grant
 from jobs import services, views
 from jobs.models import Invocation
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -25,7 +25,7 @@ from jobs.views import JobListPage
 from queues.models import Queue, QueueEvent
 from queues.services import queue_transition
 from queues.views import QueueListPage
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

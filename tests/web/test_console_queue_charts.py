@@ -15,7 +15,7 @@ from fleet import controller
 from jobs.models import Invocation
 from queues import charts, samples
 from queues.models import QueueEvent, QueueSample
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ from django.test.utils import CaptureQueriesContext
 
 from accounts.roles import grant
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

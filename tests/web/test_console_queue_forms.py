@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from accounts.roles import grant
 from queues import services
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from jobs.services import invocation_submit
 from queues.models import QueueSample
 from queues.services import queue_transition
 from queues.views import QueueListPage, short_age
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

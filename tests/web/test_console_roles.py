@@ -13,7 +13,7 @@ from jobs import services
 from jobs.models import Invocation
 from lakeshore_admin import urls
 from queues.models import Queue
-from tests import builders
+from tests.support import builders
 
 pytestmark = pytest.mark.django_db
 

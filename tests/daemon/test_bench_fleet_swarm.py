@@ -1,0 +1,132 @@
+"""bench/fleet_swarm.py's own logic (the load generator of `make bench`'s idle-fleet
+rows): it beats at the interval a real daemon picks and skips a heartbeat by the
+daemon's own rule, counts each event (and each gap between renewals) in the window it
+belongs to, and reads percentiles by nearest rank. No Lakeshore server: a Worker is built
+but never run; the heartbeats go to a small real HTTP server that answers 200."""
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from bench import fleet_swarm
+from bench.fleet_swarm import CLAIM_WAIT, HEARTBEAT_DEFAULT, Fleet, percentile, renew_interval
+from lakeshore.client import Client
+from lakeshore.worker import heartbeat
+from lakeshore.worker.daemon import Worker
+from tests.support import builders
+
+
+@pytest.mark.parametrize("timeout", [None, "60", 0, 60.0, 30.0, 12.0, 3.0, 2.0, 1.0])
+def test_the_fleet_beats_at_the_interval_a_real_daemon_picks(timeout):
+    daemon = Worker(Client("http://127.0.0.1:9", "token"), queues=[], log=lambda message: None)
+    daemon.heartbeat.renew_within(timeout)
+    assert renew_interval(timeout) == daemon.heartbeat.interval
+
+
+def test_the_defaults_are_the_daemons_own():
+    daemon = Worker(Client("http://127.0.0.1:9", "token"), queues=[], log=lambda message: None)
+    assert daemon.heartbeat.interval == HEARTBEAT_DEFAULT  # --heartbeat's default too
+    assert daemon.claims.wait == CLAIM_WAIT
+    assert renew_interval(3.0) < HEARTBEAT_DEFAULT  # a short timeout shortens it
+
+
+def test_events_count_in_their_window_and_none_outside():
+    start = time.monotonic() + 100
+    fleet = Fleet({"base": "http://127.0.0.1:9", "start_at": start, "windows": 3, "window": 20.0})
+    assert fleet.at(start - 0.001) is fleet.warm
+    assert fleet.at(start) is fleet.windows[0]
+    assert fleet.at(start + 19.999) is fleet.windows[0]
+    assert fleet.at(start + 20) is fleet.windows[1]
+    assert fleet.at(start + 59.999) is fleet.windows[2]
+    assert fleet.at(start + 60) is fleet.after  # the tail: answers of the last polls only
+
+
+def test_a_silence_counts_in_the_window_it_ends_in():
+    start = time.monotonic() + 100
+    fleet = Fleet({"base": "http://127.0.0.1:9", "start_at": start, "windows": 2, "window": 10})
+    fleet.renew(7, start + 1)
+    fleet.renew(7, start + 13.5)
+    assert fleet.windows[1].silence == pytest.approx(12.5)
+    assert fleet.windows[0].silence == 0
+
+
+def test_percentiles_by_nearest_rank():
+    values = [float(n) for n in range(1, 101)]
+    assert percentile(values, 50) == 50
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+    assert percentile([3.0], 99) == 3.0
+    assert percentile([2.0, 1.0], 99) == 2.0  # the slower of two
+    assert percentile([], 99) is None
+
+
+def test_gaps_between_renewals_count_in_the_window_they_end_in():
+    start = time.monotonic() + 100
+    fleet = Fleet({"base": "http://127.0.0.1:9", "start_at": start, "windows": 2, "window": 10})
+    fleet.renew(1, start - 3)  # registered during the ramp
+    fleet.renew(1, start + 2)  # a gap of 5 s ending in window 1
+    fleet.renew(1, start + 7)
+    fleet.renew(1, start + 12.5)  # ends in window 2
+    fleet.renew(2, start + 19)
+    fleet.renew(2, start + 24)  # ends after the last window: not counted
+    assert fleet.windows[0].gaps == [5.0, 5.0]
+    assert fleet.windows[1].gaps == [5.5]
+    assert fleet.warm.gaps == [] and fleet.after.gaps == []
+
+
+async def _answer_every_request(reader, writer):
+    """A real HTTP server's answer to each heartbeat: 200 {}, then the connection closes."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
+    await reader.readexactly(length)
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    await writer.drain()
+    writer.close()
+
+
+async def _heartbeats_for(seconds: float, state: dict) -> Fleet:
+    server = await asyncio.start_server(_answer_every_request, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    start = time.monotonic()
+    fleet = Fleet(
+        {"base": f"http://127.0.0.1:{port}", "start_at": start, "windows": 1, "window": 60}
+    )
+    fleet.interval = 0.05
+    async with server, fleet.client("token") as client:
+        beating = asyncio.create_task(fleet.heartbeats(client, 0, {"id": 1, **state}))
+        await asyncio.sleep(seconds)
+        beating.cancel()
+        await asyncio.gather(beating, return_exceptions=True)
+    return fleet
+
+
+@pytest.mark.parametrize(
+    ("state", "sends"),
+    [
+        ({"answered": math.inf, "busy": False}, False),  # idle, a poll always just answered
+        ({"answered": -math.inf, "busy": False}, True),  # idle, no poll answered (control)
+        ({"answered": math.inf, "busy": True}, True),  # holds a job to report (control)
+    ],
+)
+def test_an_idle_daemon_whose_poll_was_answered_skips_its_heartbeat(state, sends):
+    fleet = builders.run_async(_heartbeats_for(0.4, state))
+    window = fleet.windows[0]
+    if sends:
+        assert len(window.beats) >= 3 and window.skipped == 0
+        assert all(math.isfinite(beat) for beat in window.beats)
+        assert len(window.gaps) >= 2  # each answered heartbeat renewed it
+    else:
+        assert window.beats == [] and window.skipped >= 3
+
+
+def test_the_fleet_skips_by_the_daemons_own_rule():
+    assert fleet_swarm.claims_renew is heartbeat.claims_renew
