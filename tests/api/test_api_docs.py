@@ -195,10 +195,13 @@ def test_both_pages_render_in_a_browser_from_this_server_alone_within_its_csp(
     refused: list[str] = []
     page.on("console", lambda m: refused.append(m.text) if "Security Policy" in m.text else 0)
 
+    # Both pages parse a megabyte of bundled script before they draw: on a loaded
+    # 2-core machine that passed Playwright's 5 s default, so the wait is a reader's
     page.goto(f"{live_server.url}/api/docs/")
-    expect(page.locator(".opblock-summary-path", has_text="/api/v1/queues/").first).to_be_visible()
+    path = page.locator(".opblock-summary-path", has_text="/api/v1/queues/").first
+    expect(path).to_be_visible(timeout=30_000)
     page.goto(f"{live_server.url}/api/redoc/")
-    expect(page.get_by_text("/api/v1/queues/").first).to_be_attached()
+    expect(page.get_by_text("/api/v1/queues/").first).to_be_attached(timeout=30_000)
 
     local = (live_server.url, "data:", "blob:")
     assert not [u for u in requested if not u.startswith(local) and u not in never_sent]
