@@ -3,28 +3,27 @@ uvicorn workers: gunicorn_conf.py), so that an idle daemon's long-poll holds no 
 
 An idle daemon's claim waits up to 50 s for work. Under a threaded WSGI server each of
 those waits held a thread, so a server answered at most as many idle daemons at once
-as it had threads. Here:
+as it had threads. Here a request on a hot route the apps declare (edge/routes.py)
+goes to its door (DOORS), which admits it (edge/admission.py: headers, token and role,
+the caller, then the body) and answers it on this event loop: each step of its answer
+in a worker thread (they touch the database), each wait a coroutine, holding no
+thread:
 
-- POST /api/v1/daemons/ID/claim/ and …/exchange/, when the lean path takes them
-  (edge/lean_path.py: its checks of the request line and headers): the token
-  and role are checked (on this loop when the process keeps the token, else in a
-  worker thread), the body is read only then, and the answer runs as steps
-  (jobs/waits.py): each step in a worker thread (they touch the database), each wait a
-  coroutine on this event loop, holding no thread. The answers, headers and errors are
-  the lean path's own.
-- a submit (POST /api/v1/jobs/), a daemon's heartbeat and completion, when the lean
-  path takes them: the same admission, then the answer in one worker-thread turn,
-  without the WSGI bridge's turns.
-- POST /v1/daemon/poll, the SDK worker's poll, the same way (edge/sdk_poll.py).
-- the SDK's await and result stream, and a job log's follow (edge/streams.py).
-- everything else (console, API, the SDK's producer): the WSGI application (the lean
-  path, then Django) on a bounded pool of LAKESHORE_WEB_THREADS threads per process
-  (edge/django_door.py), as gunicorn's threads served it before (full_stack); a view
-  that long-polls parks its wait on this loop (edge/parking.py). Its body is received
-  on this loop first, within LAKESHORE_BODY_SECONDS of its head (past it the server
-  answers 408: http_protocol.py), so a thread is given only to a request whose body is
-  all here: a body that never comes holds a socket, never a thread. A multipart body
-  is refused (415) before a byte of it is read: nothing here takes file uploads.
+- "lean" (edge/lean_door.py): a daemon's claim, exchange, completion and heartbeat, a
+  submit; the lean path's answers (edge/lean_path.py);
+- "sdk-poll" (edge/sdk_poll.py): the SDK worker's poll;
+- "await", "stream", "follow" (edge/streams.py): the SDK's await and result stream, a
+  job log's follow.
+
+Everything else (console, API, the SDK's producer), and whatever a door does not admit:
+the WSGI application (the lean path, then Django) on a bounded pool of
+LAKESHORE_WEB_THREADS threads per process (edge/django_door.py); a view that long-polls
+parks its wait on this loop (edge/parking.py). Its body is received on this loop first,
+within LAKESHORE_BODY_SECONDS of its head (past it the server answers 408:
+http_protocol.py), so a thread is given only to a request whose body is all here: a
+body that never comes holds a socket, never a thread. A multipart body is refused (415)
+before a byte of it is read: nothing here takes file uploads. Every answer sent from
+here carries the headers the middleware would add (Application.answer).
 
 A server stopping (SIGTERM, SIGINT, SIGQUIT) ends every parked wait at once: its claim
 answers empty, and the daemon claims again (from another server, or this one when it is
@@ -47,17 +46,15 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
-from edge import sdk_poll as sdk_door
-from edge import streams as streams_door
+from edge import lean_door, sdk_poll, streams
 from edge.django_door import DjangoDoor
-from edge.lean_path import ASK_IN_THREAD, TO_DJANGO, allow, read_body
+from edge.lean_path import allow
 from edge.messages import (
     Bodies,
     Disconnected,
     OverBudget,
     body_head,
     gone_when_closed,
-    read_all,
     respond,
     wsgi_environ,
 )
@@ -94,20 +91,9 @@ class Application:
         if found is None:
             return await self.full_stack(scope, receive, send)
         route, arguments = found
-        if route.door == "lean":  # the daemon protocol, a submit
-            environ = wsgi_environ(scope, io.BytesIO())
-            environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
-            taken = self.lean.take(environ)
-            if taken is not None:
-                return await self.lean_door(environ, taken, scope, receive, send)
-        elif route.door == "sdk-poll":
-            environ = wsgi_environ(scope, io.BytesIO())
-            if (allowed := self.lean.headers_allow(environ, MEDIA_TYPE)) is not None:
-                secure = allowed[1]
-                return await sdk_door.poll(self, environ, scope, receive, send, secure=secure)
-        else:  # the SDK's await and stream, a follow
-            return await streams_door.DOORS[route.door](self, scope, receive, send, **arguments)
-        return await self.full_stack(scope, receive, send)
+        environ = wsgi_environ(scope, io.BytesIO())
+        environ[waits.ARRIVED] = time.monotonic()  # a wait counts from now
+        return await DOORS[route.door](self, route, arguments, environ, scope, receive, send)
 
     async def full_stack(self, scope, receive, send, body=None, *, refused=False):
         """The WSGI application answers in a thread of its pool, given the whole body:
@@ -209,10 +195,43 @@ class Application:
         unread; the connection stays open for the client's next request."""
         title = f"{HTTPStatus(status).phrase} ({status})"
         response = error_response(SimpleNamespace(path=scope["path"]), status, code, message, title)
-        headers = [*response.items(), ("Content-Length", str(len(response.content)))]
-        if retry_after is not None:
-            headers.append(("Retry-After", retry_after))
-        await respond(send, status, [*headers, *self.lean.static_headers()], response.content)
+        extra = () if retry_after is None else (("Retry-After", retry_after),)
+        await self.answer_response(send, response, secure=False, view=None, extra=extra)
+
+    async def answer(self, send, status, content, *, content_type, secure, view=None, extra=()):
+        """Send a whole answer from a door, with every header it takes (edge/lean_path.
+        LeanPath.headers: the middleware's, and the Allow of `view` unless None)."""
+        headers = self.lean.headers(
+            status,
+            content_type,
+            len(content),
+            allow=None if view is None else allow(view),
+            secure=secure,
+            extra=extra,
+        )
+        await respond(send, status, headers, content)
+
+    async def answer_outcome(self, send, outcome, secure, view):
+        """An outcome (payload, status, extra headers), rendered as the API's JSON."""
+        status, headers, content = self.lean.rendered(outcome, secure, allow(view))
+        await respond(send, status, headers, content)
+
+    async def answer_response(self, send, response, *, secure, view, extra=()):
+        """A Django response a door rendered (an error body)."""
+        own = tuple((k, v) for k, v in response.items() if k.lower() != "content-type")
+        await self.answer(
+            send,
+            response.status_code,
+            response.content,
+            content_type=response["Content-Type"],
+            secure=secure,
+            view=view,
+            extra=(*own, *extra),
+        )
+
+    async def finished(self) -> None:
+        """Django's request_finished, in a worker thread: a door's request ends."""
+        await self.run(None, signals.request_finished.send, Application)
 
     async def run(self, request, fn, *args):
         """fn(*args) in a worker thread, acting for `request` (the audit trail), its
@@ -230,79 +249,6 @@ class Application:
         # in the request's context: its share of the database pool (dbpool.share)
         in_context = contextvars.copy_context().run
         return await asyncio.get_running_loop().run_in_executor(self.steps, in_context, call)
-
-    async def lean_door(self, environ, taken, scope, receive, send):
-        """What the lean path answers, without the WSGI bridge. The token is checked
-        first, the body unread: on this loop when the process keeps the token, else in
-        a worker thread; then whether it may speak for the daemon of the path (on this
-        loop when that takes no query). Then the body is read here, and the answer
-        runs: a claim's or an exchange's as steps (a turn in a worker thread for its
-        first step, its wait on this loop, its last step in a thread unless the wait ran
-        out: answered), any other (a submit, a heartbeat, a completion) in one
-        worker-thread turn. The response is sent from here."""
-        lean = self.lean
-        admitted = lean.admit_kept(environ, taken)  # a token this process keeps: no query
-        if admitted is None:
-            admitted = await self.run(None, lean.admit, environ, taken)
-        if admitted is None:  # refused: Django answers, and says why (the body unread)
-            return await self.full_stack(scope, receive, send, refused=True)
-        request, view, answer = admitted
-        route, args, secure = taken
-        refused = lean.refused_before_body(request, taken, known_only=True)
-        if refused is ASK_IN_THREAD:
-            refused = await self.run(None, lean.refused_before_body, request, taken)
-        if refused is not None:  # not its daemon: answered, the body unread
-            await self.run(None, signals.request_finished.send, Application)
-            status, headers, content = lean.rendered(refused, secure, allow(view))
-            return await respond(send, status, headers, content)
-        try:
-            body = await read_all(receive)
-        except Disconnected:
-            await self.run(None, signals.request_finished.send, Application)
-            return
-        environ["wsgi.input"] = io.BytesIO(body)
-        if route.steps is not None:
-            try:
-                outcome = await self.long_poll(request, route.steps, args, environ, receive)
-            except waits.Gone:  # the daemon went while it waited: nobody to answer
-                return
-        else:
-            outcome = await self.run(None, _answer_once, lean, request, answer, args, environ)
-        if outcome is TO_DJANGO:  # DRF's parser answers it
-            return await self.full_stack(scope, receive, send, body)
-        status, headers, content = lean.rendered(outcome, secure, allow(view))
-        await respond(send, status, headers, content)
-
-    async def long_poll(self, request, answer_steps, args, environ, receive):
-        """A claim's or an exchange's outcome: its steps driven on this loop, closed
-        where they wait if the client goes (waits.Gone)."""
-        steps = self.answered(request, answer_steps, args, environ)
-        gone = gone_when_closed(receive)
-        try:
-            return await waits.drive_async(
-                steps,
-                functools.partial(self.run, request),
-                gone=gone,
-                who=waits.principal(request),
-            )
-        finally:
-            gone.cancel()
-
-    def answered(self, request, answer_steps, args, environ):
-        """The request's outcome, (payload, status, extra headers), as steps: its body
-        read, then the answer's steps, its errors answered as the lean path's; or
-        TO_DJANGO. No request_finished: its receivers give back the calling thread's
-        database connections, which each step's turn in a worker thread does (run),
-        and the last step of a wait that ran out runs on the event loop, which holds
-        none."""
-        try:
-            data = read_body(environ)
-            if data is TO_DJANGO:
-                return TO_DJANGO
-            payload, status, *headers = yield from answer_steps(request, *args, data)
-            return payload, status, tuple(headers[0].items()) if headers else ()
-        except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
-            return self.lean.error(exc, request)
 
     async def lifespan(self, receive, send):
         while True:
@@ -323,16 +269,6 @@ def largest_body(media_type: str) -> int:
     return body_limit() if media_type == MEDIA_TYPE else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
-def _answer_once(lean, request, answer, args, environ):
-    """The lean path's outcome of a request whose body is in `environ` (its errors
-    answered as the API's views answer them), or TO_DJANGO; the request ends here."""
-    data = read_body(environ)
-    if data is TO_DJANGO:
-        signals.request_finished.send(sender=Application)
-        return TO_DJANGO
-    return lean.outcome(request, lambda: answer(request, *args, data))
-
-
 def _release_waits_on_stop() -> None:
     """On a stop signal, end every parked wait before the server waits for its open
     requests (each would otherwise hold the stop up to its 20 s), then do what the
@@ -347,6 +283,10 @@ def _release_waits_on_stop() -> None:
             previous(signum, frame)
 
         signal.signal(number, handler)
+
+
+# the edge's doors, by the name the apps' routes give them (edge/routes.py)
+DOORS = {"lean": lean_door.door, "sdk-poll": sdk_poll.poll, **streams.DOORS}
 
 
 def build(wsgi_application) -> Application:

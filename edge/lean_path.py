@@ -138,7 +138,7 @@ class LeanRequest:
 class LeanPath:
     def __init__(self, app):
         self.app = app
-        self._admitted_once = False  # admit_kept: the first request is admitted in a thread
+        self._admitted_once = False  # kept_request: the first request is admitted in a thread
         self._renderer = JSONRenderer()
         self._headers = None
         self._checked = self._accounted = None
@@ -151,8 +151,8 @@ class LeanPath:
         if admitted is None:
             return self.app(environ, start_response)  # the body unread: DRF refuses first
         request, view, answer = admitted
-        _route, args, secure = taken
-        refused = self.refused_before_body(request, taken)
+        route, args, secure = taken
+        refused = self.refused_before_body(request, route, args)
         if refused is not None:  # not its daemon: answered, the body unread
             signals.request_finished.send(sender=self.__class__)
             return self.respond(start_response, refused, secure, allow(view))
@@ -184,13 +184,13 @@ class LeanPath:
         authenticates and has the view's role, else None (Django answers, and says
         why). The body is still unread. Sends request_started."""
         route = taken[0]
-        self._admitted_once = True
         request = self.admit_to(environ, route.view)
         return None if request is None else (request, route.view, route.answer)
 
     def admit_to(self, environ, view):
         """The request, when its bearer token authenticates and has `view`'s role, else
         None. Sends request_started."""
+        self._admitted_once = True
         raw = environ["HTTP_AUTHORIZATION"].split()[1]
         signals.request_started.send(sender=self.__class__, environ=environ)
         try:
@@ -200,10 +200,10 @@ class LeanPath:
         request = LeanRequest(environ, user, token)
         return request if _permitted(request, view) else None  # else DRF says 403, and why
 
-    def admit_kept(self, environ, taken):
-        """admit, when this process keeps the request's token (accounts.authentication.
-        kept_token) and its role may take the route: no query, so the event loop may
-        ask. Else None, and admit (in a worker thread) decides. It sends no
+    def kept_request(self, environ, view):
+        """admit_to, when this process keeps the request's token (accounts.
+        authentication.kept_token) and it has `view`'s role: no query, so the event
+        loop may ask. Else None, and admit_to (in a worker thread) decides. It sends no
         request_started: its receivers tidy the calling thread's database connections,
         and the event loop has none (each worker-thread turn gives its own back:
         edge/application.Application.run)."""
@@ -212,18 +212,14 @@ class LeanPath:
         kept = kept_token(environ["HTTP_AUTHORIZATION"].split()[1])
         if kept is None:
             return None
-        route = taken[0]
         request = LeanRequest(environ, *kept)
-        if not _permitted(request, route.view):
-            return None
-        return request, route.view, route.answer
+        return request if _permitted(request, view) else None
 
-    def refused_before_body(self, request, taken, *, known_only: bool = False):
+    def refused_before_body(self, request, route, args, *, known_only: bool = False):
         """None when the admitted request may go on to its body. Else what it is
         answered with its body unread: the outcome of a daemon's credential on another
         daemon's id (403 not_your_daemon: fleet/api/protocol_views.before_body); or, with
         `known_only` (the event loop asks), ASK_IN_THREAD when deciding takes a query."""
-        route, args, _secure = taken
         if route.before_body is None:
             return None
         try:
@@ -305,18 +301,28 @@ class LeanPath:
         return [body]
 
     def rendered(self, outcome, secure, allow):
-        """(status, headers, body) of an outcome, with the headers the middleware adds."""
+        """(status, headers, body) of an outcome, rendered as JSON."""
         payload, status, extra = outcome
-        if status != 500:  # Django's own 500 page comes without DRF's Allow
-            extra = (("Allow", allow), *extra)
         body = self._renderer.render(payload)
-        headers = [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(body))),
-            *self.static_headers(),
-            *extra,
-        ]
-        return status, [*headers, *self.secure_headers(secure)], body
+        headers = self.headers(
+            status, "application/json", len(body), allow=allow, secure=secure, extra=extra
+        )
+        return status, headers, body
+
+    def headers(self, status, content_type, length, *, allow, secure, extra=()):
+        """Every header of an answer the lean path or an edge door sends: its own
+        (`content_type`, `length` unless it streams, `extra`), DRF's Allow (`allow`, the
+        view's; none on a 500, which is Django's own page, nor for None) and what the
+        middleware adds (static_headers; HSTS over HTTPS: `secure`)."""
+        headers = [("Content-Type", content_type)]
+        if length is not None:
+            headers.append(("Content-Length", str(length)))
+        headers.extend(self.static_headers())
+        if allow is not None and status != 500:
+            headers.append(("Allow", allow))
+        headers.extend(extra)
+        headers.extend(self.secure_headers(secure))
+        return headers
 
     def secure_headers(self, secure: bool) -> list[tuple[str, str]]:
         """What SecurityMiddleware adds to an answer over HTTPS: HSTS, if configured."""

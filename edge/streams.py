@@ -8,13 +8,12 @@ coroutine on the event loop, holding no thread.
     GET  /v1/namespaces/<ns>/producer/invocations/<id>/result/stream  jobs/sdk.frame_steps
     GET  /api/v1/jobs/<id>/logs/?follow=…                            jobs/logs.read_steps
 
-A door takes a request only when the lean path's checks of the request line and
-headers pass (edge/lean_path.py), and its bearer token authenticates with the
-view's role, before a byte of the body is read; a log read also only when its answer is
-plain JSON (no `format`, an Accept that JSONRenderer answers as it is). Then it reads
-and parses the body and the query and runs the first step; if any of that fails, the
-whole request goes to the full stack (its body given again), which answers as it always
-has: the errors, a bad `since`, an unknown invocation.
+A door takes a request once admitted (edge/admission.py: the request line and headers,
+a bearer token with the view's role, before a byte of the body is read); a log read
+also only when its answer is plain JSON (no `format`, an Accept that JSONRenderer
+answers as it is). Then it parses the body and the query and runs the first step; if
+any of that fails, the whole request goes to the full stack (its body given again),
+which answers as it always has: the errors, a bad `since`, an unknown invocation.
 
 These waits are parked on the listening connection (jobs/wakeup.py): an SDK
 invocation's end, a result frame and a log's next line are notified and wake them at
@@ -37,19 +36,18 @@ await's and a follow's waits are counted as a claim's are (waits.drive_async).""
 import asyncio
 import contextlib
 import functools
-import io
 from collections.abc import Awaitable, Callable
 
-from django.core import signals
 from django.core.handlers.wsgi import get_str_from_wsgi
 from django.http import QueryDict
 from rest_framework.renderers import JSONRenderer
 
+from edge.admission import admit
 from edge.lean_path import allow
-from edge.messages import Disconnected, parse_msgpack, read_all, respond, wsgi_environ
+from edge.messages import parse_msgpack
 from jobs import logs, sdk, waits, wakeup
 from jobs.api import serializers
-from jobs.api.sdk_views import STREAM_MEDIA_TYPE, ProducerAwait, ProducerResultStream
+from jobs.api.sdk_views import STREAM_MEDIA_TYPE
 from jobs.api.views import JobLogs
 from lakeshore_admin.api_errors import exception_handler as api_exception_handler
 from lakeshore_admin.api_errors import sdk_answer, sdk_error
@@ -58,78 +56,34 @@ from lakeshore_admin.msgpack_api import MEDIA_TYPE, MsgPackRenderer
 JSON_ACCEPTS = {"", "*/*", "application/*", "application/json"}
 
 
-async def _full_stack(app, scope, receive, send, body: bytes | None = None):
-    """The WSGI application answers (the body, if one was read, given again; else
-    received first: asgi.Application.full_stack)."""
-    return await app.full_stack(scope, receive, send, body)
-
-
-async def _finished(app) -> None:
-    await app.run(None, signals.request_finished.send, _finished)
-
-
-def _media(environ) -> str:
-    """A GET's own content type, whatever it is: its body is never read."""
-    return environ.get("CONTENT_TYPE", "").partition(";")[0].strip().lower()
-
-
-async def _admitted(app, environ, media_type, view):
-    """(request, (token, secure)) when the lean path's header checks pass and the bearer
-    token has `view`'s role, the body unread; else (None, None): the full stack answers."""
-    allowed = app.lean.headers_allow(environ, media_type)
-    if allowed is None:
-        return None, None
-    request = await app.run(None, app.lean.admit_to, environ, view)
-    return request, allowed
-
-
 # ---------------------------------------------------------------------------- await
 
 
-async def await_door(app, scope, receive, send, *, namespace):
-    environ = wsgi_environ(scope, io.BytesIO())
-    lean = app.lean
-    request, allowed = await _admitted(app, environ, MEDIA_TYPE, ProducerAwait)
-    if request is None:  # refused: the full stack answers, and says why (body unread)
-        return await _full_stack(app, scope, receive, send)
-    secure = lean.secure_headers(allowed[1])
-    try:
-        body = await read_all(receive)
-    except Disconnected:
-        return await _finished(app)
+async def await_door(app, route, arguments, environ, scope, receive, send):
+    admitted = await admit(app, route, arguments, environ, scope, receive, send)
+    if admitted is None:
+        return None
+    request = admitted.request
     run = functools.partial(app.run, request)
     try:
-        data = await app.run(None, parse_msgpack, environ, body)
-        sdk.check_namespace(namespace)
+        data = await app.run(None, parse_msgpack, environ, admitted.body)
+        sdk.check_namespace(arguments["namespace"])
         steps = sdk.await_steps(data)
         first = await run(waits.first_step, steps)
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
-        await _finished(app)
-        return await _full_stack(app, scope, receive, send, body)
+        await app.finished()
+        return await app.full_stack(scope, receive, send, admitted.body)
     try:
         answer = await waits.drive_async(steps, run, first=first, who=waits.principal(request))
     except Exception as exc:  # noqa: BLE001 - the view's error answer (a gone invocation)
         response = await run(_sdk_error, exc, request)
-        headers = [*response.items(), ("Content-Length", str(len(response.content)))]
-        await _finished(app)
-        if response.status_code != 500:  # Django's own 500 comes without DRF's Allow
-            headers.append(("Allow", allow(ProducerAwait)))
-        return await respond(
-            send,
-            response.status_code,
-            [*headers, *lean.static_headers(), *secure],
-            response.content,
-        )
-    await _finished(app)
+        await app.finished()
+        return await app.answer_response(send, response, secure=admitted.secure, view=route.view)
+    await app.finished()
     content = MsgPackRenderer().render(answer)
-    headers = [
-        ("Content-Type", MEDIA_TYPE),
-        ("Content-Length", str(len(content))),
-        *lean.static_headers(),
-        ("Allow", allow(ProducerAwait)),
-        *secure,
-    ]
-    await respond(send, 200, headers, content)
+    await app.answer(
+        send, 200, content, content_type=MEDIA_TYPE, secure=admitted.secure, view=route.view
+    )
 
 
 def _sdk_error(exc, request):
@@ -143,19 +97,19 @@ def _sdk_error(exc, request):
 # ---------------------------------------------------------------------------- result stream
 
 
-async def stream_door(app, scope, receive, send, *, namespace, stream):
-    environ = wsgi_environ(scope, io.BytesIO())
-    lean = app.lean
-    request, allowed = await _admitted(app, environ, _media(environ), ProducerResultStream)
-    if request is None:
-        return await _full_stack(app, scope, receive, send)
+async def stream_door(app, route, arguments, environ, scope, receive, send):
+    admitted = await admit(app, route, arguments, environ, scope, receive, send)
+    if admitted is None:
+        return None
+    request = admitted.request
     who = waits.principal(request)
     if not waits.parked.take(who):  # no room to park: a thread serves it, or says busy
-        await _finished(app)
-        return await _full_stack(app, scope, receive, send)
+        await app.finished()
+        return await app.full_stack(scope, receive, send)
     run = functools.partial(app.run, request)
     steps = None
     try:
+        namespace, stream = arguments["namespace"], arguments["stream"]
         query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
         since = sdk.stream_start(namespace, stream, query.get("since", "-1"))
         steps = sdk.frame_steps(stream, since)
@@ -164,15 +118,22 @@ async def stream_door(app, scope, receive, send, *, namespace, stream):
         waits.parked.release(who)
         if steps is not None:
             await run(steps.close)
-        await _finished(app)
-        return await _full_stack(app, scope, receive, send)
+        await app.finished()
+        return await app.full_stack(scope, receive, send)
     try:
-        headers = [*_stream_headers(lean), *lean.secure_headers(allowed[1])]
+        headers = app.lean.headers(
+            200,
+            STREAM_MEDIA_TYPE,
+            None,  # it streams: no length
+            allow=allow(route.view),
+            secure=admitted.secure,
+            extra=(("Cache-Control", "no-store"), ("X-Accel-Buffering", "no")),
+        )
         await respond_stream(send, headers, _chunks(got, steps, run, receive))
     finally:
         waits.parked.release(who)
         await run(steps.close)
-        await _finished(app)
+        await app.finished()
 
 
 def _next(steps):
@@ -181,16 +142,6 @@ def _next(steps):
         return False, next(steps)
     except StopIteration:
         return True, None
-
-
-def _stream_headers(lean) -> list[tuple[str, str]]:
-    return [
-        ("Content-Type", STREAM_MEDIA_TYPE),
-        ("Cache-Control", "no-store"),
-        ("X-Accel-Buffering", "no"),
-        ("Allow", allow(ProducerResultStream)),
-        *lean.static_headers(),
-    ]
 
 
 class Cut(Exception):
@@ -254,30 +205,28 @@ async def respond_stream(send, headers, chunks) -> None:
 # ---------------------------------------------------------------------------- log follow
 
 
-async def follow_door(app, scope, receive, send, *, invocation_id):
-    environ = wsgi_environ(scope, io.BytesIO())
-    lean = app.lean
+async def follow_door(app, route, arguments, environ, scope, receive, send):
     query = QueryDict(get_str_from_wsgi(environ, "QUERY_STRING", ""))
     if "follow" not in query or not _plain_json(environ, query):
-        return await _full_stack(app, scope, receive, send)
-    request, allowed = await _admitted(app, environ, _media(environ), JobLogs)
-    if request is None:
-        return await _full_stack(app, scope, receive, send)
+        return await app.full_stack(scope, receive, send)
+    admitted = await admit(app, route, arguments, environ, scope, receive, send)
+    if admitted is None:
+        return None
+    request = admitted.request
     run = functools.partial(app.run, request)
     try:
-        steps, first = await run(_follow_steps, invocation_id, query.dict())
+        steps, first = await run(_follow_steps, arguments["invocation_id"], query.dict())
     except Exception:  # noqa: BLE001 - the full stack answers it as it always has
-        await _finished(app)
-        return await _full_stack(app, scope, receive, send)
+        await app.finished()
+        return await app.full_stack(scope, receive, send)
     try:
         page = await waits.drive_async(steps, run, first=first, who=waits.principal(request))
         outcome = (serializers.LogPage(page).data, 200, ())
     except Exception as exc:  # noqa: BLE001 - the API's error body, as the lean path's
-        outcome = await run(lean.error, exc, request)
+        outcome = await run(app.lean.error, exc, request)
     finally:
-        await _finished(app)
-    status, headers, content = lean.rendered(outcome, allowed[1], allow(JobLogs))
-    await respond(send, status, headers, content)
+        await app.finished()
+    await app.answer_outcome(send, outcome, admitted.secure, route.view)
 
 
 def _plain_json(environ, query) -> bool:
