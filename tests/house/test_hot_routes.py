@@ -9,8 +9,8 @@ import uuid
 import pytest
 from django.urls import Resolver404, resolve
 
-from edge.routes import ROUTES, hot_route
 from edge.application import DOORS
+from edge.routes import ROUTES, hot_route
 
 SAMPLES = ("1", str(uuid.uuid4()), "default")
 
