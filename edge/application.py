@@ -48,7 +48,7 @@ from accounts import audit
 from accounts.authentication import authenticate_token, kept_token
 from edge import lean_door, sdk_poll, streams
 from edge.django_door import DjangoDoor
-from edge.lean_path import allow
+from edge.lean_path import allow, is_secure
 from edge.messages import (
     Bodies,
     Disconnected,
@@ -196,7 +196,8 @@ class Application:
         title = f"{HTTPStatus(status).phrase} ({status})"
         response = error_response(SimpleNamespace(path=scope["path"]), status, code, message, title)
         extra = () if retry_after is None else (("Retry-After", retry_after),)
-        await self.answer_response(send, response, secure=False, view=None, extra=extra)
+        secure = is_secure(wsgi_environ(scope, io.BytesIO()))
+        await self.answer_response(send, response, secure=secure, view=None, extra=extra)
 
     async def answer(self, send, status, content, *, content_type, secure, view=None, extra=()):
         """Send a whole answer from a door, with every header it takes (edge/lean_path.

@@ -31,8 +31,10 @@ test_token_before_body.py). So is the daemon's: a token that may not speak for t
 daemon of the path is answered 403 not_your_daemon here, its body unread
 (refused_before_body; tests/edge/test_json_body_cost_server.py).
 
-Its answers carry the headers the middleware would add (tests/edge/test_fastpath.py
-compares both ways request by request). ACCOUNTED lists every middleware of
+Its answers carry the headers the middleware adds, found by Django's own response path:
+a blank answer run once through settings.MIDDLEWARE (middleware_headers), not a copy of
+what each middleware does (tests/edge/test_fastpath.py compares both ways request by
+request). ACCOUNTED lists every middleware of
 settings.MIDDLEWARE with what stands in for it here: one it does not list turns the
 lean path off, and tests/edge/test_fastpath_contract.py fails until it is listed; the
 same test turns on each of Django's security settings and compares the headers.
@@ -53,9 +55,10 @@ from http import HTTPStatus
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import HttpHeaders
+from django.core.handlers.wsgi import WSGIRequest
+from django.http import HttpHeaders, HttpResponse
 from django.http.request import split_domain_port, validate_host
-from django.utils.csp import CSP, build_policy
+from django.utils.module_loading import import_string
 from rest_framework import exceptions
 from rest_framework.renderers import JSONRenderer
 from rest_framework.utils import json as drf_json
@@ -76,12 +79,12 @@ log = logging.getLogger("django.request")
 # fails until it is listed here.
 ACCOUNTED = {
     "django.middleware.security.SecurityMiddleware": (
-        "HSTS, nosniff, Referrer-Policy, COOP: static_headers and _hsts; "
+        "its headers: middleware_headers, for the answer's scheme; "
         "plain HTTP under SECURE_SSL_REDIRECT goes to Django"
     ),
     "whitenoise.middleware.WhiteNoiseMiddleware": "serves STATIC_URL only, never /api/",
     "django.middleware.csp.ContentSecurityPolicyMiddleware": (
-        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: static_headers"
+        "both policies, SECURE_CSP and SECURE_CSP_REPORT_ONLY: middleware_headers"
     ),
     "lakeshore_admin.middleware.RequestHeaderLimitMiddleware": (
         "header_problem(): headers over a limit go to Django"
@@ -97,9 +100,9 @@ ACCOUNTED = {
     "django.contrib.auth.middleware.AuthenticationMiddleware": "the token's user",
     "django.contrib.messages.middleware.MessageMiddleware": "the API adds no message",
     "lakeshore_admin.middleware.HtmxLoginRedirectMiddleware": (
-        "Vary: HX-Request, HX-Target (static_headers); an API answer never redirects"
+        "its Vary: middleware_headers; an API answer never redirects"
     ),
-    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: static_headers",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware": "X-Frame-Options: middleware_headers",
     "django_htmx.middleware.HtmxMiddleware": "request.htmx: the API does not read it",
     "accounts.audit.AuditMiddleware": "audit.serving(request) around the answer",
     "axes.middleware.AxesMiddleware": "console logins only; a bad token goes to Django",
@@ -140,7 +143,7 @@ class LeanPath:
         self.app = app
         self._admitted_once = False  # kept_request: the first request is admitted in a thread
         self._renderer = JSONRenderer()
-        self._headers = None
+        self._middleware_headers: dict[bool, list[tuple[str, str]]] = {}
         self._checked = self._accounted = None
 
     def __call__(self, environ, start_response):
@@ -262,7 +265,7 @@ class LeanPath:
             return None  # a body without a length: Django's way of reading it
         if settings.LAKESHORE_API_RATE or settings.DISALLOWED_USER_AGENTS or settings.PREPEND_WWW:
             return None  # DRF's throttles, CommonMiddleware's refusal or redirect
-        secure = _secure(environ)
+        secure = is_secure(environ)
         if settings.SECURE_SSL_REDIRECT and not secure:
             return None
         if not _host_allowed(environ) or header_problem(environ) is not None:
@@ -313,22 +316,24 @@ class LeanPath:
         """Every header of an answer the lean path or an edge door sends: its own
         (`content_type`, `length` unless it streams, `extra`), DRF's Allow (`allow`, the
         view's; none on a 500, which is Django's own page, nor for None) and what the
-        middleware adds (static_headers; HSTS over HTTPS: `secure`)."""
+        middleware adds to an answer over HTTPS (`secure`) or plain HTTP."""
         headers = [("Content-Type", content_type)]
         if length is not None:
             headers.append(("Content-Length", str(length)))
-        headers.extend(self.static_headers())
         if allow is not None and status != 500:
             headers.append(("Allow", allow))
         headers.extend(extra)
-        headers.extend(self.secure_headers(secure))
+        headers.extend(self.middleware_headers(secure))
         return headers
 
-    def secure_headers(self, secure: bool) -> list[tuple[str, str]]:
-        """What SecurityMiddleware adds to an answer over HTTPS: HSTS, if configured."""
-        if secure and settings.SECURE_HSTS_SECONDS:
-            return [("Strict-Transport-Security", _hsts())]
-        return []
+    def middleware_headers(self, secure: bool) -> list[tuple[str, str]]:
+        """What settings.MIDDLEWARE adds to an API answer over HTTPS (`secure`) or plain
+        HTTP, found once for each (through_middleware): it depends on the settings and
+        the scheme only."""
+        found = self._middleware_headers.get(secure)
+        if found is None:
+            found = self._middleware_headers[secure] = through_middleware(secure)
+        return found
 
     def error(self, exc, request):
         if isinstance(exc, DjangoValidationError):
@@ -347,31 +352,6 @@ class LeanPath:
             level("%s: %s", reason, request.path, extra={"status_code": response.status_code})
         extra = tuple((k, v) for k, v in response.items() if k.lower() != "content-type")
         return response.data, response.status_code, extra
-
-    def static_headers(self):
-        """What the middleware adds to an API answer. Made once: they depend only on
-        settings."""
-        if self._headers is None:
-            headers = []
-            if settings.X_FRAME_OPTIONS:
-                headers.append(("X-Frame-Options", settings.X_FRAME_OPTIONS))
-            headers.append(("Vary", "HX-Request, HX-Target"))
-            for header, config in (
-                (CSP.HEADER_ENFORCE, settings.SECURE_CSP),
-                (CSP.HEADER_REPORT_ONLY, settings.SECURE_CSP_REPORT_ONLY),
-            ):
-                if config:
-                    headers.append((str(header), build_policy(config)))
-            if settings.SECURE_CONTENT_TYPE_NOSNIFF:
-                headers.append(("X-Content-Type-Options", "nosniff"))
-            if settings.SECURE_REFERRER_POLICY:
-                headers.append(("Referrer-Policy", settings.SECURE_REFERRER_POLICY))
-            if settings.SECURE_CROSS_ORIGIN_OPENER_POLICY:
-                headers.append(
-                    ("Cross-Origin-Opener-Policy", settings.SECURE_CROSS_ORIGIN_OPENER_POLICY)
-                )
-            self._headers = headers
-        return self._headers
 
 
 def read_body(environ):
@@ -404,7 +384,8 @@ def allow(view) -> str:
     return ", ".join(instance.allowed_methods)
 
 
-def _secure(environ) -> bool:
+def is_secure(environ) -> bool:
+    """Whether the request came over HTTPS, as Django reads it (SECURE_PROXY_SSL_HEADER)."""
     if environ.get("wsgi.url_scheme") == "https":
         return True
     header = settings.SECURE_PROXY_SSL_HEADER
@@ -422,10 +403,53 @@ def _host_allowed(environ) -> bool:
     return bool(domain) and validate_host(domain, allowed)
 
 
-def _hsts() -> str:
-    value = f"max-age={settings.SECURE_HSTS_SECONDS}"
-    if settings.SECURE_HSTS_INCLUDE_SUBDOMAINS:
-        value += "; includeSubDomains"
-    if settings.SECURE_HSTS_PRELOAD:
-        value += "; preload"
-    return value
+def through_middleware(secure: bool) -> list[tuple[str, str]]:
+    """The headers settings.MIDDLEWARE adds to a blank answer to a bearer token's POST to
+    the API, over HTTPS when `secure`: Django's own response path, each middleware built
+    by its factory around the next as Django chains them, the innermost answering. The
+    answer's Content-Type and Content-Length are its own, not the middleware's."""
+    blank = HttpResponse()
+    handler = _answering(blank)
+    for path in reversed(settings.MIDDLEWARE):
+        handler = import_string(path)(handler)
+    host = _an_allowed_host()
+    if host is None:  # no Host is allowed: Django refuses every request (400) itself
+        return []
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/api/v1/",
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": host,
+        "SERVER_PORT": "443" if secure else "80",
+        "HTTP_HOST": host,
+        "HTTP_AUTHORIZATION": "Bearer -",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": "0",
+        "wsgi.url_scheme": "https" if secure else "http",
+        "wsgi.input": io.BytesIO(),
+    }
+    answered = handler(WSGIRequest(environ))
+    return [(k, v) for k, v in answered.items() if k.lower() not in _ANSWERS_OWN]
+
+
+_ANSWERS_OWN = {"content-type", "content-length", "location"}
+
+
+def _answering(response):
+    def view(request):
+        return response
+
+    return view
+
+
+def _an_allowed_host() -> str | None:
+    """A Host that ALLOWED_HOSTS allows (as Django reads it under DEBUG when empty)."""
+    allowed = settings.ALLOWED_HOSTS
+    if settings.DEBUG and not allowed:
+        allowed = [".localhost", "127.0.0.1", "[::1]"]
+    for entry in allowed:
+        host = "localhost" if entry == "*" else entry.lstrip(".")
+        if validate_host(host, allowed):
+            return host
+    return None
