@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.support.clients",  # operator, viewer: API clients with a fresh token
     "tests.support.shell",  # sh, operator_token: the installed CLI against the live server
     "tests.support.slurm",  # slurm_cluster: a real one-node Slurm cluster
+    "tests.support.browser",  # Debian's Chromium for the tests marked `browser`
 ]
 
 

@@ -3,7 +3,6 @@ alone (drf-spectacular-sidecar), for logged-in readers unless LAKESHORE_PUBLIC_D
 
 import re
 import runpy
-import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -167,21 +166,6 @@ def test_the_live_server_serves_every_file_the_pages_load(client, public, live_s
     for asset in static:
         response = httpx.get(f"{live_server.url}{asset}")
         assert response.status_code == 200 and response.content, asset
-
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    if not CHROMIUM:
-        pytest.skip("no Chromium: 'apt-get install chromium' runs this test")
-    # as in tests/web/browser: Debian's Chromium, and no host but this one resolves
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": ["--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE localhost , EXCLUDE 127.0.0.1"],
-    }
 
 
 @pytest.mark.slow
