@@ -143,7 +143,8 @@ class LeanPath:
         self.app = app
         self._admitted_once = False  # kept_request: the first request is admitted in a thread
         self._renderer = JSONRenderer()
-        self._middleware_headers: dict[bool, list[tuple[str, str]]] = {}
+        # found as it starts, not on its first answer: that answer would wait for it
+        self._middleware_headers = through_middleware()
         self._checked = self._accounted = None
 
     def __call__(self, environ, start_response):
@@ -235,6 +236,7 @@ class LeanPath:
         middleware = settings.MIDDLEWARE
         if middleware is not self._checked:  # once per list (tests swap it)
             self._checked, self._accounted = middleware, not unaccounted(middleware)
+            self._middleware_headers = through_middleware()
             if not self._accounted:
                 log.warning(
                     "the lean path is off: it does not account for %s (see ACCOUNTED in %s)",
@@ -328,12 +330,8 @@ class LeanPath:
 
     def middleware_headers(self, secure: bool) -> list[tuple[str, str]]:
         """What settings.MIDDLEWARE adds to an API answer over HTTPS (`secure`) or plain
-        HTTP, found once for each (through_middleware): it depends on the settings and
-        the scheme only."""
-        found = self._middleware_headers.get(secure)
-        if found is None:
-            found = self._middleware_headers[secure] = through_middleware(secure)
-        return found
+        HTTP (through_middleware: it depends on the settings and the scheme only)."""
+        return self._middleware_headers[secure]
 
     def error(self, exc, request):
         if isinstance(exc, DjangoValidationError):
@@ -403,44 +401,46 @@ def _host_allowed(environ) -> bool:
     return bool(domain) and validate_host(domain, allowed)
 
 
-def through_middleware(secure: bool) -> list[tuple[str, str]]:
+def through_middleware() -> dict[bool, list[tuple[str, str]]]:
     """The headers settings.MIDDLEWARE adds to a blank answer to a bearer token's POST to
-    the API, over HTTPS when `secure`: Django's own response path, each middleware built
-    by its factory around the next as Django chains them, the innermost answering. The
-    answer's Content-Type and Content-Length are its own, not the middleware's."""
-    blank = HttpResponse()
-    handler = _answering(blank)
+    the API, over plain HTTP (False) and over HTTPS (True): Django's own response path,
+    each middleware built by its factory around the next as Django chains them, the
+    innermost answering. The answer's Content-Type and Content-Length are its own, not
+    the middleware's."""
+    handler = _blank
     for path in reversed(settings.MIDDLEWARE):
         handler = import_string(path)(handler)
     host = _an_allowed_host()
-    if host is None:  # no Host is allowed: Django refuses every request (400) itself
-        return []
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/api/v1/",
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "SERVER_NAME": host,
-        "SERVER_PORT": "443" if secure else "80",
-        "HTTP_HOST": host,
-        "HTTP_AUTHORIZATION": "Bearer -",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": "0",
-        "wsgi.url_scheme": "https" if secure else "http",
-        "wsgi.input": io.BytesIO(),
-    }
-    answered = handler(WSGIRequest(environ))
-    return [(k, v) for k, v in answered.items() if k.lower() not in _ANSWERS_OWN]
+    found: dict[bool, list[tuple[str, str]]] = {}
+    for secure in (False, True):
+        if host is None:  # no Host is allowed: Django refuses every request (400) itself
+            found[secure] = []
+            continue
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/api/v1/",
+            "SCRIPT_NAME": "",
+            "QUERY_STRING": "",
+            "SERVER_NAME": host,
+            "SERVER_PORT": "443" if secure else "80",
+            "HTTP_HOST": host,
+            "HTTP_AUTHORIZATION": "Bearer -",
+            "CONTENT_TYPE": "application/json",
+            "CONTENT_LENGTH": "0",
+            "wsgi.url_scheme": "https" if secure else "http",
+            "wsgi.input": io.BytesIO(),
+        }
+        answered = handler(WSGIRequest(environ))
+        found[secure] = [(k, v) for k, v in answered.items() if k.lower() not in _ANSWERS_OWN]
+    return found
 
 
 _ANSWERS_OWN = {"content-type", "content-length", "location"}
 
 
-def _answering(response):
-    def view(request):
-        return response
-
-    return view
+def _blank(request):
+    """The innermost answer of through_middleware's chain: an empty one."""
+    return HttpResponse()
 
 
 def _an_allowed_host() -> str | None:

@@ -19,6 +19,7 @@ from fleet import daemons
 from fleet.models import Daemon
 from jobs import services
 from jobs.models import Invocation
+from tests.daemon import jobfuncs
 from tests.support import builders
 from tests.support.servers import database_url
 from tests.support.waiting import wait_for
@@ -26,14 +27,16 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 LAKESHORE = str(Path(sys.executable).parent / "lakeshore")
+ROOT = Path(__file__).resolve().parents[2]  # the repository: PYTHONPATH for tests.daemon
 
 
-def _start_daemon(live_server, tmp_path, *args):
+def _start_daemon(live_server, tmp_path, *args, **settings):
     env = {
         **os.environ,
         "LAKESHORE_URL": live_server.url,
         "LAKESHORE_TOKEN": builders.token("daemon"),
         "XDG_CONFIG_HOME": str(tmp_path),
+        **settings,
     }
     log = open(tmp_path / "daemon.log", "w")  # noqa: SIM115 - closed by the caller's process end
     return subprocess.Popen(
@@ -182,10 +185,9 @@ def _serve(port: int, tmp_path):
         "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
     }
-    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-        cwd=root,
+        cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -204,16 +206,22 @@ def _serve(port: int, tmp_path):
 
 def test_the_daemon_survives_a_server_restart(tmp_path):
     builders.queue(name="e2e")
-    inv, _ = services.invocation_submit(function="lakeshore.functions.sleep", queue="e2e", args=[2])
+    ledger = tmp_path / "ledger"
+    inv, _ = services.invocation_submit(
+        function="tests.daemon.jobfuncs.ledger_sleep", queue="e2e", args=[str(ledger), 2]
+    )
     port = _free_port()
     server = _serve(port, tmp_path)
 
     class Address:
         url = f"http://127.0.0.1:{port}"
 
-    proc = _start_daemon(Address, tmp_path, "--queues", "e2e")
+    allowed = {"LAKESHORE_ALLOWED_MODULES": "tests.daemon.jobfuncs", "PYTHONPATH": str(ROOT)}
+    proc = _start_daemon(Address, tmp_path, "--queues", "e2e", **allowed)
     try:
-        wait_for(lambda: Invocation.objects.get(pk=inv.pk).state == "running", what="claim")
+        # the daemon runs the job (its claim's answer reached it), not only its row says
+        # so: a server stopped between the claim and its answer leaves the job to its lease
+        wait_for(lambda: jobfuncs.starts(str(ledger)), what="the job running on the daemon")
         server.terminate()
         server.wait(10)
         time.sleep(3)  # the invocation finishes while the server is down
