@@ -143,9 +143,15 @@ class LeanPath:
         self.app = app
         self._admitted_once = False  # kept_request: the first request is admitted in a thread
         self._renderer = JSONRenderer()
-        # found as it starts, not on its first answer: that answer would wait for it
-        self._middleware_headers = through_middleware()
         self._checked = self._accounted = None
+        self._middleware_headers: dict[bool, list[tuple[str, str]]] = {}
+        # the middleware known (and its headers found) as it starts, not on its first
+        # answer, which would wait for them; again after a setting changes (tests)
+        self._enabled()
+        signals.setting_changed.connect(self._forget_settings)
+
+    def _forget_settings(self, **_kwargs) -> None:
+        self._checked = None
 
     def __call__(self, environ, start_response):
         taken = self.take(environ)
