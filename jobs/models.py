@@ -1,7 +1,8 @@
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Length
+from django.db.models.functions import Cast, Length, Upper
 from django.urls import reverse
 
 
@@ -59,6 +60,39 @@ REPORTED_STATES = [InvocationState.SUCCEEDED, InvocationState.FAILED, Invocation
 RETRYABLE_STATES = [InvocationState.FAILED, InvocationState.TIMEOUT, InvocationState.KILLED]
 
 
+ERROR_HEADLINE_MAX_LENGTH = 200
+
+
+class ErrorHeadline(models.Func):
+    """What an error says in one line, as the database computes it for `error_headline`:
+    the exception line of a Python traceback (its last line), else the first line that
+    is not blank, cut to ERROR_HEADLINE_MAX_LENGTH characters. Every traceback starts
+    with the same first line, so its last one is the line that tells errors apart."""
+
+    template = (
+        "left(CASE WHEN starts_with(%(expressions)s, 'Traceback (most recent call last):')"
+        " THEN substring(rtrim(%(expressions)s, E' \\t\\r\\n') from '([^\\n]*)$')"
+        " ELSE substring(ltrim(%(expressions)s, E' \\t\\r\\n') from '^([^\\n]*)') END, "
+        f"{ERROR_HEADLINE_MAX_LENGTH})"
+    )
+    output_field = models.CharField(max_length=ERROR_HEADLINE_MAX_LENGTH)
+
+
+SEARCH_MIN_LENGTH = 3  # a trigram index finds nothing shorter: it would read every row
+
+
+class SearchText(models.Func):
+    """What `jobs list --search` reads: the function, the key and the error's headline,
+    one text, matched by its trigram index (inv_search)."""
+
+    template = "(%(expressions)s)"
+    arg_joiner = " || ' ' || "
+    output_field = models.TextField()
+
+    def __init__(self):
+        super().__init__(models.F("function"), models.F("key"), models.F("error_headline"))
+
+
 class InvocationQuerySet(models.QuerySet):
     def light(self):
         """Rows for lists: the SDK's blobs (up to LAKESHORE_SDK_MAX_BLOB_BYTES each)
@@ -97,6 +131,12 @@ class Invocation(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    error_headline = models.GeneratedField(
+        expression=ErrorHeadline("error"),
+        output_field=models.CharField(max_length=ERROR_HEADLINE_MAX_LENGTH),
+        db_persist=True,
+        help_text="The error in one line (jobs.models.ErrorHeadline): what stats group by.",
+    )
     # Database defaults too: statements that insert rows by SQL need not name them.
     wire = models.CharField(
         max_length=16, choices=Wire.choices, blank=True, default="", db_default=""
@@ -169,12 +209,32 @@ class Invocation(models.Model):
             models.Index(
                 fields=["retry_of"], name="inv_retry_of", condition=Q(retry_of__isnull=False)
             ),
-            # what each queue finished lately (ETA, failures in the last 24 h); not
+            # what each queue finished lately (its pace, for an ETA); not
             # what was killed, so a bulk-cancel writes no entry here
             models.Index(
                 fields=["queue", "finished_at"],
                 name="inv_finished",
                 condition=Q(finished_at__isnull=False) & ~Q(state=InvocationState.KILLED),
+            ),
+            # what ended in a window, killed too (stats: counts by queue and state, the
+            # newest finishes for the timings), read from the index alone for counts
+            models.Index(
+                fields=["finished_at"],
+                include=["queue", "state"],
+                name="inv_ended",
+                condition=Q(finished_at__isnull=False),
+            ),
+            # --search: a substring of the function, the key or the error's headline
+            GinIndex(
+                OpClass(Upper(Cast(SearchText(), models.TextField())), name="gin_trgm_ops"),
+                name="inv_search",
+            ),
+            # what failed in a window, by error (stats: the top errors)
+            models.Index(
+                fields=["finished_at"],
+                include=["queue", "error_headline", "id"],
+                name="inv_failures",
+                condition=Q(state__in=[InvocationState.FAILED, InvocationState.TIMEOUT]),
             ),
         ]
         constraints = [

@@ -11,6 +11,7 @@ from lakeshore.commands.daemon_run import run as daemon_run
 from lakeshore.commands.jobs import jobs
 from lakeshore.commands.providers import providers
 from lakeshore.commands.queues import queues
+from lakeshore.commands.stats import stats
 from lakeshore.context import State
 from lakeshore.errors import CliError, report
 
@@ -46,7 +47,7 @@ def cli(ctx: click.Context, url: str | None, token: str | None) -> None:
     state.token = token or state.token
 
 
-for group in (queues, jobs, providers, daemon, auth, apply, export):
+for group in (queues, jobs, stats, providers, daemon, auth, apply, export):
     cli.add_command(group)
 daemon.add_command(daemon_run, name="run")
 daemon.add_command(daemon_remove, name="remove")

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from accounts import audit
 from fleet.models import LIVE_DAEMON_STATES, Daemon, DaemonState, Provider
+from jobs import insight
 from jobs.models import Invocation, InvocationState
 from jobs.transitions import kill
 from lakeshore_admin import hooks, metrics
@@ -410,7 +411,20 @@ def signals_from(live: dict[str, int], *, pending: int, running: int) -> dict:
     }
 
 
-def queue_stats(queue: Queue) -> dict:
+def stats_window(name: str | None) -> insight.Window:
+    """The window a stats answer covers: 1h (the default) or 24h."""
+    if name not in (None, "", *insight.WINDOWS):
+        choices = ", ".join(insight.WINDOWS)
+        raise Invalid(
+            f"window must be one of {choices}, got {name!r}.",
+            fields={"window": f"one of {choices}"},
+        )
+    return insight.window(name)
+
+
+def queue_stats(queue: Queue, span: insight.Window | None = None) -> dict:
+    """What the controller sees now and would do next, and what ended in the window."""
+    span = span or insight.window(None)
     seen = queue_signals(queue)
     signals: elasticity.Signals = seen["signals"]
     plan = elasticity.plan(queue, signals)
@@ -432,4 +446,30 @@ def queue_stats(queue: Queue) -> dict:
         "desired": plan.desired,
         "next_action": plan.next_action,
         "recent_actions": recent,
+        span.block: insight.ended(queue=queue.name, span=span),
+    }
+
+
+def fleet_stats(span: insight.Window | None = None) -> dict:
+    """queue_stats over every queue: live daemons by state (each daemon once, whatever
+    queues it serves), what waits and runs (capped), and what ended in the window."""
+    span = span or insight.window(None)
+    live = dict(Daemon.objects.live().order_by().values_list("state").annotate(n=Count("id")))
+    pending = _capped_count(Invocation.objects.filter(state=InvocationState.QUEUED))
+    running = _capped_count(Invocation.objects.filter(state=InvocationState.RUNNING))
+    seen = signals_from(live, pending=pending, running=running)
+    signals: elasticity.Signals = seen["signals"]
+    return {
+        "queues": Queue.objects.exclude(state=QueueState.ARCHIVED).count(),
+        "daemons": signals.daemons,
+        "busy": signals.busy,
+        "idle": seen["idle"],
+        "provisioning": seen["provisioning"],
+        "draining": seen["draining"],
+        "utilization": round(signals.utilization, 4),
+        "pending": signals.pending,
+        "pending_capped": seen["pending_capped"],
+        "running": seen["running"],
+        "running_capped": seen["running"] > PENDING_CAP,
+        span.block: insight.ended(queue=None, span=span),
     }

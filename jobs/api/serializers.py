@@ -210,3 +210,42 @@ class SdkSetup(serializers.Serializer):
         child=serializers.CharField(),
         help_text="What the caller's token may do (submitting from the SDK needs operator).",
     )
+
+
+# ---------------------------------------------------------------------------- insight
+
+
+class SpreadSerializer(serializers.Serializer):
+    p50 = serializers.IntegerField(allow_null=True)
+    p95 = serializers.IntegerField(allow_null=True)
+    max = serializers.IntegerField(allow_null=True)
+
+
+class PerMinuteSerializer(serializers.Serializer):
+    succeeded = serializers.FloatField()
+    failed = serializers.FloatField()
+    killed = serializers.FloatField()
+    timeout = serializers.FloatField()
+
+
+class TopErrorSerializer(serializers.Serializer):
+    error = serializers.CharField(help_text="The error in one line (a traceback's last line)")
+    count = serializers.IntegerField()
+    last_job = serializers.CharField(help_text="The newest invocation that had it")
+
+
+class EndedSerializer(serializers.Serializer):
+    """What ended in a window (jobs/insight.py)."""
+
+    window = serializers.CharField()
+    since = serializers.DateTimeField()
+    until = serializers.DateTimeField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    killed = serializers.IntegerField()
+    timeout = serializers.IntegerField()
+    per_minute = PerMinuteSerializer()
+    wait_ms = SpreadSerializer(help_text="Submitted → started, in milliseconds")
+    run_ms = SpreadSerializer(help_text="Started → finished, in milliseconds")
+    timed = serializers.IntegerField(help_text="How many finishes the timings are of")
+    errors = TopErrorSerializer(many=True)

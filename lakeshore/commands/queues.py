@@ -7,6 +7,7 @@ import click
 
 from lakeshore.client import Client, path
 from lakeshore.commands.daemon import print_daemons
+from lakeshore.commands.stats import print_ended, window_option
 from lakeshore.context import pass_client
 from lakeshore.errors import CliError
 from lakeshore.output import cell, emit, fields, json_option, print_json, table, when
@@ -379,12 +380,14 @@ def print_events(found: list[dict]) -> None:
 
 @queues.command()
 @queue_name
+@window_option
 @json_option
 @pass_client
-def stats(client: Client, name: str, as_json: bool) -> None:
-    """What the controller sees now, and what its next tick would do. NAME "" is the
-    default queue."""
-    emit(client.get(path("queues", _readable(name), "stats")), as_json, _print_stats)
+def stats(client: Client, name: str, window: str, as_json: bool) -> None:
+    """What the controller sees now, what its next tick would do, and what ended lately
+    (counts, rates, wait and run times, the top errors). NAME "" is the default queue."""
+    answer = client.get(path("queues", _readable(name), "stats"), window=window)
+    emit(answer, as_json, _print_stats)
 
 
 DEFAULT_QUEUE = "(default)"  # the default queue where the API's address needs a name
@@ -417,6 +420,7 @@ def _print_stats(s: dict) -> None:
         print_events(recent)
     else:
         click.echo("No recent scale actions.")
+    print_ended(s)
 
 
 def _ratio(value) -> str:

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from jobs.api.serializers import EndedSerializer
 from lakeshore_admin.strict_input import INT_MAX, StrictInput, name_field
 from queues import elasticity
 from queues.models import (
@@ -154,6 +155,24 @@ class StatsSerializer(serializers.Serializer):
     desired = serializers.IntegerField()
     next_action = serializers.CharField()
     recent_actions = EventSerializer(many=True)
+    last_hour = EndedSerializer(required=False, help_text="What ended in the last hour")
+    last_day = EndedSerializer(required=False, help_text="What ended in the last day (window=24h)")
+
+
+class FleetStatsSerializer(serializers.Serializer):
+    queues = serializers.IntegerField(help_text="Queues not archived")
+    daemons = serializers.IntegerField()
+    busy = serializers.IntegerField()
+    idle = serializers.IntegerField()
+    provisioning = serializers.IntegerField()
+    draining = serializers.IntegerField()
+    utilization = serializers.FloatField()
+    pending = serializers.IntegerField()
+    pending_capped = serializers.BooleanField()
+    running = serializers.IntegerField()
+    running_capped = serializers.BooleanField()
+    last_hour = EndedSerializer(required=False, help_text="What ended in the last hour")
+    last_day = EndedSerializer(required=False, help_text="What ended in the last day (window=24h)")
 
 
 # ---------------------------------------------------------------------------- lakeshore.yaml

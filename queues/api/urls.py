@@ -5,6 +5,7 @@ from queues.api import views
 NAME = "<str:name>"
 
 urlpatterns = [
+    path("stats/", views.FleetStats.as_view(), name="fleet-stats"),
     path("queues/", views.QueueList.as_view(), name="queue-list"),
     path(f"queues/{NAME}/", views.QueueDetail.as_view(), name="queue-detail"),
     path(f"queues/{NAME}/events/", views.QueueEvents.as_view(), name="queue-events"),

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from fleet.api.serializers import QueueDetailSerializer  # a queue shows its daemons
 from fleet.models import Daemon
+from jobs import insight
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
 from lakeshore_admin.pagination import (
@@ -166,14 +167,37 @@ class QueueEvents(APIView):
         return list_response(rows[:limit], link, s.EventSerializer)
 
 
+WINDOW = OpenApiParameter(
+    "window",
+    OpenApiTypes.STR,
+    enum=list(insight.WINDOWS),
+    description="What ended in the last hour (1h, the default: `last_hour`) "
+    "or day (24h: `last_day`)",
+)
+
+
 class QueueStats(APIView):
     @extend_schema(
-        summary="What the controller sees now, and what its next tick would do "
-        "('(default)' for the default queue)",
-        responses={200: s.StatsSerializer, **errors(404)},
+        summary="What the controller sees now, what its next tick would do, and what "
+        "ended lately ('(default)' for the default queue)",
+        parameters=[WINDOW],
+        responses={200: s.StatsSerializer, **errors(400, 404)},
     )
     def get(self, request, name):
-        return Response(s.StatsSerializer(services.queue_stats(services.queue_read(name))).data)
+        span = services.stats_window(request.query_params.get("window"))
+        stats = services.queue_stats(services.queue_read(name), span)
+        return Response(s.StatsSerializer(stats).data)
+
+
+class FleetStats(APIView):
+    @extend_schema(
+        summary="Every queue at once: live daemons, what waits and runs, what ended lately",
+        parameters=[WINDOW],
+        responses={200: s.FleetStatsSerializer, **errors(400)},
+    )
+    def get(self, request):
+        span = services.stats_window(request.query_params.get("window"))
+        return Response(s.FleetStatsSerializer(services.fleet_stats(span)).data)
 
 
 # ---------------------------------------------------------------------------- lakeshore.yaml

@@ -21,6 +21,7 @@ METHODS = {
     "/api/v1/queues/{name}/": {"get", "patch", "delete"},
     "/api/v1/queues/{name}/events/": {"get"},
     "/api/v1/queues/{name}/stats/": {"get"},
+    "/api/v1/stats/": {"get"},
     "/api/v1/queues/{name}/drain/": {"post"},
     "/api/v1/queues/{name}/pause/": {"post"},
     "/api/v1/queues/{name}/resume/": {"post"},
