@@ -220,7 +220,7 @@ def known_actions() -> list[str]:
         "queue.create", "queue.patch", "queue.drain", "queue.pause", "queue.resume",
         "queue.archive", "queue.unarchive", "queue.remove", "provider.create",
         "provider.patch", "provider.remove", "daemon.drop", "job.kill", "job.retry",
-        "jobs.bulk_cancel", "token.create", "token.revoke",
+        "jobs.bulk_cancel", "jobs.bulk_retry", "token.create", "token.revoke",
         "role.grant",
     ]  # fmt: skip
     return [*EventAction.values, *operator]

@@ -3,7 +3,7 @@
 import django_filters
 from django import forms
 
-from jobs.models import Invocation, InvocationState
+from jobs.models import SEARCH_MAX_LENGTH, SEARCH_MIN_LENGTH, Invocation, InvocationState
 from lakeshore_admin.names import DEFAULT_QUEUE_LABEL
 
 
@@ -11,6 +11,9 @@ class IdFilter(django_filters.NumberFilter):
     """A whole-number id within PostgreSQL's bigint: '1.5' or 10**30 are refused."""
 
     field_class = forms.IntegerField
+
+    def holding(self, queryset, name, value):
+        return queryset.matching(value)
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("min_value", 1)
@@ -33,6 +36,12 @@ class InvocationFilter(django_filters.FilterSet):
     function = django_filters.CharFilter(
         field_name="function", lookup_expr="startswith", label="function (a prefix)"
     )
+    search = django_filters.CharFilter(
+        method="holding",
+        min_length=SEARCH_MIN_LENGTH,
+        max_length=SEARCH_MAX_LENGTH,
+        label="text in the function, the key or the error's headline (any case)",
+    )
     since = django_filters.IsoDateTimeFilter(
         field_name="created_at", lookup_expr="gte", label="submitted at or after (ISO 8601)"
     )
@@ -50,12 +59,16 @@ class InvocationFilter(django_filters.FilterSet):
             "cursor",
             "id",
             "function",
+            "search",
             "since",
             "until",
         ]
 
     def in_queue(self, queryset, name, value):
         return queryset.filter(queue="" if value == DEFAULT_QUEUE_LABEL else value)
+
+    def holding(self, queryset, name, value):
+        return queryset.matching(value)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -79,6 +79,7 @@ class ErrorHeadline(models.Func):
 
 
 SEARCH_MIN_LENGTH = 3  # a trigram index finds nothing shorter: it would read every row
+SEARCH_MAX_LENGTH = 200
 
 
 class SearchText(models.Func):
@@ -94,6 +95,13 @@ class SearchText(models.Func):
 
 
 class InvocationQuerySet(models.QuerySet):
+    def matching(self, text: str):
+        """Those whose function, key or error headline holds `text`, in any case (through
+        inv_search; `text` of SEARCH_MIN_LENGTH characters or more)."""
+        return self.alias(search_text=Upper(Cast(SearchText(), models.TextField()))).filter(
+            search_text__contains=Upper(models.Value(text))
+        )
+
     def light(self):
         """Rows for lists: the SDK's blobs (up to LAKESHORE_SDK_MAX_BLOB_BYTES each)
         stay in the database; their sizes come along instead."""

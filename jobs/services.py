@@ -7,19 +7,21 @@ import random
 import re
 import threading
 import time
-from datetime import timedelta
+from collections import Counter
+from datetime import UTC, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from accounts import audit
 from jobs import serving
-from jobs.models import Invocation, InvocationState, Wire
+from jobs.models import RETRYABLE_STATES, Invocation, InvocationState, Wire
 from jobs.transitions import kill, submit
 from lakeshore_admin import hooks
-from lakeshore_admin.errors import BacklogFull, Conflict, Invalid, NotFound
+from lakeshore_admin.errors import BacklogFull, Conflict, DomainError, Invalid, NotFound
 from queues.models import ADMITTING_QUEUE_STATES, Queue, QueueKind, QueueState
 
 # module.path.name: two or more parts, each starting with a letter (so never private)
@@ -395,28 +397,178 @@ def retried_as(invocation: Invocation) -> int | None:
     return invocation.retries.order_by("id").values_list("id", flat=True).first()
 
 
+# ---------------------------------------------------------------------------- in bulk
+
+
+SINCE_PATTERN = re.compile(r"^(\d{1,6})([smhd])$")
+SINCE_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+RETRY_BATCH = 500
+
+
+def moment_since(text: str, *, now=None):
+    """A bulk action's `since`: a span back from now (30m, 1h, 7d) or an ISO 8601 time."""
+    found = SINCE_PATTERN.match(text)
+    if found:
+        amount, unit = found.groups()
+        return (now or timezone.now()) - timedelta(**{SINCE_UNITS[unit]: int(amount)})
+    moment = parse_datetime(text)
+    if moment is None:
+        raise Invalid(
+            f"since must be a span back from now (30m, 1h, 7d) or an ISO 8601 time, got {text!r}.",
+            fields={"since": "a span (30m, 1h, 7d) or an ISO 8601 time"},
+        )
+    return moment if timezone.is_aware(moment) else timezone.make_aware(moment, UTC)
+
+
+def _known_queue(queue: str | None) -> None:
+    if queue and not Queue.objects.filter(name=queue).exists():
+        raise NotFound(f"Queue '{queue}' does not exist.", fields={"queue": "unknown"})
+
+
+def selection_text(*, states=(), queue=None, search="", since="") -> str:
+    """A bulk action's filter as people read it (its audit event names it)."""
+    parts = [f"state {', '.join(states)}"] if states else []
+    if queue is not None:
+        parts.append(f"queue {queue or '(default)'}")
+    if search:
+        parts.append(f"search {search!r}")
+    if since:
+        parts.append(f"since {since}")
+    return "; ".join(parts) or "every queue"
+
+
 def invocation_bulk_cancel(
-    *, queue: str | None = None, reason: str = "", dry_run: bool = False, cap: int | None = None
+    *,
+    queue: str | None = None,
+    search: str = "",
+    since: str = "",
+    reason: str = "",
+    dry_run: bool = False,
+    cap: int | None = None,
 ):
-    """Cancel every queued invocation (of one queue, if given), in batches. A dry run
-    counts them: exactly, or with `cap` at most cap + 1 (more than cap) for pages that
-    count on every refresh."""
+    """Cancel every queued invocation (of one queue, holding `search`, submitted `since`,
+    if given), in batches. A dry run counts them: exactly, or with `cap` at most cap + 1
+    (more than cap) for pages that count on every refresh."""
+    _known_queue(queue)
     rows = Invocation.objects.filter(state=Q_.QUEUED)
     if queue is not None:
-        if queue and not Queue.objects.filter(name=queue).exists():
-            raise NotFound(f"Queue '{queue}' does not exist.", fields={"queue": "unknown"})
         rows = rows.filter(queue=queue)
+    if search:
+        rows = rows.matching(search)
+    if since:
+        rows = rows.filter(created_at__gte=moment_since(since))
     if dry_run:
         return rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
-    cancelled = kill.kill_queued_in_batches(queue=queue, reason=reason or "bulk-cancel")
-    where = "every queue" if queue is None else f"queue {queue or '(default)'}"
+    why = reason or "bulk-cancel"
+    if search or since:  # the batches are found by the one rule of a search (models.py)
+        cancelled, after = 0, 0
+        while True:
+            ids = list(
+                rows.filter(id__gt=after)
+                .order_by("id")
+                .values_list("id", flat=True)[: kill.BULK_BATCH]
+            )
+            if not ids:
+                break
+            with transaction.atomic():
+                cancelled += kill.kill_queued_ids(ids=ids, reason=why)
+            after = ids[-1]
+    else:
+        cancelled = kill.kill_queued_in_batches(queue=queue, reason=why)
+    where = selection_text(queue=queue, search=search, since=since)
     audit.record(
         "jobs.bulk_cancel",
         queue=queue or "",
         target=where,
         summary=f"cancelled {cancelled} queued" + (f": {reason}" if reason else ""),
+        detail={"queue": queue, "search": search, "since": since, "cancelled": cancelled},
     )
     return cancelled
+
+
+def invocation_bulk_retry(
+    *, states, queue: str | None = None, search: str = "", since: str = "", dry_run=False
+) -> dict:
+    """Retry every ended invocation in `states` (of one queue, holding `search`, ended
+    `since`, if given) that was not retried yet, as invocation_retry does one: a new
+    invocation linked to it. In batches of RETRY_BATCH, each locked, admitted like a
+    batch submit, and committed before the next; a queue that refuses (full, drained)
+    stops it, and the answer says how many were retried before. One audit event names
+    the filter. A dry run counts the matches."""
+    states = list(dict.fromkeys(states))
+    wrong = [state for state in states if state not in RETRYABLE_STATES]
+    if not states or wrong:
+        raise Invalid(
+            "state must be failed, timeout or killed (one or more)"
+            + (f", got {', '.join(map(repr, wrong))}." if wrong else "."),
+            fields={"state": "failed, timeout or killed"},
+        )
+    _known_queue(queue)
+    rows = Invocation.objects.filter(state__in=states).exclude(
+        Exists(Invocation.objects.filter(retry_of=OuterRef("pk")))
+    )
+    if queue is not None:
+        rows = rows.filter(queue=queue)
+    if search:
+        rows = rows.matching(search)
+    if since:
+        rows = rows.filter(finished_at__gte=moment_since(since))
+    where = selection_text(states=states, queue=queue, search=search, since=since)
+    if dry_run:
+        return {"matched": rows.count(), "retried": 0, "dry_run": True, "filter": where}
+    retried, after = 0, 0
+    try:
+        while True:
+            with transaction.atomic():
+                batch = list(
+                    rows.filter(id__gt=after)
+                    .order_by("id")
+                    .select_for_update(of=("self",))
+                    .values_list("id", "queue")[:RETRY_BATCH]
+                )
+                if not batch:
+                    break
+                after = batch[-1][0]
+                # a retry committed while this batch waited for its locks: skip those
+                taken = set(
+                    Invocation.objects.filter(retry_of__in=[i for i, _ in batch]).values_list(
+                        "retry_of", flat=True
+                    )
+                )
+                fresh = [(i, name) for i, name in batch if i not in taken]
+                per_queue = Counter(name for _, name in fresh)
+                known = {q.name: q for q in Queue.objects.filter(name__in=set(per_queue) - {""})}
+                for name, count in sorted(per_queue.items()):
+                    _admit(_admitting_queue(name, known), count)
+                hooks.point("bulk_retry.before_insert")
+                made = submit.insert_retries([i for i, _ in fresh])
+                found = serving.of_queues(list(per_queue))
+                for name in per_queue:
+                    serving.after_submit(found[name])
+            retried += len(made)
+            if len(batch) < RETRY_BATCH:
+                break
+    except DomainError as refused:
+        _record_bulk_retry(where, queue, retried)
+        raise type(refused)(
+            f"{refused.message} Retried {retried} before it stopped.",
+            fields=refused.fields,
+            extra={**refused.extra, "retried": retried},
+            code=refused.code,
+        ) from None
+    _record_bulk_retry(where, queue, retried)
+    return {"matched": retried, "retried": retried, "dry_run": False, "filter": where}
+
+
+def _record_bulk_retry(where: str, queue: str | None, retried: int) -> None:
+    if retried:
+        audit.record(
+            "jobs.bulk_retry",
+            queue=queue or "",
+            target=where,
+            summary=f"retried {retried}: {where}",
+            detail={"filter": where, "retried": retried},
+        )
 
 
 # ---------------------------------------------------------------------------- position

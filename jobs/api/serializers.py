@@ -3,7 +3,13 @@ import functools
 from rest_framework import serializers
 
 from jobs import logs
-from jobs.models import Invocation, shown_priority
+from jobs.models import (
+    RETRYABLE_STATES,
+    SEARCH_MAX_LENGTH,
+    SEARCH_MIN_LENGTH,
+    Invocation,
+    shown_priority,
+)
 from lakeshore_admin.output import BuiltOnceFields
 from lakeshore_admin.strict_input import INT_MAX, StrictInput, name_field, without_nul
 
@@ -139,8 +145,29 @@ class KillInput(StrictInput):
     reason = serializers.CharField(max_length=500, allow_blank=True, default="")
 
 
+def search_field():
+    return serializers.CharField(
+        min_length=SEARCH_MIN_LENGTH,
+        max_length=SEARCH_MAX_LENGTH,
+        allow_blank=True,  # no search
+        default="",
+        help_text="Text in the function, the key or the error's headline (any case)",
+    )
+
+
+def since_field(what: str):
+    return serializers.CharField(
+        max_length=40,
+        allow_blank=True,  # no time
+        default="",
+        help_text=f"Only those {what} since: a span back from now (30m, 1h, 7d) or an ISO time",
+    )
+
+
 class BulkCancelInput(StrictInput):
     queue = serializers.CharField(allow_null=True, allow_blank=True, default=None)
+    search = search_field()
+    since = since_field("submitted")
     reason = serializers.CharField(max_length=500, allow_blank=True, default="")
     dry_run = serializers.BooleanField(default=False)
 
@@ -149,6 +176,26 @@ class BulkCancelOutput(serializers.Serializer):
     cancelled = serializers.IntegerField()
     dry_run = serializers.BooleanField()
     queue = serializers.CharField(allow_null=True)
+
+
+class BulkRetryInput(StrictInput):
+    state = serializers.ListField(
+        child=serializers.ChoiceField(choices=[str(s) for s in RETRYABLE_STATES]),
+        min_length=1,
+        max_length=len(RETRYABLE_STATES),
+        help_text="The ended states to retry: failed, timeout, killed",
+    )
+    queue = serializers.CharField(allow_null=True, allow_blank=True, default=None)
+    search = search_field()
+    since = since_field("that ended")
+    dry_run = serializers.BooleanField(default=False)
+
+
+class BulkRetryOutput(serializers.Serializer):
+    matched = serializers.IntegerField(help_text="What the filter takes (a dry run: all of it)")
+    retried = serializers.IntegerField()
+    dry_run = serializers.BooleanField()
+    filter = serializers.CharField(help_text="The filter, as the audit event names it")
 
 
 class LogQuery(StrictInput):

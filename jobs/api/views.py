@@ -145,7 +145,8 @@ class JobRetry(APIView):
 
 class JobBulkCancel(APIView):
     @extend_schema(
-        summary="Cancel every queued invocation (of one queue); running work is untouched",
+        summary="Cancel every queued invocation (of one queue, holding a text, submitted "
+        "since a time); running work is untouched",
         request=s.BulkCancelInput,
         responses={200: s.BulkCancelOutput, **errors(400, 404, 429)},
     )
@@ -158,6 +159,22 @@ class JobBulkCancel(APIView):
         return Response(
             {"cancelled": count, "dry_run": fields["dry_run"], "queue": fields["queue"]}
         )
+
+
+class JobBulkRetry(APIView):
+    @extend_schema(
+        summary="Retry every ended invocation of these states (of one queue, holding a text, "
+        "ended since a time) not retried yet, each as a new invocation linked to it",
+        request=s.BulkRetryInput,
+        responses={200: s.BulkRetryOutput, **errors(400, 404, 409, 429)},
+    )
+    def post(self, request):
+        data = s.BulkRetryInput(data=request.data or {})
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        with heavy.requests.one_of(request.user):
+            answer = services.invocation_bulk_retry(states=fields.pop("state"), **fields)
+        return Response(s.BulkRetryOutput(answer).data)
 
 
 # ---------------------------------------------------------------------------- daemon protocol

@@ -113,3 +113,23 @@ def kill_queued_of_queue(*, queue: str, reason: str) -> int:
     )
     metrics.killed_queued([(queue, killed)])
     return killed
+
+
+def kill_queued_ids(*, ids: list[int], reason: str) -> int:
+    """queued → killed for those of `ids` still queued (a bulk-cancel with a search or a
+    time: the caller found the batch), locked in id order as the batches above lock."""
+    rows = execute(
+        """UPDATE jobs_invocation SET state = %(killed)s, reason = %(reason)s,
+                  finished_at = now(), scheduled_at = NULL
+            WHERE id = ANY(ARRAY(SELECT id FROM jobs_invocation
+                                  WHERE id = ANY(%(ids)s::bigint[]) AND state = %(queued)s
+                                  ORDER BY id FOR NO KEY UPDATE))
+              AND state = %(queued)s
+        RETURNING queue""",
+        {"ids": list(ids), "reason": reason},
+    )
+    counts: dict[str, int] = {}
+    for (queue,) in rows:
+        counts[queue] = counts.get(queue, 0) + 1
+    metrics.killed_queued(counts.items())
+    return len(rows)

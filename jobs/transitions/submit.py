@@ -1,7 +1,8 @@
-"""nothing → queued: a submit's INSERTs, a batch's in one statement, and the fast path
-of a single submit into a queue that admits it."""
+"""nothing → queued: a submit's INSERTs, a batch's in one statement, the fast path of a
+single submit into a queue that admits it, and the retries of ended invocations."""
 
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
 
 from jobs import serving
 from jobs.models import Invocation
@@ -95,3 +96,30 @@ def insert_if_admitted(item: dict, *, admitting: list[str]) -> Invocation | None
         extras=SERVING_COLUMNS,
     )
     return rows[0] if rows else None
+
+
+# An ended invocation queued again as a new one that names it (`retry_of`): the same
+# function, arguments (JSON or the SDK's blob), priority, time limit, attempts and
+# run_config, in the same queue, with no key; one statement for many.
+_RETRY_SQL = """
+INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
+                             max_attempts, timeout_s, key, reason, error, created_at,
+                             wire, args_blob, run_config, retry_of_id)
+SELECT old.queue, old.function, old.args, old.kwargs, old.priority, %(queued)s, 0,
+       old.max_attempts, old.timeout_s, '', '', '', now(),
+       old.wire, old.args_blob, old.run_config, old.id
+  FROM jobs_invocation old
+ WHERE old.id = ANY(%(ids)s::bigint[])
+ ORDER BY old.id
+RETURNING id, queue, retry_of_id
+"""
+
+
+def insert_retries(ids: list[int]) -> list[tuple[int, str, int]]:
+    """A retry of each of `ids` (the caller has locked them and checked that none was
+    retried): (new id, queue, retried id) of each."""
+    if not ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(_RETRY_SQL, {**STATE_PARAMS, "ids": ids})
+        return cursor.fetchall()

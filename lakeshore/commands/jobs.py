@@ -115,11 +115,23 @@ jobs.add_command(logs)
 )
 @click.option("--worker", metavar="ID", callback=_not_empty, help="Only this daemon's jobs.")
 @click.option("--queue", metavar="ID", callback=_not_empty, help="Only this queue's jobs.")
+@click.option(
+    "--search",
+    metavar="TEXT",
+    callback=_not_empty,
+    help="Only jobs whose function, key or error holds TEXT (3 characters or more).",
+)
 @json_option
 @pass_client
-def list_(client: Client, limit, offset, states, worker, queue, as_json) -> None:
+def list_(client: Client, limit, offset, states, worker, queue, search, as_json) -> None:
     """Recent invocations, newest first."""
-    params = {"limit": limit, "offset": offset or None, "daemon": worker, "queue": queue}
+    params = {
+        "limit": limit,
+        "offset": offset or None,
+        "daemon": worker,
+        "queue": queue,
+        "search": search,
+    }
     query = [(k, v) for k, v in params.items() if v is not None]
     query += [("state", s) for s in states]
     found = client.request("GET", "jobs/", params=query)
@@ -149,33 +161,82 @@ def kill(client: Client, job_id: str, reason: str, as_json: bool) -> None:
     emit(killed, as_json, lambda j: click.echo(f"job/{j['id']} killed"))
 
 
+RETRYABLE = ["failed", "timeout", "killed"]
+search_option = click.option(
+    "--search",
+    metavar="TEXT",
+    callback=_not_empty,
+    help="Only jobs whose function, key or error holds TEXT (3 characters or more).",
+)
+
+
 @jobs.command()
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="ID", required=False)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(RETRYABLE),
+    help="Retry every job that ended so (repeatable), not one ID.",
+)
+@click.option("--queue", metavar="NAME", help="Only this queue's jobs ('' the default queue).")
+@search_option
+@click.option("--since", metavar="WHEN", help="Only jobs that ended since: 30m, 1h, 7d or a time.")
+@click.option("--dry-run", is_flag=True, help="Count what would be retried; change nothing.")
 @json_option
 @pass_client
-def retry(client: Client, job_id: str, as_json: bool) -> None:
+def retry(client: Client, job_id, states, queue, search, since, dry_run, as_json) -> None:
     """Queue a failed, timed-out or killed invocation again, as a new invocation linked
     to it (the old one keeps its error). Once per invocation: retry the retry if it
-    fails too."""
-    new = client.post(path("jobs", job_id, "retry"))
-    emit(new, as_json, lambda j: click.echo(f"job/{j.get('retry_of')} retried as job/{j['id']}"))
+    fails too. With --state instead of an ID: every match, in batches."""
+    bulk = {"--queue": queue, "--search": search, "--since": since, "--dry-run": dry_run}
+    if job_id is not None:
+        given = ["--state"] * bool(states)
+        given += [name for name, value in bulk.items() if value not in (None, False)]
+        if given:
+            raise click.UsageError(f"give an ID or filters, not both: {', '.join(given)}")
+        new = client.post(path("jobs", job_id, "retry"))
+        emit(
+            new, as_json, lambda j: click.echo(f"job/{j.get('retry_of')} retried as job/{j['id']}")
+        )
+        return
+    if not states:
+        raise click.UsageError(
+            "give an ID, or --state failed (and more filters) to retry every match"
+        )
+    given = {"queue": queue, "search": search, "since": since}
+    body = {"state": list(states), "dry_run": dry_run}
+    body |= {name: value for name, value in given.items() if value is not None}
+    answer = client.post("jobs/bulk-retry/", json=body)
+
+    def human(a):
+        if a["dry_run"]:
+            click.echo(f"would retry {a['matched']:,} job(s): {a['filter']}")
+        else:
+            click.echo(f"retried {a['retried']:,} job(s): {a['filter']}")
+
+    emit(answer, as_json, human)
 
 
 @jobs.command("bulk-cancel")
 @click.option("--queue", metavar="NAME", help="Only this queue's queued invocations.")
+@search_option
+@click.option("--since", metavar="WHEN", help="Only jobs submitted since: 30m, 1h, 7d or a time.")
 @click.option("--reason", default="", help="Why (stored on each invocation).")
 @click.option("--dry-run", is_flag=True, help="Count what would be cancelled; change nothing.")
 @json_option
 @pass_client
-def bulk_cancel(client: Client, queue, reason, dry_run, as_json) -> None:
-    """Cancel every queued invocation; running work is untouched."""
+def bulk_cancel(client: Client, queue, search, since, reason, dry_run, as_json) -> None:
+    """Cancel every queued invocation (that matches the filters); running work is untouched."""
+    given = {"queue": queue, "search": search, "since": since}
     body = {"reason": reason, "dry_run": dry_run}
-    if queue is not None:
-        body["queue"] = queue
+    body |= {name: value for name, value in given.items() if value is not None}
     answer = client.post("jobs/bulk-cancel/", json=body)
 
     def human(a):
         where = f" in queue {queue}" if queue is not None else ""
+        where += f" holding {search!r}" if search else ""
+        where += f" submitted since {since}" if since else ""
         verb = "would cancel" if a["dry_run"] else "cancelled"
         click.echo(f"{verb} {a['cancelled']} queued invocation(s){where}")
 
