@@ -204,9 +204,9 @@ def retry(client: Client, job_id, states, queue, search, since, dry_run, as_json
         raise click.UsageError(
             "give an ID, or --state failed (and more filters) to retry every match"
         )
-    given = {"queue": queue, "search": search, "since": since}
-    body = {"state": list(states), "dry_run": dry_run}
-    body |= {name: value for name, value in given.items() if value is not None}
+    filters = {"queue": queue, "search": search, "since": since}
+    body: dict = {"state": list(states), "dry_run": dry_run}
+    body |= {name: value for name, value in filters.items() if value is not None}
     answer = client.post("jobs/bulk-retry/", json=body)
 
     def human(a):
