@@ -91,18 +91,30 @@ class Client:
         return self.request("DELETE", url, params=_clean(params))
 
     def send(
-        self, method: str, url: str, *, params=None, json=None, token=None, timeout=None
+        self,
+        method: str,
+        url: str,
+        *,
+        params=None,
+        json=None,
+        content: bytes | None = None,
+        token=None,
+        timeout=None,
     ) -> httpx.Response:
         """`token` speaks this one request with another token than the client's.
-        `timeout`: seconds this one request may take (a long-poll), else TIMEOUT_SECONDS."""
-        headers = {"Authorization": f"Bearer {token}"} if token else None
+        `timeout`: seconds this one request may take (a long-poll), else TIMEOUT_SECONDS.
+        `content`: a body already encoded as JSON (one measured while it was built)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if content is not None:
+            headers["Content-Type"] = "application/json"
         try:
             response = self.http.request(
                 method,
                 url,
                 params=params,
                 json=json,
-                headers=headers,
+                content=content,
+                headers=headers or None,
                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
             )
         except httpx.TimeoutException as exc:

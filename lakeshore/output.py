@@ -55,6 +55,14 @@ def print_json(data: Any) -> None:
     click.echo(json_text(data, indent=2))
 
 
+DEFAULT_QUEUE_LABEL = "(default)"  # as the console and the server's pages name it
+
+
+def queue_label(name: str | None) -> str:
+    """A queue's name, or "(default)" for the default queue (the API's "")."""
+    return name or DEFAULT_QUEUE_LABEL
+
+
 def emit(data: Any, as_json: bool, human: Callable[[Any], None]) -> None:
     """The API's JSON with --json, else the human rendering."""
     if as_json:

@@ -85,8 +85,14 @@ class SubmittedSerializer(InvocationSerializer):
         "what to run to start one ('' otherwise)"
     )
 
+    created = serializers.BooleanField(
+        read_only=True,
+        help_text="False when its idempotency key answered an invocation queued before "
+        "(or earlier in the same batch)",
+    )
+
     class Meta(InvocationSerializer.Meta):
-        fields = [*InvocationSerializer.Meta.fields, "hint"]
+        fields = [*InvocationSerializer.Meta.fields, "hint", "created"]
 
     def get_hint(self, invocation) -> str:
         return getattr(invocation, "hint", "")

@@ -1,5 +1,7 @@
 """Jobs (invocations) and the daemon protocol. Thin views over jobs/services.py."""
 
+import copy
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
@@ -81,11 +83,25 @@ def submit_answer(request, data):
             raise ValidationError({"__all__": f"a batch holds 1 to {limit:,} invocations."})
         results = services.invocation_submit_batch(validated(s.SubmitInput, data, many=True))
         created = any(made for _, made in results)
-        payload = s.SubmittedSerializer([inv for inv, _ in results], many=True).data
+        payload = s.SubmittedSerializer(_answered(results), many=True).data
     else:
         invocation, created = services.invocation_submit(**validated(s.SubmitInput, data))
-        payload = s.SubmittedSerializer(invocation).data
+        payload = s.SubmittedSerializer(_answered([(invocation, created)])[0]).data
     return payload, status.HTTP_201_CREATED if created else status.HTTP_200_OK
+
+
+def _answered(results: list[tuple[Invocation, bool]]) -> list[Invocation]:
+    """The invocations a submit answers, each carrying its `created`. A key repeated in
+    a batch answers one invocation twice, made then found: the second answer is a copy,
+    so that each says its own."""
+    answered, seen = [], set()
+    for invocation, created in results:
+        if id(invocation) in seen:
+            invocation = copy.copy(invocation)
+        seen.add(id(invocation))
+        invocation.created = created
+        answered.append(invocation)
+    return answered
 
 
 class JobDetail(APIView):

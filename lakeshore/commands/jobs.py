@@ -1,14 +1,16 @@
 """`lakeshore jobs list|show|logs|kill|retry|bulk-cancel|submit`: invocations tracked by
-the control plane (`logs` lives in job_logs.py)."""
+the control plane (`logs` lives in job_logs.py, `submit --batch` in job_batch.py)."""
 
 import json
 
 import click
+from click.core import ParameterSource
 
 from lakeshore.client import Client, path
+from lakeshore.commands.job_batch import CHUNK_MAX_LINES, Submission, submit_lines
 from lakeshore.commands.job_logs import logs
 from lakeshore.context import pass_client
-from lakeshore.output import echo, emit, fields, json_option, table, when
+from lakeshore.output import echo, emit, fields, json_option, queue_label, table, when
 from lakeshore.params import JsonOf
 
 JOB_STATES = ["queued", "running", "succeeded", "failed", "killed", "timeout"]
@@ -20,17 +22,13 @@ def _not_empty(ctx, param, value):
     return value
 
 
-def _queue_label(name: str | None) -> str:
-    return name or "(default)"
-
-
 def print_jobs(jobs: list[dict]) -> None:
     table(
         ["ID", "QUEUE", "FUNCTION", "STATE", "WORKER", "ATTEMPTS", "PRIORITY", "CREATED"],
         [
             [
                 j["id"],
-                _queue_label(j.get("queue")),
+                queue_label(j.get("queue")),
                 j.get("function"),
                 j.get("state"),
                 j.get("worker"),
@@ -62,7 +60,7 @@ def print_job(j: dict) -> None:
         [
             ("ID", j["id"]),
             ("Function", j.get("function")),
-            ("Queue", _queue_label(j.get("queue"))),
+            ("Queue", queue_label(j.get("queue"))),
             ("State", j.get("state")),
             ("Position", ahead),
             ("Priority", j.get("priority")),
@@ -260,12 +258,56 @@ def bulk_cancel(client: Client, queue, search, since, reason, dry_run, as_json) 
 @click.option(
     "--max-attempts", type=click.IntRange(1, 100), default=1, show_default=True, help="Tries."
 )
+@click.option(
+    "--batch",
+    metavar="FILE",
+    help="Many: JSON lines, one {args, kwargs, key, priority} object a line ('-' reads "
+    "standard input); the other flags apply to every line, --priority to a line without one.",
+)
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(1, CHUNK_MAX_LINES),
+    default=CHUNK_MAX_LINES,
+    show_default=True,
+    help="With --batch: lines per request.",
+)
 @json_option
 @pass_client
 def submit(
-    client: Client, function, queue, priority, args, kwargs, key, timeout_s, max_attempts, as_json
+    client: Client,
+    function,
+    queue,
+    priority,
+    args,
+    kwargs,
+    key,
+    timeout_s,
+    max_attempts,
+    batch,
+    chunk_size,
+    as_json,
 ):
-    """Queue one invocation of FUNCTION (a dotted path, e.g. lakeshore.functions.echo)."""
+    """Queue one invocation of FUNCTION (a dotted path, e.g. lakeshore.functions.echo),
+    or one a line of a JSON lines file with --batch: all of a file's lines are checked
+    before any is sent, and each request of up to --chunk-size lines is queued whole or
+    not at all."""
+    ctx = click.get_current_context()
+    given = {
+        name
+        for name in ("args", "kwargs", "key", "chunk_size")
+        if ctx.get_parameter_source(name) is not ParameterSource.DEFAULT
+    }
+    if batch is not None:
+        if clashing := [f"--{name}" for name in ("args", "kwargs", "key") if name in given]:
+            raise click.UsageError(
+                f"--batch reads args, kwargs and key from each line: drop {' and '.join(clashing)}",
+                ctx,
+            )
+        submission = Submission(function, queue or "", priority, timeout_s, max_attempts)
+        submit_lines(client, batch, submission, as_json=as_json, max_lines=chunk_size)
+        return
+    if "chunk_size" in given:
+        raise click.UsageError("--chunk-size goes with --batch", ctx)
     body = {
         "function": function,
         "queue": queue or "",
@@ -283,7 +325,7 @@ def submit(
         if response.status_code == 200:
             click.echo(f"job/{j['id']} already exists with key {key!r} ({j['state']})")
         else:
-            click.echo(f"job/{j['id']} queued in {_queue_label(j.get('queue'))}")
+            click.echo(f"job/{j['id']} queued in {queue_label(j.get('queue'))}")
 
     emit(job, as_json, human)
     if job.get("hint"):  # nothing serves its queue: the server says how to start a daemon

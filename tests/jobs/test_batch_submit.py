@@ -53,6 +53,24 @@ def test_keys_already_used_and_repeated_in_the_batch_answer_the_first(operator):
     assert Invocation.objects.filter(queue="a").count() == 3
 
 
+def test_each_answer_says_whether_it_queued_the_invocation(operator):
+    builders.queue(name="a")
+    services.invocation_submit(function=ECHO, queue="a", key="k1")
+    batch = [
+        {"function": ECHO, "queue": "a", "key": "k1"},
+        {"function": ECHO, "queue": "a", "key": "k2"},
+        {"function": ECHO, "queue": "a", "key": "k2"},
+        {"function": ECHO, "queue": "a"},
+    ]
+    body = _post(operator, batch).json()
+    assert [item["created"] for item in body] == [False, True, False, True]
+    assert body[1]["id"] == body[2]["id"]
+    again = operator.post("/api/v1/jobs/", {**batch[1]}, format="json")
+    fresh = operator.post("/api/v1/jobs/", {**batch[1], "key": "k3"}, format="json")
+    assert (again.status_code, again.json()["created"]) == (200, False)
+    assert (fresh.status_code, fresh.json()["created"]) == (201, True)
+
+
 def test_a_batch_of_only_known_keys_answers_200(operator):
     builders.queue(name="a")
     services.invocation_submit(function=ECHO, queue="a", key="k")
