@@ -487,7 +487,13 @@ def invocation_bulk_cancel(
 
 
 def invocation_bulk_retry(
-    *, states, queue: str | None = None, search: str = "", since: str = "", dry_run=False
+    *,
+    states,
+    queue: str | None = None,
+    search: str = "",
+    since: str = "",
+    dry_run=False,
+    cap: int | None = None,
 ) -> dict:
     """Retry every ended invocation in `states` (of one queue, holding `search`, ended
     `since`, if given) that was not retried yet, as invocation_retry does one: a new
@@ -514,8 +520,9 @@ def invocation_bulk_retry(
     if since:
         rows = rows.filter(finished_at__gte=moment_since(since))
     where = selection_text(states=states, queue=queue, search=search, since=since)
-    if dry_run:
-        return {"matched": rows.count(), "retried": 0, "dry_run": True, "filter": where}
+    if dry_run:  # exactly, or with `cap` at most cap + 1, as a bulk-cancel's dry run
+        matched = rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
+        return {"matched": matched, "retried": 0, "dry_run": True, "filter": where}
     retried, after = 0, 0
     try:
         while True:

@@ -12,6 +12,7 @@ app_name = "jobs"
 urlpatterns = [
     path("jobs/", views.JobListPage.as_view(), name="list"),
     path("jobs/bulk-cancel/", views.job_bulk_cancel, name="bulk-cancel"),
+    path("jobs/bulk-retry/", views.job_bulk_retry, name="bulk-retry"),
     path("jobs/<int:invocation_id>/", views.job_detail, name="detail"),
     path("jobs/<int:invocation_id>/log/", log_views.job_log, name="log"),
     path("jobs/<int:invocation_id>/log.txt", log_views.job_log_text, name="log-text"),

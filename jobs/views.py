@@ -18,7 +18,7 @@ from accounts.roles import can_operate
 from jobs import sdk, services, serving
 from jobs.filters import InvocationFilter
 from jobs.log_views import log_context
-from jobs.models import Invocation, InvocationState
+from jobs.models import RETRYABLE_STATES, Invocation, InvocationState
 from lakeshore_admin.errors import DomainError
 from lakeshore_admin.lists import ConsoleListView
 from lakeshore_admin.pages import after_action, back_url
@@ -28,7 +28,8 @@ PAGE_SIZE = 50
 NUMERIC = {"inputmode": "numeric"}
 MOMENT = {"type": "datetime-local"}
 TIMELINE_ACTIONS = 50  # operator actions shown on a job's page
-CANCEL_COUNT_CAP = 10_000  # the bulk-cancel button counts up to this, then says "10,000+"
+CANCEL_COUNT_CAP = 10_000  # the bulk buttons count up to this, then say "10,000+"
+RETRY_FILTERS = {"state", "queue", "search"}  # the list's filters a bulk retry takes
 
 
 @method_decorator([require_GET, console_view], name="dispatch")
@@ -41,11 +42,15 @@ class JobListPage(ConsoleListView):
     filterset_class = InvocationFilter
     page_size = PAGE_SIZE
     above_table = True
-    shown_filters = ("state", "queue", "function", "id", "worker", "since", "until")
+    shown_filters = ("state", "queue", "search", "function", "id", "worker", "since", "until")
     labels = {"first": "Newest jobs", "previous": "← Newer jobs", "next": "Older jobs →"}
     filter_look = {
         "state": {"widget": forms.CheckboxSelectMultiple()},
         "queue": {"label": "Queue", "attrs": {"list": "queue-names", "size": 14}},
+        "search": {
+            "label": "Search",
+            "attrs": {"size": 18, "placeholder": "function, key or error", "type": "search"},
+        },
         "function": {"label": "Function", "attrs": {"size": 18, "placeholder": "a prefix"}},
         "id": {"label": "ID", "widget": forms.TextInput(), "attrs": NUMERIC | {"size": 7}},
         "worker": {"label": "Daemon", "attrs": NUMERIC | {"size": 5}},
@@ -74,7 +79,40 @@ class JobListPage(ConsoleListView):
             if counted:
                 capped = counted > CANCEL_COUNT_CAP
                 cancel_count = f"{CANCEL_COUNT_CAP:,}+" if capped else f"{counted:,}"
-        return {"can_act": can_act, "cancel_count": cancel_count, "cancel_queue": queue}
+        return {
+            "can_act": can_act,
+            "cancel_count": cancel_count,
+            "cancel_queue": queue,
+            "retry": self.retry_offer() if self.valid and can_act else None,
+        }
+
+    def retry_offer(self) -> dict | None:
+        """The bulk retry of what the list shows, when its filters are ones a bulk retry
+        takes (ended states it retries, a queue, a search): the same selection, counted
+        (bounded) on every refresh."""
+        given = {name for name, value in self.request.GET.lists() if any(value)} - {"cursor"}
+        states = self.request.GET.getlist("state")
+        if not states or not set(states) <= set(RETRYABLE_STATES) or given - RETRY_FILTERS:
+            return None
+        selection = {
+            "states": states,
+            "queue": self.request.GET.get("queue"),
+            "search": self.request.GET.get("search", ""),
+        }
+        try:
+            counted = services.invocation_bulk_retry(
+                **selection, dry_run=True, cap=CANCEL_COUNT_CAP
+            )
+        except DomainError:
+            return None
+        if not counted["matched"]:
+            return None
+        capped = counted["matched"] > CANCEL_COUNT_CAP
+        return {
+            **selection,
+            "count": f"{CANCEL_COUNT_CAP:,}+" if capped else f"{counted['matched']:,}",
+            "filter": counted["filter"],
+        }
 
 
 def queue_names() -> list[str]:
@@ -104,6 +142,27 @@ def job_bulk_cancel(request):
         messages.success(
             request, f"Cancelled {count} queued invocation(s) of queue {queue or '(default)'}."
         )
+    return after_action(request, back)
+
+
+@require_POST
+@console_view
+def job_bulk_retry(request):
+    """Retry what the jobs list shows (its states, queue and search), from its button:
+    the same service as the API and the CLI."""
+    states = request.POST.getlist("state")
+    queue = request.POST.get("queue")
+    search = request.POST.get("search", "")
+    query = [("state", s) for s in states] + [("queue", queue or "")] * (queue is not None)
+    query += [("search", search)] * bool(search)
+    back = back_url(request, f"{reverse('jobs:list')}?{urlencode(query)}")
+    try:
+        with heavy.requests.one_of(request.user):
+            done = services.invocation_bulk_retry(states=states, queue=queue, search=search)
+    except DomainError as exc:
+        messages.error(request, f"Not every job was retried: {exc.message}")
+    else:
+        messages.success(request, f"Retried {done['retried']:,} job(s): {done['filter']}.")
     return after_action(request, back)
 
 

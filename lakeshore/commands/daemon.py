@@ -4,14 +4,14 @@ import click
 
 from lakeshore.client import Client, path
 from lakeshore.context import pass_client
-from lakeshore.output import emit, fields, json_option, table, when
+from lakeshore.output import DEFAULT_QUEUE_LABEL, emit, fields, json_option, table, when
 
 DAEMON_STATES = ["provisioning", "idle", "busy", "draining", "terminated", "lost"]
 
 
 def daemon_queues(daemon: dict) -> str:
     """A daemon's queues; `[]` is the default queue, which has no name."""
-    return ",".join(daemon.get("queues") or []) or "(default)"
+    return ",".join(daemon.get("queues") or []) or DEFAULT_QUEUE_LABEL
 
 
 def daemon_rows(daemons: list[dict], *, with_provider: bool = True) -> list[list]:

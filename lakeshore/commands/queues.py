@@ -10,7 +10,16 @@ from lakeshore.commands.daemon import print_daemons
 from lakeshore.commands.stats import print_ended, window_option
 from lakeshore.context import pass_client
 from lakeshore.errors import CliError
-from lakeshore.output import cell, emit, fields, json_option, print_json, table, when
+from lakeshore.output import (
+    cell,
+    emit,
+    fields,
+    json_option,
+    print_json,
+    queue_label,
+    table,
+    when,
+)
 from lakeshore.params import HyphenatedChoice, check_name, given, options, reject_option
 
 KINDS = ["fifo", "priority", "boltzmann", "filo"]
@@ -390,13 +399,10 @@ def stats(client: Client, name: str, window: str, as_json: bool) -> None:
     emit(answer, as_json, _print_stats)
 
 
-DEFAULT_QUEUE = "(default)"  # the default queue where the API's address needs a name
-
-
 def _readable(name: str) -> str:
     """A queue to read (stats, events): '' (or '(default)', as `jobs list` shows it) is
     the default queue, which has no name."""
-    return name or DEFAULT_QUEUE
+    return queue_label(name)  # the default queue where the API's address needs a name
 
 
 def _print_stats(s: dict) -> None:

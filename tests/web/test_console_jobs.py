@@ -153,3 +153,54 @@ def test_the_bulk_cancel_count_is_bounded_on_a_big_backlog(client, monkeypatch):
     assert "Cancel 5+ queued in train" in page
     body = operator.post("/jobs/bulk-cancel/", {"queue": "train"}, follow=True).content.decode()
     assert "Cancelled 8 queued invocation(s) of queue train." in body  # all of them
+
+
+def _failed(error: str, queue: str = "train") -> Invocation:
+    row = Invocation.objects.create(queue=queue, function="train.step", state="failed", error=error)
+    Invocation.objects.filter(pk=row.pk).update(finished_at=row.created_at)
+    return row
+
+
+def test_the_list_searches_the_function_the_key_and_the_error(client):
+    alice = _operator(client)
+    builders.queue(name="train")
+    _failed("OSError: disk full")
+    _failed("KeyError: 'label'")
+    page = alice.get("/jobs/?search=DISK").content.decode()
+    assert 'name="search"' in page and 'value="DISK"' in page
+    assert "OSError: disk full" in page and "KeyError" not in page
+    short = alice.get("/jobs/?search=ab").content.decode()
+    assert "Ensure this value has at least 3 characters" in short
+
+
+def test_an_operator_retries_the_failed_the_list_shows_after_a_count(client):
+    alice = _operator(client)
+    builders.queue(name="train")
+    disk = [_failed("OSError: disk full") for _ in range(2)]
+    _failed("KeyError: 'label'")
+    page = alice.get("/jobs/?state=failed&queue=train&search=disk").content.decode()
+    assert "Retry 2 shown (state failed; queue train; search &#x27;disk&#x27;)" in page
+    assert 'hx-confirm="Retry 2 job(s) (state failed; queue train; search' in page
+    body = alice.post(
+        "/jobs/bulk-retry/",
+        {"state": ["failed"], "queue": "train", "search": "disk"},
+        follow=True,
+    ).content.decode()
+    assert "Retried 2 job(s): state failed; queue train; search &#x27;disk&#x27;." in body
+    assert sorted(Invocation.objects.exclude(retry_of=None).values_list("retry_of", flat=True)) == [
+        r.pk for r in disk
+    ]
+    # a list whose filters a bulk retry does not take offers none
+    assert "bulk-retry" not in alice.get("/jobs/?state=failed&function=train").content.decode()
+    assert "bulk-retry" not in alice.get("/jobs/?state=succeeded").content.decode()
+
+
+def test_a_viewer_is_offered_no_bulk_retry(client):
+    builders.queue(name="train")
+    _failed("OSError: disk full")
+    user = get_user_model().objects.create_user("vera", password="pw-x-12345")
+    grant(user, "viewer")
+    client.force_login(user)
+    viewer = client
+    assert "Retry 1 shown" not in viewer.get("/jobs/?state=failed").content.decode()
+    assert "bulk-retry" not in viewer.get("/jobs/?state=failed").content.decode()

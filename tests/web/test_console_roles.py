@@ -37,7 +37,16 @@ ACTIONS = [
     "/tokens/{token}/revoke/",
 ]
 CONSOLE_APPS = ("queues", "jobs", "fleet", "accounts")  # the URL namespaces of the pages
-POSTS = ("/pause/", "/drop/", "/kill/", "/stop/", "/retry/", "/bulk-cancel/", "/revoke/")
+POSTS = (
+    "/pause/",
+    "/drop/",
+    "/kill/",
+    "/stop/",
+    "/retry/",
+    "/bulk-cancel/",
+    "/bulk-retry/",
+    "/revoke/",
+)
 
 
 @pytest.fixture
@@ -96,6 +105,7 @@ def test_every_console_route_refuses_a_user_without_a_role(client, world):
         *(url.format(**world) for url in ACTIONS),
         f"/jobs/{world['job']}/retry/",
         "/jobs/bulk-cancel/",
+        "/jobs/bulk-retry/",
     }
     for method, url in routes:
         response = getattr(nobody, method)(url)
