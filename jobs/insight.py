@@ -11,7 +11,7 @@ hour does not need every row, and a window of millions stays one bounded read.
 """
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
@@ -38,6 +38,7 @@ WINDOWS = {
     )
 }
 DEFAULT_WINDOW = "1h"
+BUCKET_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)  # fixed: a bucket keeps its bounds
 ENDED = [
     InvocationState.SUCCEEDED,
     InvocationState.FAILED,
@@ -150,7 +151,7 @@ def throughput(*, queue: str | None, span: Window, now: datetime | None = None) 
     """How many ended in each bucket of the window, by state, oldest first; a bucket
     where nothing ended is there with zeros, so a chart of it is a flat line."""
     until = now or timezone.now()
-    origin = datetime(2000, 1, 1, tzinfo=until.tzinfo)
+    origin = BUCKET_ORIGIN
     params = {
         "since": until - span.span,
         "until": until,
@@ -171,3 +172,48 @@ def throughput(*, queue: str | None, span: Window, now: datetime | None = None) 
         if at in buckets:
             buckets[at].counts[state] = count
     return list(buckets.values())
+
+
+# The run and wait times of each bucket, over the newest TIMED_SAMPLE finishes.
+_TIMINGS_SERIES_SQL = """
+SELECT date_bin(%(bucket)s, finished_at, %(origin)s) AS at,
+       percentile_disc(0.5) WITHIN GROUP (ORDER BY run_ms),
+       percentile_disc(0.95) WITHIN GROUP (ORDER BY run_ms),
+       percentile_disc(0.5) WITHIN GROUP (ORDER BY wait_ms)
+  FROM (SELECT finished_at,
+               round(extract(epoch FROM finished_at - started_at) * 1000)::bigint AS run_ms,
+               round(extract(epoch FROM started_at - created_at) * 1000)::bigint AS wait_ms
+          FROM jobs_invocation
+         WHERE finished_at >= %(since)s AND finished_at < %(until)s
+           AND (%(queue)s::varchar IS NULL OR queue = %(queue)s::varchar)
+           AND started_at IS NOT NULL
+         ORDER BY finished_at DESC
+         LIMIT %(sample)s) AS newest
+ GROUP BY 1
+ ORDER BY 1
+"""
+
+
+@dataclass
+class Timing:
+    at: datetime
+    run_p50: int
+    run_p95: int
+    wait_p50: int
+
+
+def timings(*, queue: str | None, span: Window, now: datetime | None = None) -> list[Timing]:
+    """Run time (p50, p95) and wait (p50) in milliseconds of each bucket of the window
+    where something that ran ended, oldest first (of the newest TIMED_SAMPLE finishes)."""
+    until = now or timezone.now()
+    params = {
+        "since": until - span.span,
+        "until": until,
+        "queue": queue,
+        "bucket": span.bucket,
+        "origin": BUCKET_ORIGIN,
+        "sample": TIMED_SAMPLE,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_TIMINGS_SERIES_SQL, params)
+        return [Timing(*row) for row in cursor.fetchall()]

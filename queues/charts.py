@@ -9,6 +9,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from jobs import insight
+from jobs.templatetags.console_tags import duration
 from queues import samples
 from queues.models import Queue
 from queues.services import PENDING_CAP
@@ -18,6 +20,7 @@ WIDTH = 640
 LEFT, RIGHT, TOP, BOTTOM = 56, 24, 12, 30
 # The queue list's sparkline.
 SPARK_WIDTH, SPARK_HEIGHT, SPARK_PAD = 120, 32, 3
+SPARK_LEFT = 22  # room for the scale's top, written left of the plot
 
 RANGE_TEXT = {"hour": "hour", "day": "day"}
 # (step between x ticks, how a tick's age reads)
@@ -46,12 +49,17 @@ class Line:
     first: int
     last: int
     peak: int
+    unit: str = "count"  # or "ms": how its values read (UNITS)
+    points: int = 1  # how many values it has (none: "nothing yet")
 
     @property
     def text(self) -> str:
-        text = f"{self.name} {_count(self.first)} → {_count(self.last)}"
+        shown = UNITS[self.unit]
+        if not self.points:
+            return f"{self.name}: none"
+        text = f"{self.name} {shown(self.first)} → {shown(self.last)}"
         if self.peak > max(self.first, self.last):
-            text += f" (peak {_count(self.peak)})"
+            text += f" (peak {shown(self.peak)})"
         return text
 
 
@@ -114,17 +122,33 @@ class Mark:
 
 @dataclass(frozen=True)
 class Sparkline:
+    """Pending over the last hour on a scale: a baseline at 0 and a top line at `top`
+    (its label) across the whole hour, so a quiet queue reads as a flat line at 0 on a
+    scale, not as a stray mark where the samples began."""
+
     segments: list[str]
     label: str
+    top: int
     marks: list[Mark] = field(default_factory=list)
     width: int = SPARK_WIDTH
     height: int = SPARK_HEIGHT
+    left: int = SPARK_LEFT
+    right: int = SPARK_WIDTH - SPARK_PAD
+    top_y: int = SPARK_PAD
+    base_y: int = SPARK_HEIGHT - SPARK_PAD
 
 
 def _count(value: int) -> str:
     """A count as the queue page shows it: above the cap, "10000+"."""
 
     return f"{PENDING_CAP}+" if value > PENDING_CAP else str(value)
+
+
+def _milliseconds(ms: float) -> str:
+    return duration(ms / 1000)
+
+
+UNITS = {"count": _count, "ms": _milliseconds}
 
 
 def nice_ceiling(value: float) -> int:
@@ -233,20 +257,21 @@ def pending_sparklines(queues: list[Queue], *, now: datetime | None = None) -> d
             drawn[queue_id] = None
             continue
         values = [pending for _, pending in points]
-        top = max(max(values), 1)
+        top = nice_ceiling(max(values))
 
         def x(at, start=start):
-            width = SPARK_WIDTH - 2 * SPARK_PAD
-            return SPARK_PAD + width * (at - start) / samples.SPARKLINE_SPAN
+            width = SPARK_WIDTH - SPARK_PAD - SPARK_LEFT
+            return SPARK_LEFT + width * (at - start) / samples.SPARKLINE_SPAN
 
         def y(value, top=top):
             return SPARK_PAD + (SPARK_HEIGHT - 2 * SPARK_PAD) * (1 - value / top)
 
         line = Line("pending", "pending", [], values[0], values[-1], max(values))
-        step = (SPARK_WIDTH - 2 * SPARK_PAD) * (samples.PERIOD / samples.SPARKLINE_SPAN)
+        step = (SPARK_WIDTH - SPARK_PAD - SPARK_LEFT) * (samples.PERIOD / samples.SPARKLINE_SPAN)
         drawn[queue_id] = Sparkline(
             segments=_segments(points, x, y, samples.PERIOD),
-            label=f"{line.text} over the last hour",
+            label=f"{line.text} over the last hour (scale 0 to {_count(top)})",
+            top=top,
             marks=[
                 Mark(
                     x=f"{x(at) - step / 2:.1f}",
@@ -257,3 +282,112 @@ def pending_sparklines(queues: list[Queue], *, now: datetime | None = None) -> d
             ],
         )
     return drawn
+
+
+# ---------------------------------------------------------------------------- what ended
+
+# The queue page's and the dashboard's panels of what ended (jobs/insight.py), over the
+# range's window: how many ended a bucket, and how long they ran.
+WINDOW_OF_RANGE = {"hour": "1h", "day": "24h"}
+BUCKET_TEXT = {"1h": "per minute", "24h": "per 15 minutes"}
+
+
+def ended_window(range_name: str | None) -> insight.Window:
+    return insight.WINDOWS[WINDOW_OF_RANGE[samples.chart_range(range_name)]]
+
+
+def _x_axis(range_name: str, now: datetime):
+    """x(at) over the range ending at now's minute, and its ticks."""
+    span, _ = samples.RANGES[range_name]
+    end = samples.minute_of(now)
+    start = end - span
+    plot_width = WIDTH - LEFT - RIGHT
+
+    def x(at: datetime) -> float:
+        return LEFT + plot_width * (at - start) / span
+
+    step, age = X_TICKS[range_name]
+    ticks = [
+        Tick(f"{x(end - i * step):.1f}", age(i * step) if i else "now")
+        for i in range(span // step, -1, -1)
+    ]
+    return x, ticks
+
+
+def _panel(title: str, label: str, drawn, *, x, x_ticks, bucket, unit="count") -> Panel:
+    """One panel of `drawn` lines [(css key, name, [(at, value)])] on one y axis from 0
+    to a round top (at least 1: a flat zero is a line at the bottom of a scale)."""
+    height = 200
+    top = nice_ceiling(max([value for _, _, series in drawn for _, value in series] or [0]))
+    plot_height = height - TOP - BOTTOM
+
+    def y(value: float) -> float:
+        return TOP + plot_height * (1 - value / top)
+
+    lines = []
+    for key, name, series in drawn:
+        values = [value for _, value in series] or [0]
+        lines.append(
+            Line(
+                key=key,
+                name=name,
+                segments=_segments(series, x, y, bucket) if series else [],
+                first=values[0],
+                last=values[-1],
+                peak=max(values),
+                unit=unit,
+                points=len(series),
+            )
+        )
+    y_values = [0, top] if top % 2 else [0, top // 2, top]
+    return Panel(
+        title=title,
+        label=f"{label}: " + ", ".join(line.text for line in lines) + ".",
+        lines=lines,
+        y_ticks=[Tick(f"{y(v):.1f}", UNITS[unit](v)) for v in y_values],
+        x_ticks=x_ticks,
+        height=height,
+    )
+
+
+def ended_panels(
+    queue: str | None, range_name: str | None, *, now: datetime | None = None
+) -> list[Panel]:
+    """How many succeeded and failed (or timed out) a bucket, and how long what ended
+    ran (p50, p95), over the range: of one queue, or of every queue (None). Two queries."""
+    range_name = samples.chart_range(range_name)
+    span = ended_window(range_name)
+    now = now or timezone.now()
+    x, x_ticks = _x_axis(range_name, now)
+    where = "every queue" if queue is None else f"queue {queue or '(default)'}"
+    start = samples.minute_of(now) - span.span  # the axis' left end: a bucket before it is cut
+    ended = [b for b in insight.throughput(queue=queue, span=span, now=now) if b.at >= start]
+    throughput = _panel(
+        f"Ended {BUCKET_TEXT[span.name]}",
+        f"Jobs that ended {BUCKET_TEXT[span.name]} on {where}, last {RANGE_TEXT[range_name]}",
+        [
+            ("succeeded", "succeeded", [(b.at, b.counts["succeeded"]) for b in ended]),
+            (
+                "failed",
+                "failed or timed out",
+                [(b.at, b.counts["failed"] + b.counts["timeout"]) for b in ended],
+            ),
+        ],
+        x=x,
+        x_ticks=x_ticks,
+        bucket=span.bucket,
+    )
+    timed = [t for t in insight.timings(queue=queue, span=span, now=now) if t.at >= start]
+    run_time = _panel(
+        "Run time",
+        f"How long jobs ran on {where}, last {RANGE_TEXT[range_name]}",
+        [
+            ("run-p50", "p50", [(t.at, t.run_p50) for t in timed]),
+            ("run-p95", "p95", [(t.at, t.run_p95) for t in timed]),
+        ],
+        x=x,
+        x_ticks=x_ticks,
+        bucket=span.bucket,
+        unit="ms",
+    )
+    return [throughput, run_time]

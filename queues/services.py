@@ -422,8 +422,9 @@ def stats_window(name: str | None) -> insight.Window:
     return insight.window(name)
 
 
-def queue_stats(queue: Queue, span: insight.Window | None = None) -> dict:
-    """What the controller sees now and would do next, and what ended in the window."""
+def queue_stats(queue: Queue, span: insight.Window | None = None, *, ended=True) -> dict:
+    """What the controller sees now and would do next, and (unless `ended` is False:
+    the console's summary, which shows it apart) what ended in the window."""
     span = span or insight.window(None)
     seen = queue_signals(queue)
     signals: elasticity.Signals = seen["signals"]
@@ -446,13 +447,14 @@ def queue_stats(queue: Queue, span: insight.Window | None = None) -> dict:
         "desired": plan.desired,
         "next_action": plan.next_action,
         "recent_actions": recent,
-        span.block: insight.ended(queue=queue.name, span=span),
+        **({span.block: insight.ended(queue=queue.name, span=span)} if ended else {}),
     }
 
 
-def fleet_stats(span: insight.Window | None = None) -> dict:
+def fleet_stats(span: insight.Window | None = None, *, ended=True) -> dict:
     """queue_stats over every queue: live daemons by state (each daemon once, whatever
-    queues it serves), what waits and runs (capped), and what ended in the window."""
+    queues it serves), what waits and runs (capped), and (unless `ended` is False) what
+    ended in the window."""
     span = span or insight.window(None)
     live = dict(Daemon.objects.live().order_by().values_list("state").annotate(n=Count("id")))
     pending = _capped_count(Invocation.objects.filter(state=InvocationState.QUEUED))
@@ -471,5 +473,5 @@ def fleet_stats(span: insight.Window | None = None) -> dict:
         "pending_capped": seen["pending_capped"],
         "running": seen["running"],
         "running_capped": seen["running"] > PENDING_CAP,
-        span.block: insight.ended(queue=None, span=span),
+        **({span.block: insight.ended(queue=None, span=span)} if ended else {}),
     }

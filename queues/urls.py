@@ -11,6 +11,7 @@ app_name = "queues"
 
 urlpatterns = [
     path("", views.QueueListPage.as_view(), name="list"),
+    path("dashboard/", views.dashboard, name="dashboard"),
     path("queues/add/", views.queue_add, name="add"),
     path("queues/<str:name>/", views.queue_detail, name="detail"),
     path("queues/<str:name>/edit/", views.queue_edit, name="edit"),

@@ -18,6 +18,7 @@ from accounts import audit
 from accounts.console_access import console_view
 from accounts.roles import can_operate, roles_of
 from fleet.models import Daemon, DaemonState
+from jobs import insight
 from jobs.models import Invocation, InvocationState
 from lakeshore_admin.errors import DomainError
 from lakeshore_admin.lists import ConsoleListView
@@ -152,7 +153,23 @@ class QueueListPage(ConsoleListView):
         add_sparklines(rows)
 
     def extra_context_data(self):
-        return {"can_act": can_operate(self.request.user)}
+        found = {"can_act": can_operate(self.request.user)}
+        if not self.table_only():  # the dashboard above refreshes itself (dashboard)
+            found |= dashboard_context()
+        return found
+
+
+def dashboard_context() -> dict:
+    """The fleet at a glance, above the queues on the home page: live daemons, what
+    waits and runs, and what ended in the last hour (figures, panels, top errors)."""
+    return {"fleet": services.fleet_stats(ended=False), **ended_context(None, "hour")}
+
+
+@require_GET
+@console_view
+def dashboard(request):
+    """The home page's dashboard alone: its own refresh."""
+    return render(request, "queues/queue_list.html#dashboard", dashboard_context())
 
 
 def default_queue_row() -> Queue:
@@ -193,11 +210,24 @@ def _detail_context(request, name: str) -> dict:
     queue = _queue_shown(name, rows=Queue.objects.for_list())
     return {
         "queue": queue,
-        "stats": services.queue_stats(queue),
+        "stats": services.queue_stats(queue, ended=False),
         **_members(queue),
         "events": audit.timeline(queue=queue.name, limit=EVENTS_SHOWN)[0],
         "can_act": can_operate(request.user) and not queue.is_default,
         "actions": [] if queue.is_default else services.queue_actions(queue),
+    }
+
+
+def ended_context(queue: str | None, range_name: str) -> dict:
+    """What ended in the range's window, of one queue or every queue (None), as the
+    queue page and the dashboard show it: the figures, two panels and the top errors."""
+    span = charts.ended_window(range_name)
+    return {
+        "ended": insight.ended(queue=queue, span=span),
+        "ended_panels": charts.ended_panels(queue, range_name),
+        "errors_queue": queue,
+        "span_text": charts.RANGE_TEXT[range_name],
+        "ended_range": range_name,
     }
 
 
@@ -214,6 +244,10 @@ def queue_detail(request, name: str):
     if target == "queue-summary":
         return render(request, template + "#queue-summary", _detail_context(request, name))
     range_name = samples.chart_range(request.GET.get("range"))
+    if target == "queue-ended":
+        queue = _queue_shown(name, rows=Queue.objects.only("pk", "name"))
+        context = {"queue": queue, **ended_context(queue.name, range_name)}
+        return render(request, template + "#queue-ended", context)
     if target in ("queue-members", "queue-chart", "queue-chart-figure"):
         queue = _queue_shown(name, rows=Queue.objects.only("pk", "name"))
         if target == "queue-members":
@@ -222,6 +256,7 @@ def queue_detail(request, name: str):
         template += f"#{target}"
     else:
         context = _detail_context(request, name)
+        context |= ended_context(context["queue"].name, range_name)
     context["chart"] = charts.queue_chart(context["queue"], range_name)
     context["chart_ranges"] = list(samples.RANGES)
     return render(request, template, context)

@@ -33,6 +33,12 @@ def duration(seconds) -> str:
 
 
 @register.filter
+def milliseconds(ms) -> str:
+    """Milliseconds as `duration` shows seconds; None: '-'."""
+    return "-" if ms is None or ms == "" else duration(float(ms) / 1000)
+
+
+@register.filter
 def first_line(text) -> str:
     """The last non-empty line of an error (a traceback's last line says what failed),
     or the first line of a message."""

@@ -3,7 +3,9 @@ stats`, `lakeshore stats` and the API say how many ended how, how long they wait
 ran, and which errors came up most."""
 
 import pytest
+from django.contrib.auth import get_user_model
 
+from accounts.roles import grant
 from jobs.models import Invocation
 from tests.daemon.test_daemon_faults import daemons  # noqa: F401 - the fixture
 from tests.support import builders
@@ -99,3 +101,24 @@ def test_the_day_window_and_a_window_that_is_none(sh, ran, operator):
     assert_error(
         operator.get("/api/v1/queues/e2e/stats/?window=7d"), 400, "invalid", field="window"
     )
+
+
+def test_the_console_shows_the_same(ran, client):
+    user = get_user_model().objects.create_user("vera", password="pw-x-12345")
+    grant(user, "viewer")
+    client.force_login(user)
+    home = client.get("/").content.decode()
+    dashboard = home[home.index('id="dashboard"') : home.index('id="queue-table"')]
+    assert "<dt>Succeeded</dt><dd>4 " in dashboard
+    assert '<dt>Failed</dt><dd><a href="/jobs/?state=failed">3</a>' in dashboard
+    assert "<dt>Killed</dt><dd>1</dd>" in dashboard  # the one killed in queue idle
+    assert f'<a href="/jobs/{ran["disk"]}/">{ran["disk"]}</a>' in dashboard
+    assert "search=RuntimeError%3A%20disk%20full%20on%20/scratch" in dashboard
+    assert 'aria-label="Jobs that ended per minute on every queue, last hour: succeeded' in home
+
+    page = client.get("/queues/e2e/").content.decode()
+    ended = page[page.index('id="queue-ended"') :]
+    assert "<dt>Succeeded</dt><dd>4 " in ended and "<dt>Timed out</dt><dd>1</dd>" in ended
+    assert "<dt>Killed</dt><dd>0</dd>" in ended  # not this queue's
+    assert ">RuntimeError: disk full on /scratch</a>" in ended
+    assert 'aria-label="How long jobs ran on queue e2e, last hour: p50' in ended

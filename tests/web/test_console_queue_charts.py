@@ -48,6 +48,9 @@ def _sample(queue, minutes_ago: int, pending: int, running=0, daemons=0, desired
 
 
 def _svgs(body: str) -> list[str]:
+    """The SVGs of the signals chart (the page's what-ended panels come after it)."""
+    if 'id="queue-ended"' in body:
+        body = body[: body.index('id="queue-ended"')]
     return re.findall(r"<svg\b.*?</svg>", body, flags=re.S)
 
 
@@ -220,7 +223,7 @@ def test_each_queue_on_the_list_has_a_sparkline_of_pending(viewer):
     assert '<th class="spark">Last hour</th>' in body
     cells = _list_cells(body)
     (svg,) = _svgs(cells["train"])
-    assert _label(svg) == "pending 30 → 12 (peak 45) over the last hour"
+    assert _label(svg) == "pending 30 → 12 (peak 45) over the last hour (scale 0 to 50)"
     assert 'class="sparkline"' in svg and 'role="img"' in svg
     assert len(re.findall(r'class="spark-line" points="([^"]*)"', svg)) == 3  # gaps
     assert "<svg" not in cells["quiet"] and EMPTY in cells["quiet"]

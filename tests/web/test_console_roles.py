@@ -19,6 +19,7 @@ pytestmark = pytest.mark.django_db
 
 PAGES = [
     "/",
+    "/dashboard/",
     "/queues/train/",
     "/jobs/",
     "/daemons/",
