@@ -397,3 +397,39 @@ def test_a_refused_form_puts_the_focus_on_the_first_invalid_field(ops, live_serv
     page.fill("#id_max_depth", "")
     page.locator("form.queue-form button[type=submit]").click()
     page.wait_for_url(f"{live_server.url}/queues/good-name/")
+
+
+# ---------------------------------------------------------------------------- what ended
+
+
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["1280", "390"])
+def test_the_dashboard_and_the_queue_page_say_what_ended_and_lead_to_the_failures(
+    ops, live_server, world, size
+):
+    page = ops
+    page.set_viewport_size(size)
+    _go(page, live_server, "/")
+    dashboard = page.locator("#dashboard")
+    expect(dashboard.get_by_role("heading", name="The fleet, last hour")).to_be_visible()
+    expect(dashboard.locator("dl.ended")).to_contain_text("Succeeded")
+    for name in ("Jobs that ended per minute on every queue", "How long jobs ran on every queue"):
+        chart = dashboard.get_by_role("img", name=re.compile(name))
+        expect(chart).to_be_visible()
+        box = chart.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= size["width"]  # it fits
+    _refreshes(page)  # the dashboard refreshes itself
+    expect(page.locator("#dashboard")).to_contain_text("The fleet, last hour")
+    error = page.locator("#dashboard table.errors a", has_text="CUDA out of memory").first
+    error.click()
+    page.wait_for_url(re.compile(r"/jobs/\?state=failed&state=timeout&search=RuntimeError"))
+    expect(page.locator("#job-table")).to_contain_text("train.loop.step")
+    expect(page.get_by_role("button", name=re.compile(r"^Retry 1 shown"))).to_be_visible()
+
+    _go(page, live_server, "/queues/eval/")
+    ended = page.locator("#queue-ended")
+    expect(ended.get_by_role("heading", name="What ended in the last hour")).to_be_visible()
+    expect(ended.locator("dl.ended")).to_contain_text("Succeeded")
+    expect(
+        ended.get_by_role("img", name=re.compile("How long jobs ran on queue eval"))
+    ).to_be_visible()
+    expect(ended.locator("table.errors")).to_contain_text("CUDA out of memory")

@@ -118,9 +118,11 @@ def _pages(world) -> dict[str, str]:
     return {
         "queues": "/",
         "queue": f"/queues/{world['queue']}/",
+        "queue-with-failures": "/queues/eval/",
         "queue-add": "/queues/add/",
         "queue-edit": f"/queues/{world['queue']}/edit/",
         "jobs": "/jobs/",
+        "jobs-search-retry": "/jobs/?state=failed&search=cuda",
         "job": f"/jobs/{world['failed']}/",
         "daemons": "/daemons/",
         "events": "/events/",
