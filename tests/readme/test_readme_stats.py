@@ -45,6 +45,7 @@ def ended(state, *, ago_s, waited_ms=0, ran_ms=0, error=""):
         created_at=started - timedelta(milliseconds=waited_ms),
         started_at=None if state == "killed" else started,
         finished_at=finished,
+        attempts=0 if state == "killed" else 1,
     )
 
 
