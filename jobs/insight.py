@@ -99,6 +99,22 @@ def window(name: str | None) -> Window:
     return WINDOWS[name or DEFAULT_WINDOW]
 
 
+def _params(queue: str | None, span: Window, now: datetime | None) -> dict:
+    """What the statements here take: the window up to now, the queue, the bounds."""
+    until = now or timezone.now()
+    return {
+        "since": until - span.span,
+        "until": until,
+        "queue": queue,
+        "sample": TIMED_SAMPLE,
+        "top": TOP_ERRORS,
+        "failed": InvocationState.FAILED,
+        "timeout": InvocationState.TIMEOUT,
+        "bucket": span.bucket,
+        "origin": BUCKET_ORIGIN,
+    }
+
+
 def _spread(values, maximum) -> dict:
     p50, p95 = values or (None, None)
     return {"p50": p50, "p95": p95, "max": maximum}
@@ -107,16 +123,8 @@ def _spread(values, maximum) -> dict:
 def ended(*, queue: str | None, span: Window, now: datetime | None = None) -> dict:
     """What ended in the window up to now, of `queue` ('' the default queue, None
     every queue)."""
-    until = now or timezone.now()
-    params = {
-        "since": until - span.span,
-        "until": until,
-        "queue": queue,
-        "sample": TIMED_SAMPLE,
-        "top": TOP_ERRORS,
-        "failed": InvocationState.FAILED,
-        "timeout": InvocationState.TIMEOUT,
-    }
+    params = _params(queue, span, now)
+    until = params["until"]
     with connection.cursor() as cursor:
         cursor.execute(_COUNTS_SQL, params)
         counts = dict(cursor.fetchall())
@@ -150,15 +158,8 @@ class Bucket:
 def throughput(*, queue: str | None, span: Window, now: datetime | None = None) -> list[Bucket]:
     """How many ended in each bucket of the window, by state, oldest first; a bucket
     where nothing ended is there with zeros, so a chart of it is a flat line."""
-    until = now or timezone.now()
-    origin = BUCKET_ORIGIN
-    params = {
-        "since": until - span.span,
-        "until": until,
-        "queue": queue,
-        "bucket": span.bucket,
-        "origin": origin,
-    }
+    params = _params(queue, span, now)
+    until, origin = params["until"], BUCKET_ORIGIN
     with connection.cursor() as cursor:
         cursor.execute(_SERIES_SQL, params)
         rows = cursor.fetchall()
@@ -205,15 +206,6 @@ class Timing:
 def timings(*, queue: str | None, span: Window, now: datetime | None = None) -> list[Timing]:
     """Run time (p50, p95) and wait (p50) in milliseconds of each bucket of the window
     where something that ran ended, oldest first (of the newest TIMED_SAMPLE finishes)."""
-    until = now or timezone.now()
-    params = {
-        "since": until - span.span,
-        "until": until,
-        "queue": queue,
-        "bucket": span.bucket,
-        "origin": BUCKET_ORIGIN,
-        "sample": TIMED_SAMPLE,
-    }
     with connection.cursor() as cursor:
-        cursor.execute(_TIMINGS_SERIES_SQL, params)
+        cursor.execute(_TIMINGS_SERIES_SQL, _params(queue, span, now))
         return [Timing(*row) for row in cursor.fetchall()]

@@ -186,61 +186,24 @@ def queue_chart(queue: Queue, range_name: str | None, *, now: datetime | None = 
     """The queue page's chart over the last hour or day: pending and running, then
     daemons (actual and desired), each panel on its own y axis; one query."""
     range_name = samples.chart_range(range_name)
-    span, bucket = samples.RANGES[range_name]
+    _, bucket = samples.RANGES[range_name]
     now = now or timezone.now()
     points = samples.series(queue, range_name, now=now)
     if not points:
         return Chart(range=range_name, span_text=RANGE_TEXT[range_name])
-    end = samples.minute_of(now)
-    start = end - span
-    plot_width = WIDTH - LEFT - RIGHT
-
-    def x(at: datetime) -> float:
-        return LEFT + plot_width * (at - start) / span
-
-    step, age = X_TICKS[range_name]
-    x_ticks = [
-        Tick(f"{x(end - i * step):.1f}", age(i * step) if i else "now")
-        for i in range(span // step, -1, -1)
+    x, x_ticks = _x_axis(range_name, now)
+    panels = [
+        _panel(
+            title,
+            f"{title} on queue {queue.name}, last {RANGE_TEXT[range_name]}",
+            [(css, name, [(p.at, getattr(p, key)) for p in points]) for key, name, css in drawn],
+            x=x,
+            x_ticks=x_ticks,
+            bucket=bucket,
+            height=height,
+        )
+        for title, height, drawn in PANELS
     ]
-    panels = []
-    for title, height, drawn in PANELS:
-        top = nice_ceiling(max(getattr(p, key) for p in points for key, _, _ in drawn))
-        plot_height = height - TOP - BOTTOM
-
-        def y(value: float, top=top, plot_height=plot_height) -> float:
-            return TOP + plot_height * (1 - value / top)
-
-        lines = []
-        for key, name, css in drawn:
-            values = [getattr(p, key) for p in points]
-            series = [(p.at, getattr(p, key)) for p in points]
-            lines.append(
-                Line(
-                    key=css,
-                    name=name,
-                    segments=_segments(series, x, y, bucket),
-                    first=values[0],
-                    last=values[-1],
-                    peak=max(values),
-                )
-            )
-        y_values = [0, top] if top % 2 else [0, top // 2, top]
-        label = (
-            f"{title} on queue {queue.name}, last {RANGE_TEXT[range_name]}: "
-            + ", ".join(line.text for line in lines)
-            + "."
-        )
-        panels.append(
-            Panel(
-                title=title,
-                label=label,
-                lines=lines,
-                y_ticks=[Tick(f"{y(v):.1f}", str(v)) for v in y_values],
-                x_ticks=x_ticks,
-                height=height,
-            )
-        )
     return Chart(range=range_name, span_text=RANGE_TEXT[range_name], panels=panels)
 
 
@@ -314,10 +277,9 @@ def _x_axis(range_name: str, now: datetime):
     return x, ticks
 
 
-def _panel(title: str, label: str, drawn, *, x, x_ticks, bucket, unit="count") -> Panel:
+def _panel(title: str, label: str, drawn, *, x, x_ticks, bucket, unit="count", height=200) -> Panel:
     """One panel of `drawn` lines [(css key, name, [(at, value)])] on one y axis from 0
     to a round top (at least 1: a flat zero is a line at the bottom of a scale)."""
-    height = 200
     top = nice_ceiling(max([value for _, _, series in drawn for _, value in series] or [0]))
     plot_height = height - TOP - BOTTOM
 

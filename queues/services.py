@@ -435,6 +435,18 @@ def queue_stats(queue: Queue, span: insight.Window | None = None, *, ended=True)
     return {
         "queue": queue.name,
         "state": queue.state,
+        **_live_figures(seen),
+        "desired": plan.desired,
+        "next_action": plan.next_action,
+        "recent_actions": recent,
+        **({span.block: insight.ended(queue=queue.name, span=span)} if ended else {}),
+    }
+
+
+def _live_figures(seen: dict) -> dict:
+    """What a stats answer says of daemons and work now, from queue_signals' answer."""
+    signals: elasticity.Signals = seen["signals"]
+    return {
         "daemons": signals.daemons,
         "busy": signals.busy,
         "idle": seen["idle"],
@@ -444,10 +456,6 @@ def queue_stats(queue: Queue, span: insight.Window | None = None, *, ended=True)
         "pending": signals.pending,
         "pending_capped": seen["pending_capped"],
         "running": seen["running"],
-        "desired": plan.desired,
-        "next_action": plan.next_action,
-        "recent_actions": recent,
-        **({span.block: insight.ended(queue=queue.name, span=span)} if ended else {}),
     }
 
 
@@ -460,18 +468,9 @@ def fleet_stats(span: insight.Window | None = None, *, ended=True) -> dict:
     pending = _capped_count(Invocation.objects.filter(state=InvocationState.QUEUED))
     running = _capped_count(Invocation.objects.filter(state=InvocationState.RUNNING))
     seen = signals_from(live, pending=pending, running=running)
-    signals: elasticity.Signals = seen["signals"]
     return {
         "queues": Queue.objects.exclude(state=QueueState.ARCHIVED).count(),
-        "daemons": signals.daemons,
-        "busy": signals.busy,
-        "idle": seen["idle"],
-        "provisioning": seen["provisioning"],
-        "draining": seen["draining"],
-        "utilization": round(signals.utilization, 4),
-        "pending": signals.pending,
-        "pending_capped": seen["pending_capped"],
-        "running": seen["running"],
+        **_live_figures(seen),
         "running_capped": seen["running"] > PENDING_CAP,
         **({span.block: insight.ended(queue=None, span=span)} if ended else {}),
     }

@@ -140,9 +140,9 @@ class EventSerializer(serializers.ModelSerializer):
         ]
 
 
-class StatsSerializer(serializers.Serializer):
-    queue = serializers.CharField()
-    state = serializers.CharField()
+class LiveFiguresSerializer(serializers.Serializer):
+    """What a stats answer says of daemons and work now, and what ended lately."""
+
     daemons = serializers.IntegerField()
     busy = serializers.IntegerField()
     idle = serializers.IntegerField()
@@ -152,27 +152,21 @@ class StatsSerializer(serializers.Serializer):
     pending = serializers.IntegerField()
     pending_capped = serializers.BooleanField()
     running = serializers.IntegerField()
+    last_hour = EndedSerializer(required=False, help_text="What ended in the last hour")
+    last_day = EndedSerializer(required=False, help_text="What ended in the last day (window=24h)")
+
+
+class StatsSerializer(LiveFiguresSerializer):
+    queue = serializers.CharField()
+    state = serializers.CharField()
     desired = serializers.IntegerField()
     next_action = serializers.CharField()
     recent_actions = EventSerializer(many=True)
-    last_hour = EndedSerializer(required=False, help_text="What ended in the last hour")
-    last_day = EndedSerializer(required=False, help_text="What ended in the last day (window=24h)")
 
 
-class FleetStatsSerializer(serializers.Serializer):
+class FleetStatsSerializer(LiveFiguresSerializer):
     queues = serializers.IntegerField(help_text="Queues not archived")
-    daemons = serializers.IntegerField()
-    busy = serializers.IntegerField()
-    idle = serializers.IntegerField()
-    provisioning = serializers.IntegerField()
-    draining = serializers.IntegerField()
-    utilization = serializers.FloatField()
-    pending = serializers.IntegerField()
-    pending_capped = serializers.BooleanField()
-    running = serializers.IntegerField()
     running_capped = serializers.BooleanField()
-    last_hour = EndedSerializer(required=False, help_text="What ended in the last hour")
-    last_day = EndedSerializer(required=False, help_text="What ended in the last day (window=24h)")
 
 
 # ---------------------------------------------------------------------------- lakeshore.yaml
