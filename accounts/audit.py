@@ -5,7 +5,8 @@ The services record it (one call next to the change they make, so no door can sk
 it); who and how come from the request being served, which AuditMiddleware keeps in a
 context variable for the services to read: the API's token user (DRF sets it on the
 request as it authenticates), the console's or admin's session user. Work with no
-request behind it (management commands, Celery, tests) is the system's."""
+request behind it (Celery, tests) is the system's; a management command's is named after
+it (`command`)."""
 
 import contextlib
 import contextvars
@@ -17,6 +18,7 @@ from accounts.models import AuditEvent
 from queues.models import EventAction
 
 _request: contextvars.ContextVar = contextvars.ContextVar("lakeshore_request", default=None)
+_command: contextvars.ContextVar = contextvars.ContextVar("lakeshore_command", default=None)
 
 CLI_AGENT = "lakeshore-cli/"  # the CLI's User-Agent (lakeshore/client.py)
 
@@ -33,7 +35,8 @@ def actor_and_via(request=None) -> tuple[str, str]:
     """(who, how) for the request being served, or the system's."""
     request = request if request is not None else _request.get()
     if request is None:
-        return "system", Via.SYSTEM
+        command = _command.get()
+        return (f"manage.py {command}" if command else "system"), Via.SYSTEM
     user = getattr(request, "user", None)
     who = user.get_username() if user is not None and user.is_authenticated else "anonymous"
     path = request.path
@@ -61,6 +64,17 @@ def record(action: str, *, queue: str = "", target: str = "", summary: str = "",
         summary=summary[:500],
         detail=detail if detail is not None else {},
     )
+
+
+@contextlib.contextmanager
+def command(name: str):
+    """While it lasts, record() names this management command (manage.py NAME) as who
+    acted, through the system's door."""
+    token = _command.set(name)
+    try:
+        yield
+    finally:
+        _command.reset(token)
 
 
 def serving_request():

@@ -13,7 +13,7 @@ from lakeshore.commands.providers import providers
 from lakeshore.commands.queues import queues
 from lakeshore.commands.stats import stats
 from lakeshore.context import State
-from lakeshore.errors import CliError, report
+from lakeshore.errors import ApiError, CliError, refused_token_hint, report
 
 
 class LakeshoreGroup(click.Group):
@@ -23,8 +23,19 @@ class LakeshoreGroup(click.Group):
         try:
             return super().invoke(ctx)
         except CliError as error:
+            if isinstance(error, ApiError) and error.status == 401:
+                error.hint = refused_token_hint(_token_source(ctx))
             report(error)
             ctx.exit(error.exit_code)
+
+
+def _token_source(ctx: click.Context) -> str | None:
+    """Where the refused token came from, as the request found it."""
+    state = ctx.find_object(State) or State()
+    try:
+        return state.settings().token_source
+    except CliError:
+        return None
 
 
 @click.group(cls=LakeshoreGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -28,6 +28,25 @@ FLAG_NAMES = {
 LOGIN_HINT = "hint: run 'lakeshore auth login' or set LAKESHORE_TOKEN"
 
 
+def refused_token_hint(source: str | None) -> str:
+    """What to do when the server refused the token (401), naming where it came from:
+    --token, an environment variable (LAKESHORE_CLIENT_TOKEN or LAKESHORE_TOKEN), or the
+    saved auth file; LOGIN_HINT when there was none."""
+    if source is None:
+        return LOGIN_HINT
+    if source == "--token":  # noqa: S105 - where the token came from, not a token
+        return "hint: the token given with --token was refused (revoked or expired?)"
+    if source.startswith("LAKESHORE_"):
+        return (
+            f"hint: the token in ${source} was refused (revoked or expired?): set {source} "
+            "to a valid token, or unset it to use the one 'lakeshore auth login' saves"
+        )
+    return (
+        f"hint: the token saved in {source} was refused (revoked or expired?): "
+        "run 'lakeshore auth login' again"
+    )
+
+
 class CliError(Exception):
     """A failure to report as `error: message` and exit 1 (no traceback)."""
 

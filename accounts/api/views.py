@@ -11,12 +11,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.api import serializers as s
+from accounts.filters import TokenFilter
 from accounts.models import ApiToken
 from accounts.permissions import Operate
 from accounts.services import token_mint, token_revoke, tokens_visible_to
 from lakeshore_admin.api_docs import errors
 from lakeshore_admin.errors import NotFound
-from lakeshore_admin.pagination import LimitOffset, list_response
+from lakeshore_admin.pagination import LimitOffset, filtered, list_response
 
 
 class TokenList(APIView):
@@ -28,11 +29,15 @@ class TokenList(APIView):
         parameters=[
             OpenApiParameter("limit", int, description="1–200, default 50"),
             OpenApiParameter("offset", int, description="rows to skip, ≥ 0 (default 0)"),
+            OpenApiParameter("user", str, description="only this user's tokens"),
+            OpenApiParameter("role", str, description="only tokens of this role"),
+            OpenApiParameter("usable", bool, description="only tokens that still work"),
         ],
         responses={200: s.TokenSerializer(many=True), **errors(400, 403)},
     )
     def get(self, request):
-        queryset = tokens_visible_to(request.user).order_by("-created_at", "-id")
+        visible = tokens_visible_to(request.user).order_by("-created_at", "-id")
+        queryset = filtered(TokenFilter, request, visible)  # the tokens page's filters
         rows, link = LimitOffset().paginate(queryset, request)
         return list_response(rows, link, s.TokenSerializer)
 

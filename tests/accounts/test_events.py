@@ -2,11 +2,13 @@
 through which door (API, CLI, console, Django admin), next to the controller's
 decisions, in one timeline across queues."""
 
+import io
 import re
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -82,6 +84,17 @@ def test_work_without_a_request_is_the_system_s():
     builders.queue(name="train")
     services.queue_transition(name="train", action="pause")
     assert (_last().actor, _last().via) == ("system", "system")
+
+
+def test_a_management_command_is_named_as_who_acted():
+    call_command("create_token", "--user", "ci-bot", "--role", "operator", stdout=io.StringIO())
+    assert (_last().actor, _last().via, _last().action) == (
+        "manage.py create_token",
+        "system",
+        "token.create",
+    )
+    services.queue_transition(name=builders.queue(name="q").name, action="pause")
+    assert _last().actor == "system"  # the command's name ended with it
 
 
 def test_a_refused_action_records_nothing():

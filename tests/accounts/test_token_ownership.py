@@ -236,3 +236,16 @@ def test_django_admin_lists_and_revokes_by_the_same_rule(client, people):
     client.force_login(User.objects.get(pk=sam.pk))
     listed = client.get("/admin/accounts/apitoken/")
     assert victim.pk in {t.pk for t in listed.context["cl"].result_list}
+
+
+def test_the_token_list_filters_by_user_role_and_usable_within_what_one_may_see(api, people):
+    _as(api, people["admin"])
+    mallorys = api.get(TOKENS, {"user": "mallory"}).json()
+    assert [t["name"] for t in mallorys] == ["mallory's"]
+    viewers = api.get(TOKENS, {"role": "viewer"}).json()
+    assert [t["name"] for t in viewers] == ["vera's"]
+    assert api.get(TOKENS, {"role": "king"}).status_code == 400
+    # an operator filtering by another user still sees only their own: none of vera's
+    _as(api, people["mallory"])
+    assert api.get(TOKENS, {"user": "vera"}).json() == []
+    assert [t["name"] for t in api.get(TOKENS, {"user": "mallory"}).json()] == ["mallory's"]

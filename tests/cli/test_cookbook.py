@@ -321,10 +321,15 @@ class TestAuth:
         sh("lakeshore auth logout")
         sh("env -u LAKESHORE_TOKEN lakeshore queues ls", exit=1)
 
-    def test_a_bad_token_is_refused_with_a_hint(self, sh):
+    def test_a_bad_token_is_refused_with_a_hint_naming_where_it_came_from(self, sh):
         result = sh("LAKESHORE_TOKEN=lsk_wrong lakeshore queues ls", exit=1)
         assert result.stderr.startswith("error: Invalid token")
-        assert "run 'lakeshore auth login' or set LAKESHORE_TOKEN" in result.stderr
+        assert "hint: the token in $LAKESHORE_TOKEN was refused" in result.stderr
+        client = sh("LAKESHORE_CLIENT_TOKEN=lsk_wrong lakeshore queues ls", exit=1)
+        assert "hint: the token in $LAKESHORE_CLIENT_TOKEN was refused" in client.stderr
+        assert "set LAKESHORE_CLIENT_TOKEN to a valid token" in client.stderr
+        flag = sh("lakeshore --token lsk_wrong queues ls", exit=1)
+        assert "hint: the token given with --token was refused" in flag.stderr
 
     def test_an_unreachable_server_says_how_to_start_it(self, sh):
         result = sh("lakeshore --url http://127.0.0.1:9 queues ls", exit=1)

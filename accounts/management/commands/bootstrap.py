@@ -5,6 +5,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from accounts import audit
 from accounts.services import token_create
 
 
@@ -26,7 +27,8 @@ class Command(BaseCommand):
             return
         password = secrets.token_urlsafe(12)
         User.objects.create_superuser(username=username, email="", password=password)
-        _, token = token_create(username=username, role="operator", name="make run")
+        with audit.command("bootstrap"):
+            _, token = token_create(username=username, role="operator", name="make run")
         self.stdout.write(
             json.dumps(
                 {"created": True, "username": username, "password": password, "token": token}

@@ -3,6 +3,7 @@ from datetime import timedelta
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from accounts import audit
 from accounts.models import Role
 from accounts.services import token_create
 from lakeshore_admin.errors import DomainError
@@ -33,9 +34,10 @@ class Command(BaseCommand):
         expires_at = timezone.now() + timedelta(days=expires_days) if expires_days else None
         scope = queues.split(",") if queues is not None else None
         try:
-            _, raw = token_create(
-                username=user, role=role, name=name, expires_at=expires_at, queues=scope
-            )
+            with audit.command("create_token"):
+                _, raw = token_create(
+                    username=user, role=role, name=name, expires_at=expires_at, queues=scope
+                )
         except DomainError as exc:
             raise CommandError(exc.message) from exc
         self.stdout.write(raw)
