@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 # Where the server reads its settings from the environment.
 SOURCES = [
@@ -75,6 +77,9 @@ def sandbox_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "LAKESHORE_VAR_DIR": str(tmp_path / "var"),
         "DATABASE_URL": DUMMY_DB,
         "LAKESHORE_HTTPS": "1",  # its own settings are read only then
+        # a server that gets past its settings binds a free port, never the default one
+        # (8080, which `make run` may hold: test_no_server_here_needs_port_8080)
+        "PORT": str(free_port()),
     }
     env.update(extra)
     if "LAKESHORE_PGDATA" in extra:
@@ -163,6 +168,38 @@ def test_a_bad_value_is_one_line_from_gunicorn(tmp_path, name):
         timeout=120,
     )
     assert_one_line(result, name, value)
+
+
+@pytest.fixture
+def port_8080_held():
+    """127.0.0.1:8080 held by another process's socket (this one's), as `make run` holds
+    it; if something holds it already, that is the same case."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", 8080))
+        holder.listen()
+    except OSError:
+        pass  # taken already
+    try:
+        yield
+    finally:
+        holder.close()
+
+
+def test_no_server_here_needs_port_8080(tmp_path, port_8080_held):
+    """The check the issue asked for: with 8080 taken, a server that starts past its
+    settings still starts (on sandbox_env's free port) and says its one line."""
+    value = bad_value("LAKESHORE_TICK_SECONDS", SETTINGS["LAKESHORE_TICK_SECONDS"])
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "gunicorn"), "-c", "python:lakeshore_admin.gunicorn_conf"],
+        cwd=ROOT,
+        env=sandbox_env(tmp_path, LAKESHORE_TICK_SECONDS=value),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "Address already in use" not in result.stderr
+    assert_one_line(result, "LAKESHORE_TICK_SECONDS", value)
 
 
 def test_a_bad_value_is_one_line_from_celery(tmp_path):
