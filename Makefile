@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run dev test stop-loop lint format check clean token admin-password help bench bench-server screenshots slurm-up slurm-down
+.PHONY: install run dev test stop-loop lint format check clean token admin-password credentials shell help bench bench-server screenshots slurm-up slurm-down
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -79,6 +79,15 @@ token: install
 
 admin-password: install
 	$(BIN)/python manage.py changepassword admin
+
+# make run's first admin login and token, kept in var/credentials (mode 0600).
+credentials:
+	@cat "$${LAKESHORE_VAR_DIR:-var}/credentials" 2>/dev/null || echo "No credentials kept here yet: make run writes them at its first start ('make token' prints a new operator token, 'make admin-password' sets a new password)."
+
+# A shell with this checkout's lakeshore first on PATH (exit to leave).
+shell: install
+	@echo "lakeshore here is $(CURDIR)/$(BIN)/lakeshore; exit to leave this shell."
+	@PATH="$(CURDIR)/$(BIN):$$PATH" $${SHELL:-bash}
 
 clean:
 	rm -rf $(VENV) var/pg var/pg-test

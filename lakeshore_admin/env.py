@@ -5,6 +5,7 @@ This module imports no Django settings: gunicorn's configuration reads through i
 
 import os
 import sys
+from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -48,6 +49,21 @@ def _raw(name: str) -> str | None:
 def env_str(name: str, default: str = "") -> str:
     raw = _raw(name)
     return default if raw is None else raw
+
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def var_dir() -> Path:
+    """Where the server keeps what it writes (the secret key, the embedded database, logs,
+    make run's credentials): LAKESHORE_VAR_DIR, else var/ in the checkout."""
+    return Path(env_str("LAKESHORE_VAR_DIR", str(REPOSITORY / "var")))
+
+
+def access_log() -> str:
+    """Where the web server writes its line per request: LAKESHORE_ACCESS_LOG, else
+    var/log/access.log; "-" is the terminal (standard output)."""
+    return env_str("LAKESHORE_ACCESS_LOG", str(var_dir() / "log" / "access.log"))
 
 
 def env_bool(name: str, default: bool = False) -> bool:

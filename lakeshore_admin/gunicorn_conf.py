@@ -6,19 +6,22 @@ connections from a bounded pool per process (settings.py).
 
 Environment: LAKESHORE_BIND and PORT (where), LAKESHORE_WEB_WORKERS (processes,
 default 2), LAKESHORE_WEB_THREADS (threads per process for everything but the parked
-long-polls, default 128; started as needed)."""
+long-polls, default 128; started as needed), LAKESHORE_ACCESS_LOG (the access log's
+file, or "-" for standard output)."""
 
 import os
 import resource
 import signal
 import socket
 import sys
+from pathlib import Path
 
 from django.conf import settings
 from uvicorn_worker import UvicornWorker
 
+from lakeshore.private import private_dir
 from lakeshore_admin import metrics
-from lakeshore_admin.env import BadSetting, env_number, env_str, log_level
+from lakeshore_admin.env import BadSetting, access_log, env_number, env_str, log_level
 
 try:
     _port = env_number("PORT", 8080, minimum=1, maximum=65535)
@@ -77,8 +80,24 @@ graceful_timeout = 25  # a stop ends every parked wait at once (asgi.py)
 keepalive = 20
 wsgi_app = "lakeshore_admin.asgi:application"
 # One line per request, written by uvicorn's worker in its own form (address, request
-# line, status) through gunicorn's access log: gunicorn's access_log_format is not used.
-accesslog = "-"
+# line, status) through gunicorn's access log (gunicorn's access_log_format is not
+# used), to var/log/access.log unless LAKESHORE_ACCESS_LOG says otherwise ("-": the
+# terminal): a daemon's long-poll every few seconds would bury make run's own lines.
+# Warnings, errors and what starts and stops stay on the terminal.
+accesslog = access_log()
+if accesslog != "-":
+    try:
+        private_dir(Path(accesslog).parent)
+    except OSError as exc:
+        sys.exit(
+            str(
+                BadSetting(
+                    "LAKESHORE_ACCESS_LOG",
+                    accesslog,
+                    f"a file in a directory this user can create ({exc.strerror})",
+                )
+            )
+        )
 errorlog = "-"
 # Above Django's own header limits (lakeshore_admin/middleware.py), so that Django
 # answers an oversized header with its JSON error first.

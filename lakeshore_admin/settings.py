@@ -9,10 +9,18 @@ import dj_database_url
 
 from lakeshore.private import create_private, private_dir
 from lakeshore_admin import dbpool, embedded_db
-from lakeshore_admin.env import BadSetting, env_bool, env_list, env_number, env_str, log_level
+from lakeshore_admin.env import (
+    BadSetting,
+    env_bool,
+    env_list,
+    env_number,
+    env_str,
+    log_level,
+    var_dir,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("LAKESHORE_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = var_dir()
 # Issue 17: job files. var/ holds the secret key, the database, logs and the local
 # provider's job homes: only the server's user enters it (0700), made so here first.
 try:

@@ -42,7 +42,7 @@ from django.db import connections  # noqa: E402
 
 from lakeshore.private import private_dir, write_private  # noqa: E402 - ROOT on sys.path first
 from lakeshore_admin import embedded_db  # noqa: E402
-from lakeshore_admin.env import BadSetting, env_number, env_str  # noqa: E402
+from lakeshore_admin.env import BadSetting, access_log, env_number, env_str, var_dir  # noqa: E402
 from scripts.processes import (  # noqa: E402
     PR_SET_CHILD_SUBREAPER,
     die_with_parent,
@@ -60,7 +60,8 @@ except BadSetting as exc:
     sys.exit(str(exc))
 BIND = env_str("LAKESHORE_BIND", "127.0.0.1")
 URL = f"http://{'127.0.0.1' if BIND in ('0.0.0.0', '::') else BIND}:{PORT}"  # noqa: S104
-VAR = Path(env_str("LAKESHORE_VAR_DIR", str(ROOT / "var")))
+VAR = var_dir()
+CREDENTIALS = VAR / "credentials"
 
 # How long each part may take to stop before the next step (seconds): at most 14 in all.
 # The worker waits 9 s for its daemons (fleet/tasks.py); an idle one leaves 5-7 s after
@@ -111,24 +112,46 @@ def link_cli() -> str:
         if target.exists() and not target.is_symlink():
             continue  # somebody else's lakeshore: leave it alone
         previous = os.readlink(target) if target.is_symlink() else None
+        stale = None
         if previous and target.exists():  # a live link: ours, or somebody else's
             if target.resolve() == ours.resolve():
                 return f"{target} points at {ours} (check that it comes before {found} on PATH)"
             owner = _checkout_of(target.resolve())
-            whose = f"another checkout, {owner}" if owner else "not this checkout"
-            return (
-                f"left {target} alone: it points at {previous} ({whose}); "
-                f"run ours as {ours} or re-link by hand"
-            )
+            if owner is None or _serving(owner):
+                whose = (
+                    f"another checkout, {owner}, which serves now" if owner else "not this checkout"
+                )
+                return (
+                    f"left {target} alone: it points at {previous} ({whose}); in this "
+                    f"checkout run 'make shell', or {ours}, or re-link by hand"
+                )
+            stale = f"another checkout, {owner}, whose make run is not running"
         if previous:
-            target.unlink()  # dangling: what it pointed at is gone
+            target.unlink()  # dangling, or a checkout that serves no more
         target.symlink_to(ours)
         if previous:
-            return f"linked {target} -> {ours} (it pointed at {previous}, which is gone)"
+            why = stale or "which is gone"
+            return f"linked {target} -> {ours} (it pointed at {previous}, {why})"
         if found and Path(found) != target:
             return f"linked {target} -> {ours} (check that it comes before {found} on PATH)"
         return f"linked {target} -> {ours}"
     return f"put it on PATH with: export PATH={ours.parent}:$PATH"
+
+
+def _serving(checkout: Path) -> bool:
+    """Whether `make run` runs in that checkout now: it holds its var/make-run.lock
+    (single_instance). A checkout with no lock file has never served, or not here."""
+    try:
+        handle = os.open(checkout / "var" / "make-run.lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(handle)  # and with it any lock just taken
+    return False
 
 
 def _checkout_of(program: Path) -> Path | None:
@@ -443,6 +466,23 @@ def collect_static() -> None:
     stamp.write_text(digest.hexdigest())
 
 
+def save_credentials(boot: dict) -> Path:
+    """The first start's admin login and token, in var/credentials (0600 from the start),
+    so that they stay reachable once the terminal has scrolled ('make credentials')."""
+    token = boot["token"]
+    text = "\n".join(
+        [
+            f"# make run's first start, for {URL}",
+            f"admin login: {boot['username']} / {boot['password']}",
+            f"API token (operator): {token}",
+            f"CLI: export LAKESHORE_URL={URL} LAKESHORE_TOKEN={token}",
+            f"Python SDK: export LAKESHORE_URL={URL} LAKESHORE_CLIENT_TOKEN={token}",
+            "",
+        ]
+    )
+    return write_private(CREDENTIALS, text)
+
+
 def banner(boot: dict) -> str:
     server = "runserver (make dev, reloads on changes)" if DEV else "gunicorn"
     lines = ["", f"Lakeshore Admin is up: {URL}/  ({server})"]
@@ -452,16 +492,19 @@ def banner(boot: dict) -> str:
         f"  Celery worker and beat: running (reaper every {settings.LAKESHORE_TICK_SECONDS} s)"
     )
     if boot["created"]:
-        lines.append(f"  admin login: {boot['username']} / {boot['password']}  (shown once)")
-        lines.append(f"  API token (operator): {boot['token']}  (shown once)")
+        saved = save_credentials(boot)
+        lines.append(f"  admin login: {boot['username']} / {boot['password']}")
+        lines.append(f"  API token (operator): {boot['token']}")
+        lines.append(f"  (both kept in {saved}, mode 0600: 'make credentials' prints them)")
         lines.append(f"  CLI: {write_cli_config(boot['token'])}")
         lines.append(f"    or: export LAKESHORE_URL={URL} LAKESHORE_TOKEN={boot['token']}")
         lines.append(
             f"  Python SDK: export LAKESHORE_URL={URL} LAKESHORE_CLIENT_TOKEN={boot['token']}"
         )
     else:
+        kept = "'make credentials' prints it" if CREDENTIALS.exists() else "shown at first start"
         lines.append(
-            f"  admin login: {boot['username']} (password shown at first start; "
+            f"  admin login: {boot['username']} (password: {kept}; "
             "'make admin-password' sets a new one)"
         )
         lines.append("  API token: 'make token' prints a new operator token")
@@ -469,6 +512,13 @@ def banner(boot: dict) -> str:
             '  Python SDK: eval "$(lakeshore auth env --sdk)"  '
             "(or: export LAKESHORE_URL=… LAKESHORE_CLIENT_TOKEN=…)"
         )
+    log = access_log()
+    where = (
+        "here (LAKESHORE_ACCESS_LOG=-)"
+        if log == "-"
+        else f"{log} (LAKESHORE_ACCESS_LOG=- shows it here)"
+    )
+    lines.append(f"  access log: {where}")
     lines.append(f"  lakeshore CLI: {link_cli()}")
     lines.append("Press Ctrl-C to stop.")
     return "\n".join(lines)

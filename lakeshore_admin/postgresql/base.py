@@ -1,5 +1,6 @@
 """Django's PostgreSQL backend (subclassed, as Django's documentation on database
-backends allows), whose general requests borrow within their share of the pool.
+backends allows), whose general requests borrow within their share of the pool, and
+whose features say what this project uses of PostgreSQL's.
 
 A connection for a request of the general share (dbpool.share) waits for a place of
 that share first (up to LAKESHORE_DB_POOL_TIMEOUT, then 503 as when the pool itself has
@@ -9,12 +10,20 @@ the daemon protocol, and code outside a request, borrow from the whole pool."""
 import threading
 
 from django.conf import settings
-from django.db.backends.postgresql import base
+from django.db.backends.postgresql import base, features
 
 from lakeshore_admin import dbpool
 
 
+class DatabaseFeatures(features.DatabaseFeatures):
+    # Only stored generated columns are used (jobs.Invocation.error_headline). Checking a
+    # GeneratedField, Django asks about virtual ones first, which on PostgreSQL reads the
+    # server's version: saying no keeps `manage.py check` off the database.
+    supports_virtual_generated_columns = False
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
+    features_class = DatabaseFeatures
     # alias → its GeneralShare: one per process, as Django keeps one pool per alias
     general_shares: dict[str, dbpool.GeneralShare] = {}
     general_shares_made = threading.Lock()

@@ -1,6 +1,7 @@
 """Leave things as we found them: `make test` leaves no database server running, and
 `make run` never re-points a `lakeshore` link that belongs to another checkout."""
 
+import fcntl
 import importlib.util
 import os
 import subprocess
@@ -110,14 +111,36 @@ def test_it_keeps_its_own_link(run):
     assert run.link.lstat().st_ino == before.st_ino  # not even re-created
 
 
-def test_it_leaves_another_checkouts_link_alone(run, tmp_path):
+def serving(program: Path):
+    """The checkout of `program` as its make run holds it: its var/make-run.lock locked."""
+    lock = program.parents[2] / "var" / "make-run.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock, "a+")  # noqa: SIM115 - the caller closes it
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return handle
+
+
+def test_it_leaves_the_link_of_another_checkout_that_serves_alone(run, tmp_path):
     theirs = other_checkout(tmp_path)
     run.link.symlink_to(theirs)
-    message = run.link_cli()
+    with serving(theirs):
+        message = run.link_cli()
     assert os.readlink(run.link) == str(theirs)
     assert message.startswith(f"left {run.link} alone: it points at {theirs}")
-    assert "another checkout" in message
-    assert f"run ours as {run.ours}" in message and "re-link by hand" in message
+    assert "another checkout" in message and "which serves now" in message
+    assert "run 'make shell'" in message and str(run.ours) in message
+
+
+def test_it_re_points_the_link_of_a_checkout_that_serves_no_more(run, tmp_path):
+    theirs = other_checkout(tmp_path)
+    run.link.symlink_to(theirs)
+    serving(theirs).close()  # it served once: its lock file is there, and free
+    message = run.link_cli()
+    assert run.link.resolve() == run.ours.resolve()
+    assert message == (
+        f"linked {run.link} -> {run.ours} (it pointed at {theirs}, another checkout, "
+        f"{theirs.parents[2]}, whose make run is not running)"
+    )
 
 
 def test_it_leaves_any_other_live_link_alone(run, tmp_path):

@@ -54,7 +54,7 @@ def test_search_finds_the_function_the_key_and_the_error_in_any_case(viewer):
 
 def test_search_reads_its_index():
     ended(error=DISK)
-    assert "inv_search" in _plan(Invocation.objects.matching("disk full").order_by("-id")[:50])
+    assert "inv_search" in _plan(Invocation.objects.matching("disk full").order_by())
 
 
 @pytest.mark.parametrize("text", ["ab", "x" * 201])

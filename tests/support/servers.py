@@ -63,6 +63,7 @@ def gunicorn(
     it at the end. `app` ("module:name") serves a WSGI application instead of the
     configuration's ASGI one, on gunicorn's threaded worker. `open_files`: the soft limit
     of open files it starts with (as a shell's `ulimit -Sn`)."""
+    env = {"LAKESHORE_ACCESS_LOG": "-", **env}  # its access lines in its own log
     log = open(tmp_path / "gunicorn.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
         [

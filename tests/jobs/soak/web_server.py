@@ -42,6 +42,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
+            "LAKESHORE_ACCESS_LOG": "-",  # its access lines in its log: answers()
             "DJANGO_SETTINGS_MODULE": "lakeshore_admin.settings",
             "DATABASE_URL": database,
             "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),  # not two workers racing to write one
