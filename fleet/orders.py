@@ -7,7 +7,7 @@ from django.utils import timezone
 from accounts import audit
 from fleet import daemons
 from fleet.models import Daemon, DaemonCommand
-from jobs.models import Invocation, InvocationState
+from jobs.models import REPORTED_STATES, Invocation, InvocationState
 from jobs.services import invocation_get
 from jobs.transitions import kill
 from lakeshore_admin.errors import Conflict, Invalid, NotFound
@@ -75,11 +75,12 @@ def _not_running_here(invocation: Invocation, daemon) -> None:
             extra={"state": invocation.state, "worker": str(invocation.daemon_id)},
             code="invocation_elsewhere",
         )
-    hint = (
-        f" ('lakeshore jobs kill {invocation.pk}' kills it while it waits)"
-        if invocation.state == Q_.QUEUED
-        else ""
-    )
+    if invocation.state == Q_.QUEUED:
+        hint = f" ('lakeshore jobs kill {invocation.pk}' kills it while it waits)"
+    elif invocation.state in REPORTED_STATES:  # its end was recorded first: it keeps it
+        hint = "; it ended before the kill came and keeps its outcome"
+    else:
+        hint = ""
     raise Conflict(
         f"Invocation {invocation.pk} is not running ({invocation.state}): nothing to stop{hint}.",
         extra={"state": invocation.state},

@@ -305,14 +305,17 @@ def invocation_complete(
     """Record an outcome: succeeded (with a JSON result, or the SDK's result bytes),
     failed (with an error) or timeout (the daemon stopped it at timeout_s). Fenced by
     daemon and attempt: a daemon that lost its claim (reaped, killed, re-dispatched)
-    gets a Conflict (claim_stale) and changes nothing; of an invocation it never held
-    (another daemon's, another attempt, or none such) the answer says nothing, not even
-    whether it exists. A retry of a report that was
-    recorded (its response lost) gets the stored row. A failure with attempts left
-    goes back to the queue after a back-off, unless `retry` is False (the SDK's
-    worker says when a failure is final)."""
+    gets a Conflict (claim_stale) and changes no state. When an operator's kill took
+    the claim while the job was finishing, the outcome it reported is kept as discarded
+    (the Conflict's `state` says killed, its `reason` who killed it). Of an invocation
+    it never held (another daemon's, another attempt, or none such) the answer says
+    nothing, not even whether it exists. A retry of a report that was recorded (its
+    response lost) gets the stored row. A failure with attempts left goes back to the
+    queue after a back-off, unless `retry` is False (the SDK's worker says when a
+    failure is final)."""
     if succeeded is not None:
         outcome = "succeeded" if succeeded else "failed"
+    hooks.point("complete.before_statement")
     invocation = _complete_one(
         daemon, invocation_id, attempt, outcome, result, error, result_blob, retry
     )
@@ -335,6 +338,7 @@ def invocation_complete_batch(
     answers = []
     ids = [int(item["invocation"]) for item in outcomes]
     with transaction.atomic():
+        hooks.point("complete.before_statement")
         # The common case in one statement; what it did not record (stale, repeated,
         # unknown, or an id twice in the batch) goes the careful way, one by one.
         recorded = (
@@ -456,7 +460,12 @@ def _complete_one(
     )
     if recorded is not None:
         return recorded
-    current = Invocation.objects.filter(pk=invocation_id).first()
+    current = (
+        completion.record_discarded_outcome(
+            daemon_id=daemon.pk, invocation_id=invocation_id, attempt=attempt, outcome=outcome
+        )
+        or Invocation.objects.filter(pk=invocation_id).first()
+    )
     held = current is not None and current.daemon_id == daemon.pk and current.attempts == attempt
     if not held:  # another daemon's, another attempt, or none such: nothing is said of it
         raise Conflict(
@@ -475,6 +484,14 @@ def _complete_one(
             f"{current.state}; the outcome {outcome} was not recorded.",
             extra={"state": current.state},
             code="already_completed",
+        )
+    if current.finished_before_kill:  # the kill came first: its page says what was discarded
+        raise Conflict(
+            f"Invocation {invocation_id} was killed before this report came "
+            f"({current.reason}); the outcome {outcome} was not recorded: the job's page "
+            f"shows it as discarded.",
+            extra={"state": current.state, "reason": current.reason},
+            code="claim_stale",
         )
     raise Conflict(  # this daemon's attempt, taken away (killed, or a drop requeued it)
         f"Invocation {invocation_id} is no longer yours to complete (it is "

@@ -181,6 +181,23 @@ class Invocation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A kill that races a finishing job (jobs/transitions/completion.py,
+    # record_discarded_outcome): the job stays killed, and what its daemon said is kept.
+    discarded_outcome = models.CharField(
+        max_length=16,
+        choices=[(str(state), state.label) for state in REPORTED_STATES],
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The outcome its daemon reported after the job was killed while it ran "
+        "(the job had finished its work before the kill reached the daemon): refused, as a "
+        "killed job stays killed, and kept here. Empty when no such report came.",
+    )
+    discarded_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the report of the discarded outcome reached the server.",
+    )
 
     objects = InvocationQuerySet.as_manager()
 
@@ -272,6 +289,12 @@ class Invocation(models.Model):
     @property
     def is_succeeded(self) -> bool:
         return self.state == InvocationState.SUCCEEDED
+
+    @property
+    def finished_before_kill(self) -> bool:
+        """Whether it was killed while it ran, yet had finished its work before the kill
+        reached its daemon: the daemon's report came after the kill and was discarded."""
+        return bool(self.discarded_outcome)
 
     @property
     def can_kill(self) -> bool:

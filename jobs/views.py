@@ -195,6 +195,15 @@ def _timeline(job: Invocation, retried_as: int | None) -> list[dict]:
     if job.finished_at:
         why = f": {job.reason}" if job.reason else ""
         steps.append({"at": job.finished_at, "text": f"ended {job.state}{why}"})
+    if job.finished_before_kill:
+        steps.append(
+            {
+                "at": job.discarded_at,
+                "text": f"daemon {job.daemon_id} reported attempt {job.attempts} "
+                f"{job.discarded_outcome}: the job had finished its work before the kill "
+                "reached it; that outcome was discarded",
+            }
+        )
     if job.scheduled_at and job.state == InvocationState.QUEUED:
         steps.append({"at": job.scheduled_at, "text": "next attempt may start (retry back-off)"})
 

@@ -27,7 +27,8 @@ CODES = {
     "daemon_lost",  # the reaper marked the daemon lost: register again
     "apply_refused",  # lakeshore apply: a removal in the plan is refused (the plan says why)
     "apply_in_progress",  # lakeshore apply: another apply holds the lock (nothing changed)
-    "claim_stale",  # a completion for a claim the daemon no longer holds
+    "claim_stale",  # a completion for a claim the daemon no longer holds (with `state`
+    # killed and the kill's `reason`: the kill came first, the outcome is kept as discarded)
     "already_completed",  # the same attempt was completed with another outcome
     "log_closed",  # log lines for an attempt that ended past LAKESHORE_LOG_APPEND_GRACE_SECONDS
     # 401 beyond DRF's not_authenticated / authentication_failed

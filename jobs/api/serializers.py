@@ -110,12 +110,32 @@ class InvocationDetailSerializer(InvocationSerializer):
         help_text="The invocation that retries this one, or null"
     )
 
+    discarded_outcome = serializers.SerializerMethodField(
+        help_text="Set on a job killed while it ran that had finished its work before the "
+        "kill reached its daemon: the outcome the daemon then reported (succeeded, failed, "
+        "timeout), discarded, as the job stays killed; null otherwise"
+    )
+    discarded_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When that discarded report reached the server, or null",
+    )
+
     class Meta(InvocationSerializer.Meta):
-        fields = [*InvocationSerializer.Meta.fields, "position", "retried_as"]
+        fields = [
+            *InvocationSerializer.Meta.fields,
+            "position",
+            "retried_as",
+            "discarded_outcome",
+            "discarded_at",
+        ]
 
     def get_retried_as(self, invocation) -> str | None:
         retry = getattr(invocation, "retried_as", None)
         return None if retry is None else str(retry)
+
+    def get_discarded_outcome(self, invocation) -> str | None:
+        return invocation.discarded_outcome or None
 
 
 class SubmitInput(StrictInput):

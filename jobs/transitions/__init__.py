@@ -20,7 +20,9 @@ Where each change is, a module for each:
 - `submit`: nothing → queued (submit, retry)
 - `claim`: queued → running (a daemon's claim)
 - `completion`: running → succeeded | failed | timeout, or back to queued for a failure
-  with attempts left (a daemon's report); running → timeout past timeout_s (the reaper)
+  with attempts left (a daemon's report); running → timeout past timeout_s (the reaper);
+  a report that comes after a kill of its attempt changes no state, and the outcome it
+  brought is kept as discarded (the job finished before the kill reached its daemon)
 - `rescue`: running → queued, or failed with no attempt left, when its daemon is gone
   (leave, lost, deleted) or never got the claim's answer
 - `kill`: queued → killed (kill, bulk-cancel, queue removed); running → killed (an

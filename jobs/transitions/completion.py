@@ -1,6 +1,7 @@
 """running → succeeded | failed | timeout (or back to queued, for a failure with attempts
-left): a daemon's reports, each fenced by its daemon and attempt; telling a retried
-report from a refused one; and the reaper's timeout of invocations past timeout_s."""
+left): a daemon's reports, each fenced by its daemon and attempt; keeping the outcome of
+a report that came after a kill (killed stays killed); telling a retried report from a
+refused one; and the reaper's timeout of invocations past timeout_s."""
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -110,6 +111,42 @@ def complete(
         "retry": retry,
     }
     return complete_many(daemon_id=daemon_id, outcomes=[item]).get(int(invocation_id))
+
+
+# A kill that races a finishing job: an operator's daemon exec ended the attempt while it
+# ran, but the job finished its work before the order reached its daemon, which then
+# reports the outcome. The report is refused (killed stays killed); which outcome it
+# brought is kept, with when it came. Fenced as a completion is: the daemon and the
+# attempt the killed claim belonged to. Once: a retried report (its answer lost) finds it
+# kept and moves nothing. A kill of a running attempt leaves the error its claim cleared,
+# whereas a row requeued after a recorded failure keeps that failure's error when it is
+# killed in the queue: so a retried report of that failure, which was recorded, is never
+# taken for a discarded one. (A dropped daemon's reports do not get this far: its
+# credential is revoked, and a daemon no longer live records nothing.)
+_DISCARD_SQL = """
+UPDATE jobs_invocation
+   SET discarded_outcome = %(outcome)s, discarded_at = now()
+ WHERE id = %(id)s AND daemon_id = %(daemon)s AND attempts = %(attempt)s
+   AND state = %(killed)s AND error = '' AND discarded_outcome = ''
+RETURNING *
+"""
+
+
+def record_discarded_outcome(
+    *, daemon_id: int, invocation_id: int, attempt: int, outcome: str
+) -> Invocation | None:
+    """For a report that complete refused: when the attempt was killed while it ran, the
+    outcome the daemon reported is kept as discarded (the state stays killed). The row
+    as it is then, or None when nothing was kept (not a kill of this daemon's attempt,
+    or one kept before)."""
+    params = {
+        "daemon": daemon_id,
+        "id": int(invocation_id),
+        "attempt": int(attempt),
+        "outcome": _OUTCOMES[outcome],
+    }
+    rows = model_rows(Invocation, _DISCARD_SQL, {**STATE_PARAMS, **params})
+    return rows[0] if rows else None
 
 
 def already_recorded(invocation: Invocation, *, daemon_id: int, attempt: int, outcome: str):

@@ -79,10 +79,25 @@ def print_job(j: dict) -> None:
             ("Finished", when(j.get("finished_at"))),
         ]
     )
+    if j.get("discarded_outcome"):  # killed while it ran, but it had finished first
+        click.echo("Note:")
+        echo(f"  {finished_before_kill(j)}")
     if j.get("error"):
         click.echo("Error:")
         for line in str(j["error"]).rstrip().split("\n"):  # not splitlines: \r stays shown
             echo(f"  {line}")
+
+
+def finished_before_kill(j: dict) -> str:
+    """What happened to a job killed while it ran that had finished its work before the
+    kill reached its daemon: the words the job's page in the console uses."""
+    why = f": {j['reason']}" if j.get("reason") else ""
+    return (
+        f"Killed at {when(j.get('finished_at'))}{why}. The job had already finished its "
+        f"work before the kill reached it: its daemon reported {j['discarded_outcome']} at "
+        f"{when(j.get('discarded_at'))}, and that outcome was discarded (a killed job "
+        "stays killed)."
+    )
 
 
 @click.group()

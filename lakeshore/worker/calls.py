@@ -21,6 +21,7 @@ DAEMON_TERMINATED = "daemon_terminated"  # dropped or ended on the server: stop
 DAEMON_LOST = "daemon_lost"  # the reaper gave our work away: kill it, register again
 TOKEN_REVOKED = "token_revoked"  # noqa: S105 - an error code (401): the server ended us: stop
 CLAIM_STALE = "claim_stale"  # a complete for a claim we no longer hold: log, no retry
+KILLED = "killed"  # a claim_stale's `state` when an operator killed the job before our report
 
 
 class Stopped(Exception):

@@ -15,7 +15,7 @@ from lakeshore.client import path
 from lakeshore.errors import ApiError
 from lakeshore.pool.job_process import Running
 from lakeshore.sdk_job import FinalError, ResultBlob
-from lakeshore.worker.calls import CLAIM_STALE, Session, Stopped
+from lakeshore.worker.calls import CLAIM_STALE, KILLED, Session, Stopped
 
 REPORT_BATCH = 50  # outcomes per complete request, at most (the server takes 1,000)
 REPORT_LINGER = 0.005  # seconds a batch waits for company after its first outcome
@@ -222,7 +222,7 @@ class Completer:
             else:
                 answers = self._send_many(url, batch)
         except ApiError as exc:  # for the whole request: daemon_terminated, daemon_lost
-            why = _refusal(exc.code, exc.message, exc.status)
+            why = _refusal(exc.code, exc.message, exc.detail, exc.status)
             answers = [{"ok": False, "why": why}] * len(batch)
         except Stopped:
             for outcome in batch:
@@ -243,7 +243,10 @@ class Completer:
                     self.counts[outcome.state] += 1
                 self.log(f"invocation {outcome.item.id}: {outcome.state} in {outcome.took:.2f} s")
             else:
-                self.log(f"invocation {outcome.item.id}: outcome not recorded ({answer['why']})")
+                self.log(
+                    f"invocation {outcome.item.id}: outcome {outcome.state} not recorded "
+                    f"({answer['why']})"
+                )
 
     def _send_one(self, url: str, outcome: Outcome) -> Answer:
         self.requests += 1
@@ -251,7 +254,8 @@ class Completer:
             self.session.call("POST", url, outcome.body())
         except ApiError as exc:
             if exc.status in (404, 409):  # the server's word on this one outcome
-                return {"ok": False, "why": _refusal(exc.code, exc.message, exc.status)}
+                why = _refusal(exc.code, exc.message, exc.detail, exc.status)
+                return {"ok": False, "why": why}
             raise
         return {"ok": True}
 
@@ -281,12 +285,17 @@ def read_answers(batch: list[Outcome], answers: object) -> list[Answer]:
             continue
         error = answer.get("error") if isinstance(answer, dict) else None
         error = error if isinstance(error, dict) else {}
-        why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"))
+        why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"), error)
         out.append({"ok": False, "why": why})
     return out
 
 
-def _refusal(code: str, message: str, status: int | None = None) -> str:
+def _refusal(code: str, message: str, error: dict, status: int | None = None) -> str:
+    """Why the server did not record an outcome, from its answer's code and `error` (the
+    whole error object: a refused claim's `state` and `reason`)."""
+    if code == CLAIM_STALE and error.get("state") == KILLED:
+        reason = error.get("reason")
+        return "killed on the server before this report came" + (f": {reason}" if reason else "")
     if code == CLAIM_STALE:
         return f"the claim was taken away: {message}"
     prefix = f"{status} " if status else ""

@@ -76,3 +76,9 @@ def ignores_term(ledger: str, seconds: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _append(ledger, f"start {os.getpid()} {time.time():.6f} overlap=")
     time.sleep(seconds)
+
+
+def says_done(line: str) -> str:
+    """Prints `line` as its last words and returns it: a job that finishes its work."""
+    print(line, flush=True)
+    return line

@@ -121,7 +121,7 @@ def test_a_batch_is_one_request_and_each_outcome_is_fenced_alone(daemon):
     assert "invocation 1: succeeded in 0.01 s" in lines
     assert "invocation 3: failed in 0.01 s" in lines
     assert (
-        "invocation 2: outcome not recorded (the claim was taken away: "
+        "invocation 2: outcome succeeded not recorded (the claim was taken away: "
         "Invocation 2 is no longer yours.)"
     ) in lines
     assert any(line.startswith("reported 3 outcome(s) in 1 request(s)") for line in lines)
@@ -151,7 +151,9 @@ def test_a_server_that_refuses_lists_gets_one_request_per_outcome(daemon):
     w.completer.send([_outcome(1), _outcome(2), _outcome(3)])
     assert [type(body).__name__ for _, body in server.requests] == ["list", "dict", "dict", "dict"]
     assert w.completer.counts["succeeded"] == 2
-    assert "invocation 2: outcome not recorded (the claim was taken away: no longer yours)" in lines
+    assert (
+        "invocation 2: outcome succeeded not recorded (the claim was taken away: no longer yours)"
+    ) in lines
 
 
 def test_a_daemon_no_longer_live_gets_nothing_recorded(daemon):
@@ -160,7 +162,36 @@ def test_a_daemon_no_longer_live_gets_nothing_recorded(daemon):
     assert len(server.requests) == 1
     assert w.completer.counts["succeeded"] == 0
     for n in (1, 2):
-        assert f"invocation {n}: outcome not recorded (409 daemon_lost: marked lost)" in lines
+        assert f"invocation {n}: outcome succeeded not recorded (409 daemon_lost: marked lost)" in (
+            lines
+        )
+
+
+KILLED_FIRST = {
+    "code": "claim_stale",
+    "message": "Invocation 2 was killed before this report came (…); the outcome …",
+    "state": "killed",
+    "reason": "stopped on daemon 7 by alice (daemon exec kill)",
+}
+SAYS_KILLED = (
+    "invocation 2: outcome succeeded not recorded (killed on the server before this report "
+    "came: stopped on daemon 7 by alice (daemon exec kill))"
+)
+
+
+def test_an_outcome_refused_as_killed_says_which_and_why_alone_or_in_a_batch(daemon):
+    def killed_first(body):
+        if isinstance(body, dict):  # a lone outcome: the 409 is the request's answer
+            return httpx.Response(409, json={"error": KILLED_FIRST})
+        answers = [{"invocation": "1", "ok": True, "state": "succeeded"}]
+        answers.append({"invocation": "2", "ok": False, "error": KILLED_FIRST})
+        return httpx.Response(200, json=answers)
+
+    w, server, lines = daemon(killed_first)
+    w.completer.send([_outcome(2)])
+    w.completer.send([_outcome(1), _outcome(2)])
+    assert lines.count(SAYS_KILLED) == 2, lines
+    assert w.completer.counts["succeeded"] == 1
 
 
 def test_a_batch_is_retried_whole_after_a_server_error(daemon):

@@ -116,4 +116,5 @@ def test_a_refused_item_says_the_state_it_found(daemon_client, claimed):
         "code": "claim_stale",
         "message": body[0]["error"]["message"],
         "state": "killed",
+        "reason": "",  # who killed it: nobody said (the row was set killed by hand)
     }

@@ -4,8 +4,10 @@ functions of jobs/transitions/ and the services that own the rules around them.
 A row is a transition, a column the state the invocation is in. A cell says what comes
 of it: a state (the row moves there), NO (refused: the function answers False, 0, None
 or nothing), E_… (refused with a Conflict of that code), NEW (retry: the row stays as it
-is and a new queued invocation retries it). Every refusal leaves the row as it was, and
-nothing leaves a terminal state. Submit (nothing → queued) has its own test below.
+is and a new queued invocation retries it), KEPT (a report after a kill: the state
+stays, the outcome the report brought is kept as discarded). Every refusal leaves the
+row as it was, and nothing leaves a terminal state. Submit (nothing → queued) has its
+own test below.
 
 The predicates of Invocation (is_finished, is_active, can_kill, can_stop, can_retry)
 are checked against the same table, so they cannot drift from what the functions do."""
@@ -65,12 +67,15 @@ E_IDLE = Refused("invocation_not_running")
 E_INUSE = Refused("queue_in_use")
 E_NORETRY = Refused("invocation_not_retryable")
 NEW = "a new queued invocation retries it"
+KEPT = "the state stays; the outcome the report brought is kept as discarded"
 
 # resubmit        services.invocation_submit with the row's key: the row comes back
 # claim           builders.claim (fleet/protocol.claim_steps) by a daemon of its queue
 # succeed, fail-retry, fail-last, report-timeout
 #                 completion.complete by its daemon, for its attempt (fail-retry: with
 #                 an attempt left; fail-last: none left)
+# late-report     completion.record_discarded_outcome: its daemon reports its attempt
+#                 succeeded after complete refused it (a kill came first)
 # overdue         completion.timeout_overdue (the reaper): past its timeout_s
 # unheld          rescue.release_unheld (a heartbeat): its daemon does not hold it
 # leave-*         fleet.daemons.daemon_deregister: its daemon leaves (attempt left/none)
@@ -90,6 +95,7 @@ TABLE = {
     "fail-retry":     (NO,        Q,         NO,        NO,        NO,        NO),
     "fail-last":      (NO,        F,         NO,        NO,        NO,        NO),
     "report-timeout": (NO,        T,         NO,        NO,        NO,        NO),
+    "late-report":    (NO,        NO,        NO,        NO,        KEPT,      NO),
     "overdue":        (NO,        T,         NO,        NO,        NO,        NO),
     "unheld":         (NO,        Q,         NO,        NO,        NO,        NO),
     "leave-retry":    (NO,        Q,         NO,        NO,        NO,        NO),
@@ -153,6 +159,15 @@ def _complete(outcome: str) -> Callable[[Invocation], object]:
         )
 
     return run
+
+
+def _late_report(inv):
+    return completion.record_discarded_outcome(
+        daemon_id=_its_daemon(inv).pk,
+        invocation_id=inv.pk,
+        attempt=inv.attempts,
+        outcome="succeeded",
+    )
 
 
 def _resubmit(inv):
@@ -224,6 +239,7 @@ ACTIONS = {
     "fail-retry": Action(_complete("failed"), via=COMPLETE, max_attempts=2),
     "fail-last": Action(_complete("failed"), via=COMPLETE),
     "report-timeout": Action(_complete("timeout"), via=COMPLETE),
+    "late-report": Action(_late_report, via=("record_discarded_outcome",)),
     "overdue": Action(_overdue, via=("timeout_overdue",), timeout_s=1),
     "unheld": Action(_unheld, via=("release_unheld",), prepare=_claimed_a_minute_ago),
     "leave-retry": Action(_leave, via=("requeue_daemon_work",), max_attempts=2),
@@ -303,6 +319,14 @@ def test_each_action_from_each_state(name, state, outcome):
         return
     assert code is None and answer
     assert all(spy.called for spy in spies.values()), spies
+    if outcome == KEPT:
+        assert (after["discarded_outcome"], after["state"]) == ("succeeded", state)
+        assert before["discarded_at"] is None and after["discarded_at"] is not None
+        kept = {"discarded_outcome", "discarded_at"}
+        assert {k: v for k, v in after.items() if k not in kept} == {
+            k: v for k, v in before.items() if k not in kept
+        }
+        return
     if outcome == NEW:
         assert after == before  # the ended one keeps its record
         new = Invocation.objects.get(retry_of=inv.pk)
