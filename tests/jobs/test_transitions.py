@@ -85,7 +85,9 @@ KEPT = "the state stays; the outcome the report brought is kept as discarded"
 # kill            services.invocation_kill (jobs kill)
 # bulk-cancel     services.invocation_bulk_cancel of its queue
 # queue-remove    queues.services.queue_delete of its queue, with force
+# bulk-cancel-search  services.invocation_bulk_cancel of its queue, with a search
 # retry           services.invocation_retry (jobs retry)
+# bulk-retry      services.invocation_bulk_retry of its queue (jobs retry --state …)
 # fmt: off
 TABLE = {
     # action           queued     running    succeeded  failed     killed     timeout
@@ -106,8 +108,10 @@ TABLE = {
     "exec-kill":      (E_IDLE,    K,         E_IDLE,    E_IDLE,    E_IDLE,    E_IDLE),
     "kill":           (K,         E_RUN,     E_END,     E_END,     E_END,     E_END),
     "bulk-cancel":    (K,         NO,        NO,        NO,        NO,        NO),
+    "bulk-cancel-search": (K,     NO,        NO,        NO,        NO,        NO),
     "queue-remove":   (K,         E_INUSE,   NO,        NO,        NO,        NO),
     "retry":          (E_NORETRY, E_NORETRY, E_NORETRY, NEW,       NEW,       NEW),
+    "bulk-retry":     (NO,        NO,        NO,        NEW,       NEW,       NEW),
 }
 # fmt: on
 
@@ -223,6 +227,14 @@ def _bulk_cancel(inv):
     return services.invocation_bulk_cancel(queue=inv.queue)
 
 
+def _bulk_cancel_search(inv):
+    return services.invocation_bulk_cancel(queue=inv.queue, search=inv.function)
+
+
+def _bulk_retry(inv):
+    return services.invocation_bulk_retry(states=RETRYABLE_STATES, queue=inv.queue)["retried"]
+
+
 def _queue_remove(inv):
     return queue_services.queue_delete(name=inv.queue, force=True)["killed"]
 
@@ -250,8 +262,10 @@ ACTIONS = {
     "exec-kill": Action(_exec_kill, via=("kill_running",)),
     "kill": Action(_kill, via=("kill_queued",)),
     "bulk-cancel": Action(_bulk_cancel, via=("kill_queued_in_batches",)),
+    "bulk-cancel-search": Action(_bulk_cancel_search, via=("kill_queued_ids",)),
     "queue-remove": Action(_queue_remove, via=("kill_queued_of_queue",)),
     "retry": Action(_retry, via=("insert_if_admitted",)),
+    "bulk-retry": Action(_bulk_retry, via=("insert_retries",)),
 }
 SUBMIT_VIA = ("insert_if_admitted", "insert_queued")
 READERS = {"any_queued", "already_recorded"}  # functions of transitions that change nothing
