@@ -2,6 +2,7 @@
 the control plane (`logs` lives in job_logs.py, `submit --batch` in job_batch.py)."""
 
 import json
+import time
 
 import click
 from click.core import ParameterSource
@@ -343,5 +344,23 @@ def submit(
             click.echo(f"job/{j['id']} queued in {queue_label(j.get('queue'))}")
 
     emit(job, as_json, human)
-    if job.get("hint"):  # nothing serves its queue: the server says how to start a daemon
+    # Nothing served its queue as it was queued: the server says how to start a daemon.
+    # A daemon started just before (`daemon run … &` on the line above) may still be
+    # registering: look again for a moment before telling the user to start one.
+    if job.get("hint") and (as_json or not _served_soon(client, job.get("queue") or "")):
         echo(f"note: {job['hint']}", err=True)
+
+
+SERVED_GRACE_SECONDS = 3.0  # a daemon starting in the same shell registers within it
+
+
+def _served_soon(client: Client, queue: str) -> bool:
+    """Whether a live daemon serves `queue` within SERVED_GRACE_SECONDS (its stats)."""
+    deadline = time.monotonic() + SERVED_GRACE_SECONDS
+    while True:
+        stats = client.get(path("queues", queue_label(queue), "stats"))
+        if stats.get("daemons"):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)

@@ -189,6 +189,19 @@ def test_submit_into_a_queue_nothing_serves_says_how_to_start_a_daemon(sh):
     assert answer["hint"].startswith("No live daemon serves the default queue")
 
 
+def test_submit_right_after_starting_a_daemon_in_the_background_says_nothing_more(sh):
+    """The README's order: `daemon run … &`, then at once `jobs submit`. The daemon is
+    still registering as the job is queued: the CLI looks again before it would tell the
+    user to start the daemon they just started."""
+    builders.queue(name="gpu")
+    done = sh(
+        "lakeshore daemon run --queues gpu >/dev/null 2>&1 & D=$!; "
+        "lakeshore jobs submit lakeshore.functions.echo --queue gpu; S=$?; "
+        "kill $D; wait $D; exit $S"
+    )
+    assert done.stdout.startswith("job/") and done.stderr == ""
+
+
 def test_submit_into_a_served_or_elastic_queue_says_nothing_more(sh):
     builders.queue(name="gpu")
     builders.daemon(queues=["gpu"])

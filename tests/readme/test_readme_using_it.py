@@ -4,6 +4,7 @@ starts: gunicorn, a Celery worker with beat, the `local` provider's daemons, and
 daemons the block itself starts in the background. Every command exits 0, and every job
 the block submits reaches its end: none stays queued for want of a daemon."""
 
+import inspect
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jobs.models import Invocation
+from lakeshore import functions
 from tests.support import builders, stack
 from tests.support.waiting import wait_for
 
@@ -22,8 +24,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SUBMITTED = re.compile(r"^job/(\d+) queued in ", re.MULTILINE)
-# "follow that id": the README's `jobs logs 7` stands for the id its submit printed
-FOLLOWED = re.compile(r"(lakeshore jobs logs )\d+")
+# `JOB=$(lakeshore jobs submit … --json | jq -r .id)`: a shell variable the next lines use
+ASSIGNED = re.compile(r"^([A-Z_]+)=\$\((.*)\)$")
 
 
 def using_it() -> list[str]:
@@ -37,7 +39,8 @@ def using_it() -> list[str]:
 def test_the_block_is_what_this_test_expects():
     lines = using_it()
     assert any(line.endswith("&") for line in lines)  # it starts daemons of its own
-    assert any(FOLLOWED.search(line) for line in lines)
+    assert any(ASSIGNED.match(line) for line in lines)
+    assert not any(re.search(r"jobs (logs|show) \d", line) for line in lines)  # no literal id
     assert any("jobs submit" in line and "--queue" not in line for line in lines)
 
 
@@ -69,17 +72,25 @@ def test_the_readmes_using_it_block_runs_end_to_end(tmp_path):
                         )
                     )
                     continue
-                if FOLLOWED.search(command):
-                    command = FOLLOWED.sub(rf"\g<1>{submitted[-1]}", command)
+                assigned = ASSIGNED.match(command)
+                if assigned:  # the shell keeps the variable for the lines below
+                    command = assigned.group(2)
                 done = subprocess.run(
-                    ["bash", "-c", command], env=env, capture_output=True, text=True, timeout=90
+                    ["bash", "-o", "pipefail", "-c", command],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=90,
                 )
                 assert done.returncode == 0, (
                     f"{command!r} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
                 )
                 assert "Traceback" not in done.stderr, done.stderr
-                # (a submit right after `daemon run &` may still say that no live daemon
-                # serves the queue: the daemon registers a moment later and runs it)
+                # a submit right after `daemon run &` says nothing of a missing daemon
+                assert "No live daemon" not in done.stderr, (command, done.stderr)
+                if assigned:
+                    env[assigned.group(1)] = done.stdout.strip()
+                    submitted.append(done.stdout.strip())
                 submitted += SUBMITTED.findall(done.stdout)
 
             assert len(submitted) >= 4
@@ -106,3 +117,16 @@ def test_the_readmes_using_it_block_runs_end_to_end(tmp_path):
     jobs = Invocation.objects.filter(pk__in=submitted)
     assert sorted(jobs.values_list("queue", flat=True)) == ["", "elastic", "gpu", "gpu"]
     assert set(jobs.values_list("state", flat=True)) == {"succeeded"}
+
+
+def test_the_readme_names_every_function_daemons_always_run():
+    """`lakeshore.functions`, as the README lists them, is what the module holds."""
+    text = (ROOT / "README.md").read_text()
+    listed = re.search(r"functions of `lakeshore\.functions` \(([^)]*)\)", text).group(1)
+    names = {name.strip(" `") for name in listed.split(",")}
+    public = {
+        name
+        for name, value in inspect.getmembers(functions, inspect.isfunction)
+        if value.__module__ == functions.__name__ and not name.startswith("_")
+    }
+    assert names == public
