@@ -4,6 +4,7 @@ the server is unreachable or failing (5xx), raising `Stopped` when the daemon st
 meanwhile. And the error codes the daemon branches on (never on a message)."""
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,10 @@ class Session:
         self.stopping = stopping
         self.log = log
         self.daemon_id: str | None = None
+        # When the server stopped answering (any of the daemon's threads saw it), until
+        # one of them gets an answer again and says so once.
+        self.unanswered_since: float | None = None
+        self.unanswered_lock = threading.Lock()
 
     def register(self, name: str, queues: list[str], *, give_up: threading.Event) -> dict:
         """Registers with the token the daemon started with (again after the reaper
@@ -68,6 +73,13 @@ class Session:
                 self.log(f"could not deregister ({exc.message}); the server will mark it lost")
         except CliError as exc:
             self.log(f"could not deregister ({exc.message}); the server will mark it lost")
+
+    def answered(self) -> None:
+        """The server answered: if it had stopped answering, say once that it is back."""
+        with self.unanswered_lock:
+            since, self.unanswered_since = self.unanswered_since, None
+        if since is not None:
+            self.log(f"reconnected to the server after {time.monotonic() - since:.1f} s")
 
     def call(
         self,
@@ -102,15 +114,24 @@ class Session:
         delay = BACKOFF_START
         while True:
             try:
-                return self.client.send(method, url, json=json_body, token=token, timeout=timeout)
+                response = self.client.send(
+                    method, url, json=json_body, token=token, timeout=timeout
+                )
             except ApiError as exc:
                 if exc.status < 500:
+                    self.answered()
                     raise
                 problem = f"server error {exc.status}: {exc.message}"
             except CliError as exc:  # unreachable, timed out, not JSON
                 problem = exc.message
+            else:
+                self.answered()
+                return response
             if (give_up and give_up.is_set()) or self.stopping.hard.is_set():
                 raise Stopped(problem)
+            with self.unanswered_lock:
+                if self.unanswered_since is None:
+                    self.unanswered_since = time.monotonic()
             self.log(f"{problem}; retrying in {delay:.1f} s")
             (give_up or self.stopping.hard).wait(delay)
             delay = min(delay * 2, BACKOFF_MAX)

@@ -230,7 +230,13 @@ def test_the_daemon_survives_a_server_restart(tmp_path):
             lambda: Invocation.objects.get(pk=inv.pk).state == "succeeded",
             what="the outcome reported after the restart",
         )
-        assert "retrying in" in _log(tmp_path)
+        wait_for(lambda: "reconnected to the server" in _log(tmp_path), what="its reconnect")
+        log = _log(tmp_path)
+        assert "retrying in" in log
+        # its log says the server is back, once, after the retries (not only "retrying")
+        reconnected = [line for line in log.splitlines() if "reconnected to the server" in line]
+        assert len(reconnected) == 1, log
+        assert log.rindex("retrying in") < log.index("reconnected to the server after ")
         assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
