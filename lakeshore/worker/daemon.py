@@ -129,7 +129,9 @@ class Worker:
             log=log,
             debug=self.debug,
         )
-        self.orders = Orders(self.session, self.slots, self.stopping, log=log)
+        self.orders = Orders(
+            self.session, self.slots, self.stopping, log=log, killed=self.completer.count_killed
+        )
         self.heartbeat = Heartbeat(
             self.session,
             self.slots,

@@ -28,11 +28,13 @@ class Orders:
         stopping: Stopping,
         *,
         log: Callable[[str], None],
+        killed: Callable[[], None],
     ):
         self.session = session
         self.slots = slots
         self.stopping = stopping
         self.log = log
+        self.killed = killed  # counts an invocation stopped here (the daemon's summary)
 
     def obey(self, commands: list[dict]) -> None:
         """Carries out each order on a thread of its own."""
@@ -47,6 +49,8 @@ class Orders:
         so its outcome is not reported. Says what it did, in the log and to the server."""
         invocation, wanted = str(command.get("invocation")), str(command.get("signal"))
         item = self.slots.let_go(invocation, grace=EXEC_GRACE)
+        if item is not None:
+            self.killed()
         if item is None:
             result = "it no longer ran here"
         elif wanted not in EXEC_SIGNALS:

@@ -200,7 +200,9 @@ class Completer:
         self.session = session
         self.log = log
         self.debug = debug
-        self.counts = {"succeeded": 0, "failed": 0, "timeout": 0}  # recorded, by state
+        # recorded, by state; killed: what an operator stopped here (daemon exec), and
+        # what ended here after a kill on the server came first (its outcome refused)
+        self.counts = {"succeeded": 0, "failed": 0, "timeout": 0, "killed": 0}
         self.counts_lock = threading.Lock()  # the reporter and the claim loop count
         self.requests = 0  # complete requests sent (retries not counted)
 
@@ -243,10 +245,17 @@ class Completer:
                     self.counts[outcome.state] += 1
                 self.log(f"invocation {outcome.item.id}: {outcome.state} in {outcome.took:.2f} s")
             else:
+                if answer.get("killed"):
+                    self.count_killed()
                 self.log(
                     f"invocation {outcome.item.id}: outcome {outcome.state} not recorded "
                     f"({answer['why']})"
                 )
+
+    def count_killed(self) -> None:
+        """One more invocation of this daemon's ended killed (for the summary)."""
+        with self.counts_lock:
+            self.counts["killed"] += 1
 
     def _send_one(self, url: str, outcome: Outcome) -> Answer:
         self.requests += 1
@@ -255,7 +264,7 @@ class Completer:
         except ApiError as exc:
             if exc.status in (404, 409):  # the server's word on this one outcome
                 why = _refusal(exc.code, exc.message, exc.detail, exc.status)
-                return {"ok": False, "why": why}
+                return {"ok": False, "why": why, "killed": _killed(exc.code, exc.detail)}
             raise
         return {"ok": True}
 
@@ -285,15 +294,21 @@ def read_answers(batch: list[Outcome], answers: object) -> list[Answer]:
             continue
         error = answer.get("error") if isinstance(answer, dict) else None
         error = error if isinstance(error, dict) else {}
-        why = _refusal(str(error.get("code") or ""), str(error.get("message") or "refused"), error)
-        out.append({"ok": False, "why": why})
+        code = str(error.get("code") or "")
+        why = _refusal(code, str(error.get("message") or "refused"), error)
+        out.append({"ok": False, "why": why, "killed": _killed(code, error)})
     return out
+
+
+def _killed(code: str, error: dict) -> bool:
+    """Whether the server refused an outcome because the invocation was killed first."""
+    return code == CLAIM_STALE and error.get("state") == KILLED
 
 
 def _refusal(code: str, message: str, error: dict, status: int | None = None) -> str:
     """Why the server did not record an outcome, from its answer's code and `error` (the
     whole error object: a refused claim's `state` and `reason`)."""
-    if code == CLAIM_STALE and error.get("state") == KILLED:
+    if _killed(code, error):
         reason = error.get("reason")
         return "killed on the server before this report came" + (f": {reason}" if reason else "")
     if code == CLAIM_STALE:

@@ -74,6 +74,10 @@ def test_kill_stops_the_jobs_process_within_seconds_and_the_job_ends_killed(
     assert f"invocation {inv.pk}: stopped by alice (cli) (daemon exec kill KILL)" in log
     assert _stop(proc, "d") == 0
     assert not alive(pid)
+    # its last line counts the killed one with the rest
+    assert (
+        "stopped (1 succeeded, 0 failed, 0 timeout, 1 killed)" in (tmp_path / "d.log").read_text()
+    )
 
 
 @pytest.mark.parametrize("isolation", ["pool"])  # the grace is the daemon's: once is enough

@@ -170,7 +170,7 @@ def test_many_quick_jobs_each_run_once_and_are_reported_in_batches(daemon, tmp_p
     assert set(Invocation.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {1}
     succeeded = re.findall(r"invocation (\d+): succeeded in", log)
     assert sorted(map(int, succeeded)) == sorted(ids)
-    assert f"stopped ({jobs} succeeded, 0 failed, 0 timeout)" in log
+    assert f"stopped ({jobs} succeeded, 0 failed, 0 timeout, 0 killed)" in log
     reported = re.findall(r"reported (\d+) outcome\(s\) in (\d+) request", log)
     batches = [(int(n), int(r)) for n, r in reported]
     assert sum(n for n, _ in batches) == jobs
@@ -220,7 +220,7 @@ def test_short_jobs_are_claimed_ahead_yet_never_more_run_at_once_than_the_slots(
     assert sorted(runs) == list(range(150))  # each exactly once
     assert most <= 2  # the jobs claimed ahead waited for a slot
     assert max(_claim_limits(log)) > 2  # it asked for more than its free slots
-    assert "stopped (150 succeeded, 0 failed, 0 timeout)" in log
+    assert "stopped (150 succeeded, 0 failed, 0 timeout, 0 killed)" in log
 
 
 def test_long_jobs_are_not_claimed_ahead(daemon, tmp_path):

@@ -107,7 +107,7 @@ def test_outcomes_waiting_go_with_the_claim_in_one_request(daemon):
             },
         )
     ]
-    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
+    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0, "killed": 0}
     assert w.reporter.pending() == 0
     assert "invocation 1: succeeded in 0.01 s" in lines
     assert any(line.startswith("reported 2 outcome(s) in 1 request(s)") for line in lines)
@@ -368,7 +368,7 @@ def _serve(live_server, transport: Counting, jobs: int, concurrency: int):
     assert not thread.is_alive()
     states = set(Invocation.objects.filter(pk__in=ids).values_list("state", flat=True))
     assert states == {"succeeded"}, lines
-    assert f"stopped ({jobs} succeeded, 0 failed, 0 timeout)" in lines[-1], lines
+    assert f"stopped ({jobs} succeeded, 0 failed, 0 timeout, 0 killed)" in lines[-1], lines
     return lines
 
 

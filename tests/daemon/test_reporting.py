@@ -117,7 +117,7 @@ def test_a_batch_is_one_request_and_each_outcome_is_fenced_alone(daemon):
         {"invocation": 2, "attempt": 1, "state": "succeeded", "result": {"n": 2}, "error": ""},
         {"invocation": 3, "attempt": 1, "state": "failed", "result": None, "error": ""},
     ]
-    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0}
+    assert w.completer.counts == {"succeeded": 1, "failed": 1, "timeout": 0, "killed": 0}
     assert "invocation 1: succeeded in 0.01 s" in lines
     assert "invocation 3: failed in 0.01 s" in lines
     assert (
