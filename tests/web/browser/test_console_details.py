@@ -60,8 +60,11 @@ def _refreshes(page, count: int = 2):
 def test_a_sparkline_is_readable_and_says_each_value_on_hover(ops, live_server, world):
     page = ops
     _go(page, live_server, "/")
+    # the dashboard above the table refreshes: nothing may move between a look and a point
+    page.get_by_role("button", name="Pause updates").click()
     row = page.locator("#queue-table tbody tr").filter(has_text="training-h100")
     svg = row.locator("svg.sparkline")
+    svg.scroll_into_view_if_needed()  # below the dashboard: a point off the screen is no element
     box = svg.bounding_box()
     assert box["height"] >= 30 and box["width"] >= 100  # was 20 × 80 px
     marks = svg.locator("rect.spark-mark")
