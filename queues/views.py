@@ -57,17 +57,19 @@ def with_backlog(queues):
 
 
 FAILED_WINDOW = timedelta(hours=24)
+SUCCEEDED_WINDOW = timedelta(hours=1)
 
 
 def add_activity(queues: list[Queue], *, now=None) -> None:
-    """Running, failed in the last 24 h, and live daemons busy and idle, for the queues
-    of one page: three grouped queries whatever the number of queues. Running reads the
-    partial index of running rows (inv_running_daemon), failed the one of finished rows
-    by queue and time (inv_finished: (queue, finished_at))."""
+    """Running, succeeded in the last hour, failed in the last 24 h, and live daemons busy
+    and idle, for the queues of one page: four grouped queries whatever the number of
+    queues. Running reads the partial index of running rows (inv_running_daemon),
+    succeeded the index of what each queue finished by time (inv_finished), failed the
+    index of failures by time (inv_failures)."""
 
     now = now or timezone.now()
     names = [queue.name for queue in queues]
-    running, failed, daemons = {}, {}, {}
+    running, failed, succeeded, daemons = {}, {}, {}, {}
     if names:
         running = dict(
             Invocation.objects.filter(state=InvocationState.RUNNING, queue__in=names)
@@ -86,6 +88,16 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
             .annotate(n=Count("*"))
         )
 
+        succeeded = dict(
+            Invocation.objects.filter(
+                state=InvocationState.SUCCEEDED,
+                finished_at__gte=now - SUCCEEDED_WINDOW,
+                queue__in=names,
+            )
+            .order_by()
+            .values_list("queue")
+            .annotate(n=Count("*"))
+        )
         for served, states in live_daemons(names).items():
             for state, n in states.items():
                 daemons[served, state] = n
@@ -94,6 +106,7 @@ def add_activity(queues: list[Queue], *, now=None) -> None:
             queue.members = sum(n for (name, _), n in daemons.items() if name == "")
         queue.running = running.get(queue.name, 0)
         queue.failed_recently = failed.get(queue.name, 0)
+        queue.succeeded_recently = succeeded.get(queue.name, 0)
         queue.busy = daemons.get((queue.name, DaemonState.BUSY), 0)
         queue.idle = daemons.get((queue.name, DaemonState.IDLE), 0)
         queue.pending_capped = queue.pending > PENDING_CAP

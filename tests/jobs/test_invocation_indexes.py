@@ -56,11 +56,14 @@ def test_the_pace_of_a_queue_leaves_out_kills_and_reads_inv_finished():
     assert "inv_finished" in _plan(eta)
 
 
-def test_failures_of_the_last_day_read_inv_failures():
+def test_the_queue_lists_counts_of_what_ended_read_their_indexes():
     queue = builders.queue(name="train")
     queue.pending, queue.oldest_queued_at = 0, None  # what the queues page reads first
-    (failed,) = _statements(lambda: add_activity([queue], now=timezone.now()), "finished_at")
+    failed, succeeded = _statements(
+        lambda: add_activity([queue], now=timezone.now()), "finished_at"
+    )
     assert "inv_failures" in _plan(failed)  # the index of failures by when they ended
+    assert "inv_finished" in _plan(succeeded)  # what each queue finished, by when
 
 
 def test_a_lookup_by_daemon_reads_inv_daemon_id():

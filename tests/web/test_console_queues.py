@@ -155,6 +155,8 @@ def test_each_queue_shows_its_backlog_failures_oldest_wait_and_daemons(alice):
     invocation("train", "failed", finished_at=now - timedelta(hours=1))
     invocation("train", "failed", finished_at=now - timedelta(hours=25))  # too old
     invocation("train", "succeeded", finished_at=now)
+    invocation("train", "succeeded", finished_at=now - timedelta(minutes=30))
+    invocation("train", "succeeded", finished_at=now - timedelta(minutes=61))  # too old
     invocation("train", "killed", finished_at=now)
     invocation("other", "queued")  # another queue's rows stay its own
     invocation("", "failed", finished_at=now)  # the default queue's too
@@ -169,6 +171,7 @@ def test_each_queue_shows_its_backlog_failures_oldest_wait_and_daemons(alice):
     assert train["Pending"][0] == "4"
     assert train["Running"][0] == "2"
     assert train["Failed 24 h"][0] == "1"
+    assert train["Succeeded 1 h"][0] == "2"
     assert train["Oldest wait"][0] == "3 min"
     assert train["Oldest wait"][1].startswith("queued since ")
     assert (now - timedelta(minutes=3, seconds=5)).strftime("%Y-%m-%d %H:%M") in train[
@@ -183,12 +186,8 @@ def test_each_queue_shows_its_backlog_failures_oldest_wait_and_daemons(alice):
         "0 / 1",
     )
     empty = rows["idle-queue"]
-    assert [empty[c][0] for c in ("Pending", "Running", "Failed 24 h", "Oldest wait")] == [
-        "0",
-        "0",
-        "0",
-        "-",
-    ]
+    columns = ("Pending", "Running", "Succeeded 1 h", "Failed 24 h", "Oldest wait")
+    assert [empty[c][0] for c in columns] == ["0", "0", "0", "0", "-"]
     assert empty["Oldest wait"][1] is None
     assert empty["Busy / idle"][0] == "0 / 0"
 
