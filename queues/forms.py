@@ -57,6 +57,11 @@ def _choice(label: str, choices, help_text: str = "") -> forms.CharField:
     )
 
 
+# The daemons' isolation (`lakeshore daemon run --isolation`); the API takes any text,
+# and a queue that holds another value keeps it as a choice on its edit form.
+RUNNER_CHOICES = [("", "pool (the default)"), ("pool", "pool"), ("process", "process")]
+
+
 def _values(choices) -> list[tuple[str, str]]:
     return [(value, value) for value, _ in choices]
 
@@ -104,7 +109,12 @@ class QueueForm(forms.Form):
     temperature = _number("Temperature", "boltzmann queues only.", step="any")
     instance_type = _text("Instance type")
     image_id = _text("Image id")
-    runner = _text("Runner")
+    runner = _choice(
+        "Runner",
+        RUNNER_CHOICES,
+        "How the daemons it starts run jobs: pool (warm processes, the default) or "
+        "process (a fresh one per job).",
+    )
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("error_class", FieldErrors)
@@ -271,6 +281,8 @@ class QueueEditForm(QueueForm):
             "runner": queue.runner,
         }
         super().__init__(*args, **kwargs)
+        if queue.runner not in {value for value, _ in RUNNER_CHOICES}:
+            self.fields["runner"].widget.choices = [*RUNNER_CHOICES, (queue.runner, queue.runner)]
 
     def _kept(self) -> set[str]:
         kept = super()._kept()

@@ -104,7 +104,7 @@ def test_every_cell_of_the_queue_list_is_labelled_for_the_cards(operator):
     assert '<table class="stack">' in body
     row = re.search(r"<tr>\s*<td data-label=\"Name\">.*?</tr>", body, re.S).group(0)
     cells = re.findall(r"<td\b[^>]*>", row)
-    assert len(cells) == 13 and all("data-label=" in cell for cell in cells)
+    assert len(cells) == 14 and all("data-label=" in cell for cell in cells)
 
 
 def test_the_queue_page_refreshes_its_member_daemons_with_their_heartbeats(operator):

@@ -95,3 +95,13 @@ def test_each_attempt_has_its_own_log(viewer):
     assert viewer.get(f"/jobs/{job}/", {"attempt": 3}).status_code == 404
     assert viewer.get(f"/jobs/{job}/", {"attempt": "x"}).status_code == 404
     assert viewer.get(f"/jobs/{job}/log/", {"offset": "-1"}).status_code == 404
+
+
+def test_a_job_that_printed_nothing_says_so_without_an_empty_box(viewer):
+    job, me, daemon = running_job()
+    running = viewer.get(f"/jobs/{job}/").content.decode()
+    assert 'id="job-log"' in running  # while it runs, the box waits for its lines
+    complete(daemon, me, job, state="succeeded", error="")
+    page = viewer.get(f"/jobs/{job}/").content.decode()
+    output = page.split('id="job-output"', 1)[1].split("</section>", 1)[0]
+    assert "It printed nothing." in output and 'id="job-log"' not in output

@@ -329,3 +329,13 @@ def test_other_methods_are_refused(operator):
     builders.queue(name="train")
     assert operator.delete("/queues/add/").status_code == 405
     assert operator.put("/queues/train/edit/").status_code == 405
+
+
+def test_runner_is_a_choice_and_a_queue_keeps_a_value_of_its_own(operator):
+    page = operator.get("/queues/add/").content.decode()
+    runner = re.search(r'<select name="runner".*?</select>', page, flags=re.S).group(0)
+    assert re.findall(r'<option value="([^"]*)"', runner) == ["", "pool", "process"]
+    builders.queue(name="train", runner="legacy-runner")
+    edit = operator.get("/queues/train/edit/").content.decode()
+    runner = re.search(r'<select name="runner".*?</select>', edit, flags=re.S).group(0)
+    assert '<option value="legacy-runner" selected>legacy-runner</option>' in runner
