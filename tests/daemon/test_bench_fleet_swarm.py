@@ -118,7 +118,8 @@ async def _heartbeats_for(seconds: float, state: dict) -> Fleet:
     ],
 )
 def test_an_idle_daemon_whose_poll_was_answered_skips_its_heartbeat(state, sends):
-    fleet = builders.run_async(_heartbeats_for(0.4, state))
+    # 1.5 s of heartbeats every 0.05 s: some 30 ticks, 3 of them enough for what follows
+    fleet = builders.run_async(_heartbeats_for(1.5, state))
     window = fleet.windows[0]
     if sends:
         assert len(window.beats) >= 3 and window.skipped == 0

@@ -135,11 +135,11 @@ def test_the_daemon_rides_out_an_unreachable_server(tmp_path):
         url = "http://127.0.0.1:9"  # discard port: connection refused
 
     proc = _start_daemon(Nowhere, tmp_path, "--queues", "e2e")
-    time.sleep(2.5)
+    wait_for(lambda: "retrying in" in _log(tmp_path), what="its first retry")
+    time.sleep(1)
     assert proc.poll() is None, _log(tmp_path)
     proc.send_signal(signal.SIGTERM)
     proc.wait(10)
-    assert "retrying in" in _log(tmp_path)
 
 
 def test_daemon_remove_stops_the_daemon_and_kills_its_work(live_server, tmp_path):
@@ -336,5 +336,5 @@ def test_an_idle_daemon_stops_at_once_though_its_claim_waits_20_s(live_server, t
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert took < 5, (took, _log(tmp_path))
+    assert took < 10, (took, _log(tmp_path))  # well under its claim's 20 s wait
     assert Daemon.objects.get().state == "terminated"  # it deregistered

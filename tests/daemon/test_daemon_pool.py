@@ -123,7 +123,7 @@ def test_a_timeout_in_pool_mode_kills_and_replaces_the_process(daemon, tmp_path)
     assert (slow.state, slow.error) == ("timeout", "stopped after timeout_s=1 s")
     old = int(pidfile.read_text())
     assert old == before  # it ran in the warm process
-    _wait_for(lambda: not alive(old), timeout=2, what=f"process {old} to die")
+    _wait_for(lambda: not alive(old), timeout=20, what=f"process {old} to die")
     after = _ok("pid")  # the next job runs, in a new process
     assert after != old
     _stop(proc, tmp_path)

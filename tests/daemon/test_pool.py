@@ -108,7 +108,7 @@ def harness():
         h.pool.close()
 
 
-def _gone(pid: int, within: float = 2.0) -> bool:
+def _gone(pid: int, within: float = 20.0) -> bool:
     deadline = time.monotonic() + within
     while alive(pid):
         if time.monotonic() > deadline:
@@ -117,7 +117,7 @@ def _gone(pid: int, within: float = 2.0) -> bool:
     return True
 
 
-def _text(path: Path, within: float = 5.0) -> str:
+def _text(path: Path, within: float = 30.0) -> str:
     deadline = time.monotonic() + within
     while not (path.exists() and path.read_text().strip()):
         assert time.monotonic() < deadline, f"nothing in {path}"

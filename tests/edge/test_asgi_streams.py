@@ -17,7 +17,7 @@ from django.urls import reverse
 from accounts.authentication import token_cache
 from edge.application import Application
 from edge.lean_path import LeanPath
-from jobs import sdk_frames, services, waits, wakeup
+from jobs import sdk, sdk_frames, services, waits, wakeup
 from jobs.models import Invocation
 from tests.edge.test_asgi_doors import _normal, _title
 from tests.support import builders
@@ -213,7 +213,7 @@ def test_an_await_is_answered_when_its_invocation_ends_meanwhile(world):
         app, "POST", f"{P}/await", token=token, raw=raw, meanwhile=[(0.5, kill)]
     )
     assert status == 200 and msgpack.unpackb(body)["state"] == "killed"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # at its end, not its 20 s wait's
 
 
 def test_an_await_that_cannot_be_answered_goes_to_the_full_stack(world):
@@ -273,7 +273,10 @@ def test_a_stored_stream_through_the_door_answers_as_the_full_stack(world):
     assert took and door == full and len(door[2]) == len(_frame(2, 4))
 
 
-def test_a_live_stream_sends_each_frame_as_it_comes_and_ends_at_the_final_one(world):
+def test_a_live_stream_sends_each_frame_as_it_comes_and_ends_at_the_final_one(world, monkeypatch):
+    """Each frame, and the invocation's end, wakes the stream (notified): with its own
+    looks pushed a minute apart, it still sends both frames and ends within seconds."""
+    monkeypatch.setattr(sdk, "LOOK_SDK", 60.0)
     _, app, token = world
     job = _running_sdk_job()
     stream = str(job.pk)
@@ -281,9 +284,11 @@ def test_a_live_stream_sends_each_frame_as_it_comes_and_ends_at_the_final_one(wo
         (0.4, lambda: _write(job, 0, _frame(0, "a"))),
         (0.8, lambda: _write(job, 1, _frame(1, "b"), final=True)),
     ]
+    started = time.monotonic()
     status, _, body, sent = asgi_call(
         app, "GET", f"{P}/invocations/{stream}/result/stream", token=token, meanwhile=meanwhile
     )
+    assert time.monotonic() - started < 30  # woken each time: its next look was 60 s away
     assert status == 200
     chunks = [m for _, m in sent if m["type"] == "http.response.body"]
     assert [c["body"] for c in chunks] == [_frame(0, "a"), _frame(1, "b"), b""]
@@ -298,7 +303,7 @@ def test_a_client_that_goes_ends_its_stream(world, settings):
     *_, sent = asgi_call(
         app, "GET", f"{P}/invocations/{job.pk}/result/stream", token=token, gone_after=0.5
     )
-    assert time.monotonic() - started < 3  # not its 60 s of silence
+    assert time.monotonic() - started < 30  # not its 60 s of silence
     assert not any(m.get("more_body") is False for _, m in sent), "a gone client got an end"
 
 
@@ -369,7 +374,7 @@ def test_a_follow_wakes_for_a_line_shipped_meanwhile(world):
         meanwhile=meanwhile,
     )
     assert status == 200 and b'"late"' in body
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # at the line, not its 20 s wait's end
 
 
 def test_a_follow_the_door_may_not_answer_goes_to_the_full_stack(world):
@@ -441,7 +446,7 @@ def test_many_parked_waits_hold_no_thread(world):
 
     started = time.monotonic()
     seen, answers = builders.run_async(all_at_once())
-    assert time.monotonic() - started < 10  # in turns through 4 threads: 80 × 2 s
+    assert time.monotonic() - started < 20  # in turns through 4 threads: 80 × 2 s / 4
     assert seen["parked"] >= 40  # the streams, and the awaits asleep at that moment
     assert seen["threads"] <= before + 4 + 2
     statuses = [

@@ -50,7 +50,10 @@ def test_no_more_than_max_workers_run_at_once(pool):
         return i
 
     futures = [pool.submit(call, i) for i in range(10)]
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while len(running) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # room for a fifth, were one to start
     assert sorted(running) == [0, 1, 2, 3]  # four run; six wait
     gate.set()
     assert [f.result(10) for f in futures] == list(range(10))

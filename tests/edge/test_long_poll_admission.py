@@ -345,4 +345,7 @@ def test_control_a_daemon_that_never_sees_retry_after_claims_in_a_tight_loop(
 
     claims = _daemon_claims(live_server, tmp_path, strip=True, window=4)
 
-    assert len(claims) > 30, claims
+    # a daemon that backs off makes at most one claim in 4 s (the test above); this one
+    # claims again as each answer comes (tens a second), well past 10 even on a loaded
+    # machine
+    assert len(claims) > 10, claims

@@ -1,8 +1,10 @@
 """1,000 idle daemons long-poll one server at once (issue 21): under `make run`'s server
 (gunicorn's uvicorn workers, edge/application.py) each waiting claim is parked on
 the event loop, holding no thread. All 1,000 wait their whole wait at once, none is
-refused with Retry-After, a job submitted meanwhile is claimed at once, and the server's
-threads stay a small fixed number (counted from /proc).
+refused with Retry-After, a job submitted meanwhile is claimed at once (long before any
+claim's wait would end), and the server's threads stay a small fixed number (counted
+from /proc). How soon it is claimed is a figure, not a bound: `make bench`'s idle-daemon
+rows measure it ("submit to claim p99").
 
 The negative control runs the same swarm against the threaded WSGI server this project
 served before (gunicorn's gthread worker): there every waiting claim holds a thread, so
@@ -30,7 +32,12 @@ pytestmark = [
 ]
 
 DAEMONS = 1000
-WAIT = 6.0  # seconds each claim waits
+# Seconds each claim waits: long, so that a claim the submit did not wake would take the
+# job only at its wait's end, WAIT - PARKED_BY after the submit at the soonest. The
+# control needs no long wait: what it shows, the refusals, comes at once.
+WAIT = 30.0
+CONTROL_WAIT = 6.0
+PARKED_BY = 5.0  # seconds after the claims were sent: every one is parked by then
 THREADS = 32  # LAKESHORE_WEB_THREADS: the bounded pools of each process
 WORKERS = 2
 ECHO = "lakeshore.functions.echo"
@@ -65,7 +72,9 @@ def _threads(server: psutil.Process) -> int:
     return sum(child.num_threads() for child in server.children(recursive=True))
 
 
-async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) -> dict:
+async def _swarm(
+    base: str, token: str, ids: list[int], server: psutil.Process, wait: float
+) -> dict:
     headers = {"Authorization": f"Bearer {token}"}
     # Each claim on a connection of its own, closed after its answer, as 1,000 daemons'
     # own clients would: in one pool, every answer's release makes httpx look at each
@@ -73,23 +82,23 @@ async def _swarm(base: str, token: str, ids: list[int], server: psutil.Process) 
     # that took the test's loop seconds, counted in the claims' times.
     limits = httpx.Limits(max_connections=DAEMONS + 10, max_keepalive_connections=0)
     seen = {"threads": 0, "claimed": None}
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=WAIT + 30) as client:
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=wait + 30) as client:
 
         async def claim(pk: int) -> tuple[httpx.Response, float]:
             started = time.monotonic()
             response = await client.post(
-                f"/api/v1/daemons/{pk}/claim/", json={"wait": WAIT}, headers=headers
+                f"/api/v1/daemons/{pk}/claim/", json={"wait": wait}, headers=headers
             )
             return response, time.monotonic() - started
 
         tasks = [asyncio.create_task(claim(pk)) for pk in ids]
-        await asyncio.sleep(WAIT / 2)  # every claim is parked by now
+        await asyncio.sleep(min(PARKED_BY, wait / 2))  # every claim is parked by now
         seen["threads"] = _threads(server)
         submitted = time.monotonic()
         # the submit comes from another client, on a connection of its own: a pooled one
         # a refused claim gave back may reach the server's keep-alive limit (5 s) while the
         # 1,000 claims keep this loop busy, and the server would close it under the request
-        async with httpx.AsyncClient(base_url=base, timeout=WAIT + 30) as submitter:
+        async with httpx.AsyncClient(base_url=base, timeout=wait + 30) as submitter:
             job = await submitter.post(
                 "/api/v1/jobs/", json={"function": ECHO, "queue": "idle"}, headers=headers
             )
@@ -114,21 +123,21 @@ def _submit_to_claim(pk: int) -> float:
     return (job.started_at - job.created_at).total_seconds()
 
 
-def _run(base: str, server: psutil.Process) -> dict:
+def _run(base: str, server: psutil.Process, wait: float) -> dict:
     ids = _daemons()
     token = builders.token("operator")
     connection.close()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     try:
-        return builders.run_async(_swarm(base, token, ids, server))
+        return builders.run_async(_swarm(base, token, ids, server, wait))
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_thousand_idle_daemons_wait_at_once_holding_no_thread(tmp_path):
     with gunicorn(tmp_path, _environment(tmp_path)) as (base, proc):
-        seen = _run(base, psutil.Process(proc.pid))
+        seen = _run(base, psutil.Process(proc.pid), WAIT)
     answers = seen["answers"]
     assert len(answers) == DAEMONS
     assert all(response.status_code == 200 for response, _ in answers)
@@ -136,15 +145,17 @@ def test_a_thousand_idle_daemons_wait_at_once_holding_no_thread(tmp_path):
     assert refused == []
     claimed = [r.json() for r, _ in answers if r.json()]
     assert len(claimed) == 1 and claimed[0][0]["function"] == ECHO
-    # the job reached a parked claim at once (a generous bound: 2 cores, 1,000 clients)
+    # the job woke a parked claim: it was claimed long before any claim's wait would
+    # have ended (WAIT - PARKED_BY after the submit, at the soonest); how soon is the
+    # bench's figure
     claimed_after = _submit_to_claim(seen["job"])
     print(f"submit to claim: {claimed_after:.3f} s (the clients read it {seen['claimed']:.3f} s)")
-    assert claimed_after < 2.0
+    assert claimed_after < (WAIT - PARKED_BY) / 2
     # every other claim waited its whole wait, all at once: in turns through the 2 × 32
-    # threads they would take 1,000 / 64 × 6 s, over 90 s (the bound leaves room for the
-    # first steps of 1,000 claims on 2 cores, which also run the clients)
+    # threads they would take 1,000 / 64 × 30 s, near 8 minutes (the bound leaves room
+    # for the first steps of 1,000 claims on 2 cores, which also run the clients)
     empty = [took for r, took in answers if not r.json()]
-    assert min(empty) >= WAIT - 0.5 and max(empty) < 4 * WAIT
+    assert min(empty) >= WAIT - 0.5 and max(empty) < 2 * WAIT
     # the threads: each process's two bounded pools, its listener and the server's own
     assert seen["threads"] <= WORKERS * (2 * THREADS + 10), seen["threads"]
 
@@ -154,6 +165,6 @@ def test_control_a_threaded_server_refuses_the_waits_past_its_threads(tmp_path):
         base,
         proc,
     ):
-        seen = _run(base, psutil.Process(proc.pid))
+        seen = _run(base, psutil.Process(proc.pid), CONTROL_WAIT)
     refused = [r for r, _ in seen["answers"] if "Retry-After" in r.headers]
     assert len(refused) > DAEMONS / 2

@@ -1,8 +1,11 @@
 """Many SDK awaits, result streams and log follows wait on one server at once (issue 21):
 under `make run`'s server (gunicorn's uvicorn workers, edge/streams.py)
 each is parked on the event loop between its looks, holding no thread. All of them wait
-their whole time at once, none is refused, a frame written meanwhile reaches its stream
-at once, and the server's threads stay a small fixed number (counted from /proc).
+their whole time at once, none is refused, a frame written meanwhile reaches its stream,
+and the server's threads stay a small fixed number (counted from /proc). That the frame
+wakes its stream, rather than the stream's next look finding it, is shown in process
+(tests/edge/test_asgi_streams.py), where the looks can be pushed out of the way; here
+how soon it arrives is printed.
 
 The negative control sends the same requests to the threaded WSGI server (gunicorn's
 gthread worker): there each holds a thread while it waits, so past LAKESHORE_MAX_WAITS
@@ -31,7 +34,10 @@ pytestmark = [
 ]
 
 EACH = 80  # awaits, and as many streams; half as many follows
-WAIT = 4.0  # seconds each waits (a stream: its silence)
+# Seconds each waits (a stream: its silence): long enough that "answered at once" (the
+# control's refusals, up to 2 s in CI's make test) and "waited its whole time" (here)
+# are far apart.
+WAIT = 10.0
 THREADS = 8  # LAKESHORE_WEB_THREADS: 4 waits a process on the threaded server
 P = "/v1/namespaces/default/producer"
 MSGPACK = {"Content-Type": "application/x-msgpack"}  # what the SDK sends, a GET too
@@ -132,20 +138,21 @@ def test_many_awaits_streams_and_follows_wait_at_once_holding_no_thread(tmp_path
     assert all(r.status_code == 200 for r, _ in awaits)
     assert {msgpack.unpackb(r.content)["state"] for r, _ in awaits} == {"pending"}
     # each waited its whole time, all at once (in turns through 2 × 4 waits, 10 rounds
-    # of 4 s); a generous upper bound: 2 cores also run the clients
+    # of WAIT); a generous upper bound: 2 cores also run the clients
     assert min(took for _, took in awaits) >= WAIT - 0.5
     assert max(took for _, took in awaits) < 3 * WAIT
     assert all(r.status_code == 200 for r, _, _ in streams)
     *quiet, done = streams
     assert msgpack.unpackb(done[2]) == [2, 0, "done", None]
-    assert seen["frame_after"] is not None and seen["frame_after"] < 1.0
+    assert seen["frame_after"] is not None  # it came while the stream was open
     assert all(body == b"" and took >= WAIT - 0.5 for _, took, body in quiet)
     assert all(r.status_code == 200 and r.json()["lines"] == [] for r, _ in follows)
     assert min(took for _, took in follows) >= WAIT - 0.5
     # the threads: each process's two bounded pools, its listener and the server's own
     assert seen["threads"] <= WORKERS * (2 * THREADS + 10), seen["threads"]
     print(
-        f"server CPU, {EACH * 5 // 2} requests waiting: {seen['cpu'] / seen['elapsed']:.2f} cores"
+        f"server CPU, {EACH * 5 // 2} requests waiting: {seen['cpu'] / seen['elapsed']:.2f} cores; "
+        f"the frame reached its stream {seen['frame_after']:.3f} s after it was written"
     )
 
 
@@ -156,9 +163,9 @@ def test_control_a_threaded_server_answers_the_waits_past_its_threads_at_once(tm
         seen = _run(base, psutil.Process(proc.pid))
     # refused a slot: answered at once (the SDK asks again), before the WAIT that every
     # await on the parked server waits (at least WAIT - 0.5 there); "at once" is within
-    # WAIT - 1 here, as the 16 threads work through 200 requests on a loaded machine (in
-    # CI's make test the refusals took up to 2 s)
-    early = [took for r, took in seen["awaits"] if took < WAIT - 1.0]
+    # half of it here, as the 16 threads work through 200 requests on a loaded machine
+    # (in CI's make test the refusals took up to 2 s)
+    early = [took for r, took in seen["awaits"] if took < WAIT / 2]
     assert len(early) > EACH / 2
     busy = [r for r, _, _ in seen["streams"] if r.status_code == 503]
     assert len(busy) > EACH / 2

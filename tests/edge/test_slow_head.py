@@ -23,6 +23,9 @@ from tests.support.servers import environment, gunicorn
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.security]
 
 KEEP = 2.0  # seconds: the server's keep-alive here
+# Seconds of silence after which a connection counts as kept open (uvicorn alone kept
+# them for good); a connection closed "at the keep-alive" is closed well within it.
+OPEN_FOR = 30.0
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
@@ -40,7 +43,7 @@ def server(tmp_path_factory, django_db_setup):
 async def _hold(port: int, pieces: list[bytes], every: float) -> tuple[float | None, bytes]:
     """Connect, send `pieces` `every` seconds apart, and read until the server closes
     the connection: (seconds from the connect to the close, or None if still open
-    after 12 s; what the server sent)."""
+    after OPEN_FOR s of silence; what the server sent)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     started = time.monotonic()
 
@@ -54,7 +57,7 @@ async def _hold(port: int, pieces: list[bytes], every: float) -> tuple[float | N
     feeding = asyncio.create_task(feed())
     got = b""
     try:
-        while chunk := await asyncio.wait_for(reader.read(65536), 12):
+        while chunk := await asyncio.wait_for(reader.read(65536), OPEN_FOR):
             got += chunk
     except TimeoutError:
         return None, got
@@ -73,23 +76,25 @@ def _closed(port: int, pieces: list[bytes], every: float = 0.0) -> tuple[float |
 def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive(server):
     port, _ = server
     took, got = _closed(port, [])
-    assert took is not None, "still open after 12 s"
-    assert KEEP - 0.2 <= took < KEEP + 2 and got == b""
+    assert took is not None, f"still open after {OPEN_FOR:g} s"
+    assert KEEP - 0.2 <= took < 10 * KEEP and got == b""
 
 
 def test_a_head_stopped_after_a_few_bytes_is_closed(server):
     port, _ = server
     took, got = _closed(port, [HEAD[:20]])
-    assert took is not None, "still open after 12 s"
-    assert KEEP - 0.2 <= took < KEEP + 2 and got == b""
+    assert took is not None, f"still open after {OPEN_FOR:g} s"
+    assert KEEP - 0.2 <= took < 10 * KEEP and got == b""
 
 
 def test_a_head_trickled_a_byte_at_a_time_is_closed_before_it_is_whole(server):
-    """40 bytes, one every 0.25 s: 10 s to send the whole head, closed at the keep-alive."""
+    """A byte every 0.5 s: 21 s to send the whole head (10 times the keep-alive), and
+    closed at the keep-alive, long before it is whole."""
     port, _ = server
-    took, got = _closed(port, [bytes([b]) for b in HEAD], every=0.25)
-    assert took is not None, "still open after 12 s"
-    assert took < KEEP + 2 and got == b""
+    every = 0.5
+    took, got = _closed(port, [bytes([b]) for b in HEAD], every=every)
+    assert took is not None, f"still open after {OPEN_FOR:g} s"
+    assert took < len(HEAD) * every and got == b""
 
 
 def test_the_control_a_head_in_pieces_within_the_time_is_answered(server):
@@ -97,7 +102,7 @@ def test_the_control_a_head_in_pieces_within_the_time_is_answered(server):
     took, got = _closed(port, [HEAD[:10], HEAD[10:25], HEAD[25:]], every=0.4)
     assert got.startswith(b"HTTP/1.1 200 ")
     # then kept alive, idle, for the keep-alive after its answer (about 0.8 s in)
-    assert took is not None and KEEP + 0.6 <= took < KEEP + 3
+    assert took is not None and KEEP + 0.6 <= took < 10 * KEEP
 
 
 def test_the_control_a_kept_alive_connection_serves_its_next_request(server):
@@ -123,4 +128,4 @@ def test_the_control_a_claim_waiting_past_the_keep_alive_is_answered(server):
     ).encode()
     took, got = _closed(port, [head + body])
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"[]")
-    assert took is not None and 4 + KEEP - 0.2 <= took < 4 + KEEP + 3
+    assert took is not None and 4 + KEEP - 0.2 <= took < 4 + 10 * KEEP

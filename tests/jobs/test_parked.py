@@ -29,6 +29,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ECHO = "lakeshore.functions.echo"
 TIMEOUT = 4  # LAKESHORE_HEARTBEAT_TIMEOUT here: a renewal every second
+# Seconds a health check may take to answer while three requests wait: it takes
+# milliseconds when the thread is free; where the thread sleeps in a request, never.
+PATIENCE = 5.0
 
 
 def _age(pk) -> float:
@@ -46,7 +49,7 @@ def test_daemons_waiting_past_the_heartbeat_timeout_are_renewed_together(setting
     Daemon.objects.update(last_heartbeat_at=old)
     connection.close()
 
-    claims = [Claimer(daemon, wait=TIMEOUT + 3) for daemon in waiting]
+    claims = [Claimer(daemon, wait=2 * TIMEOUT) for daemon in waiting]
     for claim in claims:
         claim.start()
     time.sleep(TIMEOUT + 1)  # past the timeout, since the heartbeat and since the claims came
@@ -61,7 +64,9 @@ def test_daemons_waiting_past_the_heartbeat_timeout_are_renewed_together(setting
             "last_heartbeat_at", flat=True
         )
     )
-    assert len(beats) == 1 and max(_age(d.pk) for d in waiting) < TIMEOUT / 2
+    # and each still fresh: renewed every TIMEOUT / 4, where not renewed they would be
+    # 2 × TIMEOUT old by now
+    assert len(beats) == 1 and max(_age(d.pk) for d in waiting) < TIMEOUT
     assert all(claim.result() == [] for claim in claims)  # they waited their whole wait
     assert parked.longest_wait() > settings.LAKESHORE_HEARTBEAT_TIMEOUT
 
@@ -173,7 +178,7 @@ async def _one_thread_three_claims(app, claims) -> tuple[list, list, float | Non
 
 async def _one_thread_three(app, scopes, raw: bytes = b"") -> tuple[list, list, float | None]:
     """Three requests that wait, then GET /healthz; what each request was sent by the
-    time the health check answered (or 3 s passed), and how long that took."""
+    time the health check answered (or PATIENCE s passed), and how long that took."""
     sent = [[] for _ in scopes]
     waiting = [
         asyncio.ensure_future(_request(app, scope, raw, answer))
@@ -183,7 +188,7 @@ async def _one_thread_three(app, scopes, raw: bytes = b"") -> tuple[list, list, 
     health: list = []
     started = time.monotonic()
     check = asyncio.ensure_future(_request(app, _get_scope("/healthz"), b"", health))
-    done, _ = await asyncio.wait([check], timeout=3.0)
+    done, _ = await asyncio.wait([check], timeout=PATIENCE)
     took = time.monotonic() - started if done else None
     for task in [check, *waiting]:
         task.cancel()
@@ -221,7 +226,7 @@ def test_the_full_framework_parks_a_claim_holding_no_thread(settings, parks):
         door.executor.shutdown(wait=True)
     assert all(answer == [] for answer in sent)  # all three still wait
     if parks:
-        assert took is not None and took < 1.0, took
+        assert took is not None  # answered while the three waited
         assert [m["status"] for m in health if m["type"] == "http.response.start"] == [200]
         assert django.calls == 4  # the three claims and the check all went through Django
     else:
@@ -300,7 +305,7 @@ def test_the_full_framework_parks_a_log_follow_holding_no_thread(settings, parks
     scope = _get_scope(f"/api/v1/jobs/{job.pk}/logs/")
     scope = {
         **scope,
-        "query_string": b"follow=true&wait=6",  # past the 4 s the check may take
+        "query_string": b"follow=true&wait=10",  # past the 1 + PATIENCE s the check may take
         "headers": [*scope["headers"], (b"authorization", f"Bearer {token}".encode())],
     }
     try:
@@ -310,7 +315,7 @@ def test_the_full_framework_parks_a_log_follow_holding_no_thread(settings, parks
         door.executor.shutdown(wait=True)
     assert all(answer == [] for answer in sent)  # all three still wait
     if parks:
-        assert took is not None and took < 1.0, took
+        assert took is not None  # answered while the three waited
         assert [m["status"] for m in health if m["type"] == "http.response.start"] == [200]
     else:
         assert took is None and health == []

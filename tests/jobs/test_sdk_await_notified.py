@@ -1,8 +1,9 @@
 """The SDK's await waits on the listening connection (jobs/wakeup.py): an SDK
 invocation's end is notified (`inv:ID`, jobs/migrations/0012), so a waiting await
-answers at once and looks at the invocation only every few seconds meanwhile. The
-control: an invocation of the REST API, whose end nothing notifies, is looked at again
-and again (a growing pause of 20 ms to 250 ms)."""
+answers at once and looks at the invocation only every few seconds meanwhile (LOOK_SDK,
+a safety net: pushed out of the way here, so that only the notification can answer it
+early). The control: an invocation of the REST API, whose end nothing notifies, is
+looked at again and again (a growing pause of 20 ms to 250 ms)."""
 
 import threading
 import time
@@ -19,14 +20,18 @@ from tests.support import builders
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+AWAIT = 20.0  # seconds each await may wait: its end comes 1 or 1.5 s in
+
+
 def _await_ending_at(pk: int, ends_after: float) -> tuple[dict, float, int]:
-    """Await `pk` (up to 8 s) in a thread; end it `ends_after` s later with a bare
+    """Await `pk` (up to AWAIT s) in a thread; end it `ends_after` s later with a bare
     UPDATE. (its answer, seconds from the end to the answer, its looks)."""
     got = {}
 
     def awaiting():
         with CaptureQueriesContext(connection) as ctx:
-            got["answer"] = waits.drive(sdk.await_steps({"invocation_id": str(pk), "timeout_s": 8}))
+            steps = sdk.await_steps({"invocation_id": str(pk), "timeout_s": AWAIT})
+            got["answer"] = waits.drive(steps)
         got["at"] = time.monotonic()
         got["looks"] = sum(1 for q in ctx.captured_queries if "jobs_invocation" in q["sql"])
         connection.close()
@@ -36,18 +41,19 @@ def _await_ending_at(pk: int, ends_after: float) -> tuple[dict, float, int]:
     time.sleep(ends_after)
     Invocation.objects.filter(pk=pk).update(state="succeeded", result_blob=b"\x01")
     ended = time.monotonic()
-    thread.join(15)
+    thread.join(2 * AWAIT)
     return got["answer"], got["at"] - ended, got["looks"]
 
 
-def test_an_sdk_await_wakes_at_its_end_and_hardly_looks_meanwhile():
+def test_an_sdk_await_wakes_at_its_end_and_hardly_looks_meanwhile(monkeypatch):
+    monkeypatch.setattr(sdk, "LOOK_SDK", 2 * AWAIT)  # no look but the first before its end
     _until(lambda: listener.healthy)
     builders.queue(name="w")
     job = services.invocation_submit(function="f", queue="w", wire="value", args_blob=b"x")[0]
     answer, late, looks = _await_ending_at(job.pk, 1.0)
     assert answer["state"] == "succeeded" and answer["result_blob"] == b"\x01"
-    assert late < 0.5  # its next look would have been 1 s after its end
-    assert looks <= 2  # the first look, and the one its end woke (no look at 2 s yet)
+    assert late < AWAIT / 2  # woken: unwoken, it would answer at its wait's end, 19 s on
+    assert looks <= 2  # the first look, and the one its end woke
 
 
 def test_control_a_rest_invocations_await_looks_again_and_again():
@@ -55,7 +61,7 @@ def test_control_a_rest_invocations_await_looks_again_and_again():
     job = services.invocation_submit(function="lakeshore.functions.echo", queue="w")[0]
     answer, late, looks = _await_ending_at(job.pk, 1.5)
     assert answer["state"] == "succeeded"
-    assert late < 0.5  # its looks are close enough
+    assert late < AWAIT / 4  # found by one of its looks, not at its wait's end
     assert looks >= 6
 
 
@@ -72,22 +78,26 @@ def test_one_off_names_are_kept_only_while_waited_on(monkeypatch):
     thread, within a turn of a second), while one still waited on is kept."""
     monkeypatch.setattr(wakeup, "FORGET_AFTER", 0.5)
     _until(lambda: listener.healthy)
-    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # earlier tests' names
+    _until(lambda: listener.one_offs() == 0, timeout=30.0)  # earlier tests' names
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify('lakeshore_work', 'inv:987654321')")
     time.sleep(0.3)
     assert listener.one_offs() == 0  # nobody waits on it
     listener.snapshot(["inv:111111111", "frame:gone-topic"])
     assert listener.one_offs() == 2
-    kept = threading.Thread(target=listener.wait, args=(["frame:kept"], (0,), 4.0))
+    # waited on until its notification below (60 s at most)
+    kept = threading.Thread(target=listener.wait, args=(["frame:kept"], (0,), 60.0))
     kept.start()
     time.sleep(0.2)
     assert listener.one_offs() == 3
-    _until(lambda: listener.one_offs() == 1, timeout=5.0)  # the two are forgotten
+    _until(lambda: listener.one_offs() == 1, timeout=30.0)  # the two are forgotten
     time.sleep(1.5)
     assert listener.one_offs() == 1  # the one waited on (past FORGET_AFTER) is not
-    kept.join(10)
-    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # nor once its wait is over
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify('lakeshore_work', 'frame:kept')")
+    kept.join(30)
+    assert not kept.is_alive()
+    _until(lambda: listener.one_offs() == 0, timeout=30.0)  # nor once its wait is over
 
 
 def test_one_off_names_have_a_bound(monkeypatch):
@@ -96,7 +106,7 @@ def test_one_off_names_have_a_bound(monkeypatch):
     monkeypatch.setattr(wakeup, "ONE_OFF_MAX", 2)
     monkeypatch.setattr(wakeup, "FORGET_AFTER", 0.5)
     _until(lambda: listener.healthy)
-    _until(lambda: listener.one_offs() == 0, timeout=5.0)  # earlier tests' names
+    _until(lambda: listener.one_offs() == 0, timeout=30.0)  # earlier tests' names
     listener.snapshot(["inv:1", "inv:2", "inv:3"])
     assert listener.one_offs() == 2
     with connection.cursor() as cursor:
