@@ -2,19 +2,21 @@
 (var/pg-bench), in one run. Prints a side-by-side table and writes it to
 bench/results/latest.md. Asserts nothing.
 
-    python -m bench.compare            the full run (under 10 minutes on 2 cores)
+    python -m bench.compare            the full run (its wall time: bench/results/latest.md)
     BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
     python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
         printed and written to var/bench-run/partial.md (latest.md is left as the last full
         run wrote it); the keys: submit claim door e2e cancel lists fleet two-server tick
-        claim-kinds, and controller (another name for tick: the controller's rows at 100,
-        1,000 and 10,000 queues). Sections that need no HTTP server (tick, claim-kinds)
-        alone start none.
+        claim-kinds insight, and controller (another name for tick: the controller's rows
+        at 100, 1,000 and 10,000 queues). Sections that need no HTTP server (tick,
+        claim-kinds) alone start none.
     BENCH_FLEET_SIZES=200,1000 …        the "N idle daemons" rows at these sizes
+    BENCH_INSIGHT_SIZES=1000000 …       the stats and search rows at these table sizes
 
 Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
 each row measures), scale_rows and fleet (the idle fleet, two servers; the fleet's
-generator is bench/fleet_swarm.py), report (medians, ratios, targets, Markdown), lines
+generator is bench/fleet_swarm.py), insight_rows (stats and search over a table of
+millions of finished rows), report (medians, ratios, targets, Markdown), lines
 (the JSON-lines link to helper processes), procrastinate_driver and django_probes (those
 helpers)."""
 
@@ -25,7 +27,8 @@ import sys
 import time
 
 from bench.compare import report, scale_rows
-from bench.compare.infra import BIN, RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
+from bench.compare.infra import RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
+from bench.compare.insight_rows import InsightTable
 from bench.compare.lines import LineClient
 from bench.compare.rowkit import Budget, Section
 from bench.compare.rows import Rows
@@ -92,6 +95,7 @@ KEYS = (
     "two-server",
     "tick",
     "claim-kinds",
+    "insight",
 )
 ALIASES = {"controller": "tick"}  # BENCH_ONLY=controller, as the controller's rows were run
 IN_PROCESS = {"tick", "claim-kinds"}  # measured inside Django, with no HTTP server
@@ -108,21 +112,15 @@ def chosen() -> set[str]:
     return set(names or KEYS)
 
 
-def _probes(lakeshore: Lakeshore) -> LineClient:
-    return LineClient(
-        [str(BIN / "python"), "-m", "bench.compare.django_probes"],
-        cwd=ROOT,
-        env=lakeshore.env,
-        log=RUN_DIR / "log" / "django-probes.log",
-    )
-
-
 def main() -> None:
     quick = os.environ.get("BENCH_QUICK") == "1"
     budget = Budget.quick() if quick else Budget()
     if os.environ.get("BENCH_FLEET_SIZES"):
         sizes = tuple(int(n) for n in os.environ["BENCH_FLEET_SIZES"].split(","))
         budget = dataclasses.replace(budget, fleet_sizes=sizes)
+    if os.environ.get("BENCH_INSIGHT_SIZES"):
+        sizes = tuple(int(n) for n in os.environ["BENCH_INSIGHT_SIZES"].split(","))
+        budget = dataclasses.replace(budget, insight_sizes=sizes)
     only = chosen()
     partial = only != set(KEYS)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -155,12 +153,21 @@ def main() -> None:
         else:  # none of the sections asked for has a procrastinate column
             procrastinate = None
         rows = Rows(lakeshore, raw, procrastinate, None, budget)
-        for section in [*rows.sections(), *scale_rows.sections(lakeshore, budget)]:
+        insight = InsightTable(lakeshore, budget)
+        for section in [
+            *rows.sections(),
+            *scale_rows.sections(lakeshore, budget),
+            *insight.sections(),
+        ]:
             if section.key in only:
                 sections.append(run_section(section, budget.rounds))
+        if "insight" in only:
+            extra["Stats and search by table size (the same windows at each size)"] = (
+                insight.by_size(sections)
+            )
         lakeshore.stop_server()
         if only & {"tick", "claim-kinds"}:
-            rows.probes = probes = _probes(lakeshore)
+            rows.probes = probes = lakeshore.probes()
         if "tick" in only:
             for section in rows.controller():
                 sections.append(run_section(section, budget.rounds))

@@ -9,7 +9,9 @@
     tick_cleanup                  remove it all
     claim_kinds {seconds}         the per-kind claim figures of bench/queue_bench.py
     tick_seconds                  LAKESHORE_TICK_SECONDS (how often beat reaps)
-    reap                          one fleet.daemons.reap(), as beat's `reap` task"""
+    reap                          one fleet.daemons.reap(), as beat's `reap` task
+    explain {paths, token}        EXPLAIN (ANALYZE, BUFFERS) of each statement on
+                                  jobs_invocation that a GET of each path runs"""
 
 import contextlib
 import io
@@ -20,7 +22,9 @@ import django
 
 django.setup()  # run as a script (python -m): the settings come from the environment
 from django.conf import settings  # noqa: E402 - the models need django.setup() first
-from django.db import connection  # noqa: E402
+from django.db import connection, reset_queries  # noqa: E402
+from django.test import Client  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.compare.lines import serve  # noqa: E402
@@ -77,6 +81,27 @@ class Probes:
 
     def reap(self) -> dict:
         return daemons.reap()
+
+    def explain(self, paths: list[str], token: str) -> dict:
+        """Each path requested through Django's test client (the views, filters and
+        services the server runs, with the token's user), then each of its statements
+        on jobs_invocation explained as it ran: {"plans": {path: [{sql, plan}]}}."""
+        client = Client(headers={"Authorization": f"Bearer {token}", "Host": "127.0.0.1"})
+        plans = {}
+        for path in paths:
+            reset_queries()  # each request starts a new log: capture from its start
+            with CaptureQueriesContext(connection) as ran:
+                answer = client.get(path)
+            if answer.status_code != 200:
+                raise RuntimeError(f"GET {path} answered {answer.status_code}")
+            statements = [q["sql"] for q in ran.captured_queries if "jobs_invocation" in q["sql"]]
+            plans[path] = []
+            for sql in statements:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) {sql}")
+                    plan = "\n".join(line for (line,) in cursor.fetchall())
+                plans[path].append({"sql": sql, "plan": plan})
+        return {"plans": plans}
 
     def claim_kinds(self, seconds: float) -> dict:
         os.environ["BENCH_CLAIM_SECONDS"] = str(seconds)

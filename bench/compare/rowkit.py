@@ -45,6 +45,12 @@ class Budget:
     tick_queues: tuple[int, ...] = (100, 1_000, 10_000)  # a controller row for each
     tick_daemons_per_queue: int = 10
     claim_kind_seconds: float = 1.0  # queue_bench's per-kind claim figures
+    # Stats and search (insight_rows.py): finished rows in the table (BENCH_INSIGHT_SIZES),
+    # of which the same number ended in the last hour and in the last 24 hours at each size.
+    insight_sizes: tuple[int, ...] = (1_000_000, 10_000_000)
+    insight_hour_rows: int = 10_000
+    insight_day_rows: int = 100_000
+    insight_samples: int = 10  # requests a row a round (median), within 2 s
 
     @classmethod
     def quick(cls) -> "Budget":
@@ -68,6 +74,10 @@ class Budget:
             tick_queues=(10, 20),
             tick_daemons_per_queue=5,
             claim_kind_seconds=0.2,
+            insight_sizes=(10_000, 100_000),
+            insight_hour_rows=500,
+            insight_day_rows=5_000,
+            insight_samples=3,
         )
 
     def fleet_processes(self, daemons: int) -> int:

@@ -222,6 +222,16 @@ class Lakeshore:
         client.headers["Authorization"] = f"Bearer {answer.json()['token']}"
         return answer.json()["id"]
 
+    def probes(self, name: str = "django-probes") -> LineClient:
+        """bench/compare/django_probes.py in a process of its own, with this server's
+        environment (its database), logging to `name`.log."""
+        return LineClient(
+            [str(BIN / "python"), "-m", "bench.compare.django_probes"],
+            cwd=ROOT,
+            env=self.env,
+            log=self.logs / f"{name}.log",
+        )
+
     def server_cpu_seconds(self) -> float:
         return tree_cpu_seconds(self.server.pid)
 
