@@ -22,7 +22,8 @@ class IdFilter(django_filters.NumberFilter):
 
 
 class InvocationFilter(django_filters.FilterSet):
-    state = django_filters.MultipleChoiceFilter(choices=InvocationState.choices)
+    # one table, one row an invocation: no DISTINCT (django-filter adds one by default)
+    state = django_filters.MultipleChoiceFilter(choices=InvocationState.choices, distinct=False)
     daemon = IdFilter(field_name="daemon_id", label="daemon id")
     # the cookbook's name for the same filter (`lakeshore jobs list --worker ID`)
     worker = IdFilter(field_name="daemon_id", label="daemon id (the same as daemon)")

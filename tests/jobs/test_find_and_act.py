@@ -215,3 +215,11 @@ def test_bulk_cancel_takes_a_search_and_a_time(operator):
     assert (states[keep.pk], states[hit.pk], states[stale.pk]) == ("queued", "killed", "queued")
     event = AuditEvent.objects.get(action="jobs.bulk_cancel")
     assert event.target == "queue train; search 'dataprep'; since 1d"
+
+
+def test_a_state_filter_reads_without_distinct(viewer):
+    ended(error=DISK)
+    with CaptureQueriesContext(connection) as ctx:
+        assert len(ids(viewer.get("/api/v1/jobs/?state=failed&state=timeout"))) == 1
+    listed = [q["sql"] for q in ctx.captured_queries if 'FROM "jobs_invocation"' in q["sql"]]
+    assert listed and not any("DISTINCT" in sql for sql in listed)
