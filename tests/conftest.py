@@ -1,3 +1,4 @@
+import functools
 import os
 import threading
 import time
@@ -67,21 +68,26 @@ class _InFlight:
     def __init__(self, app):
         self.app = app
         self.count = 0
+        self.paths: list[str] = []  # what is in progress, for the failure's message
         self.cond = threading.Condition()
 
     def __call__(self, environ, start_response):
+        path = f"{environ.get('REQUEST_METHOD')} {environ.get('PATH_INFO')}"
         with self.cond:
             self.count += 1
+            self.paths.append(path)
+        done = functools.partial(self._done, path)
         try:
             response = self.app(environ, start_response)
         except BaseException:
-            self._done()
+            done()
             raise
-        return _Closing(response, self._done)  # done once written and closed
+        return _Closing(response, done)  # done once written and closed
 
-    def _done(self):
+    def _done(self, path: str):
         with self.cond:
             self.count -= 1
+            self.paths.remove(path)
             self.cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
@@ -113,7 +119,10 @@ def _live_server_settled_before_flush(request):
         if httpd.get_app().wait_idle(0.2):
             break
         if time.monotonic() > deadline:
-            pytest.fail("the live server was still serving requests 15 s after the test ended")
+            pytest.fail(
+                "the live server was still serving requests 15 s after the test ended: "
+                + ", ".join(httpd.get_app().paths)
+            )
 
 
 @pytest.fixture(autouse=True)
