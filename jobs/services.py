@@ -408,10 +408,14 @@ RETRY_BATCH = 500
 def moment_since(text: str, *, now=None):
     """A bulk action's `since`: a span back from now (30m, 1h, 7d) or an ISO 8601 time."""
     found = SINCE_PATTERN.match(text)
-    if found:
-        amount, unit = found.groups()
-        return (now or timezone.now()) - timedelta(**{SINCE_UNITS[unit]: int(amount)})
-    moment = parse_datetime(text)
+    moment = None
+    try:  # a span past the year 1, or a date that is none (month 13): no moment
+        if found:
+            amount, unit = found.groups()
+            return (now or timezone.now()) - timedelta(**{SINCE_UNITS[unit]: int(amount)})
+        moment = parse_datetime(text)
+    except (OverflowError, ValueError):
+        pass
     if moment is None:
         raise Invalid(
             f"since must be a span back from now (30m, 1h, 7d) or an ISO 8601 time, got {text!r}.",

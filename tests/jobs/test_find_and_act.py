@@ -223,3 +223,10 @@ def test_a_state_filter_reads_without_distinct(viewer):
         assert len(ids(viewer.get("/api/v1/jobs/?state=failed&state=timeout"))) == 1
     listed = [q["sql"] for q in ctx.captured_queries if 'FROM "jobs_invocation"' in q["sql"]]
     assert listed and not any("DISTINCT" in sql for sql in listed)
+
+
+@pytest.mark.parametrize("since", ["999999d", "2026-13-01T00:00:00"])
+def test_a_since_that_is_no_moment_is_refused(operator, since):
+    body = {"state": ["failed"], "since": since}
+    response = operator.post("/api/v1/jobs/bulk-retry/", body, format="json")
+    assert_error(response, 400, "invalid", field="since")
