@@ -126,3 +126,30 @@ def test_a_quiet_queues_sparkline_is_a_flat_line_on_a_scale(viewer_page):
     axes = re.findall(r'<line class="spark-axis[^"]*" x1="(\d+)" x2="(\d+)"', svg)
     assert len(axes) == 2 and all(int(x2) - int(x1) > 90 for x1, x2 in axes)  # the whole hour
     assert '<text class="spark-scale"' in svg
+
+
+@pytest.mark.parametrize("url", ["/api/v1/stats/", "/api/v1/queues/train/stats/?window=24h"])
+def test_the_stats_answers_cost_the_same_whatever_ended(viewer, url):
+    builders.queue(name="train")
+    ended("succeeded")
+    viewer.get(url)  # the token's first use is written once: not part of the answer
+    with CaptureQueriesContext(connection) as few:
+        assert viewer.get(url).status_code == 200
+    for i in range(30):
+        ended("failed", error=f"error {i % 7}", ago_s=60 * i)
+    with CaptureQueriesContext(connection) as many:
+        assert viewer.get(url).status_code == 200
+    assert len(many) == len(few)
+
+
+def test_the_queue_pages_ended_section_costs_the_same_whatever_ended(viewer_page):
+    builders.queue(name="train")
+    ended("succeeded")
+    hx = {"HX-Request": "true", "HX-Target": "queue-ended"}
+    with CaptureQueriesContext(connection) as few:
+        viewer_page.get("/queues/train/", headers=hx)
+    for i in range(30):
+        ended("failed", error=f"error {i % 7}", ago_s=60 * i)
+    with CaptureQueriesContext(connection) as many:
+        viewer_page.get("/queues/train/", headers=hx)
+    assert len(many) == len(few)
