@@ -54,6 +54,18 @@ def _refreshes(page, count: int = 2):
     page.wait_for_function("(n) => window.__settled >= n", arg=start + count, timeout=10_000)
 
 
+def _box(locator, timeout_ms: int = 5_000) -> dict:
+    """Where `locator` is drawn. A refresh swaps a box's content for the new one, and an
+    element caught in that swap has no box for a moment, so look again until it has one."""
+    page = locator.page
+    for _ in range(timeout_ms // 50):
+        box = locator.bounding_box()
+        if box is not None:
+            return box
+        page.wait_for_timeout(50)
+    raise AssertionError(f"{locator} was never drawn within {timeout_ms} ms")
+
+
 # ---------------------------------------------------------------------------- sparklines
 
 
@@ -65,7 +77,7 @@ def test_a_sparkline_is_readable_and_says_each_value_on_hover(ops, live_server, 
     row = page.locator("#queue-table tbody tr").filter(has_text="training-h100")
     svg = row.locator("svg.sparkline")
     svg.scroll_into_view_if_needed()  # below the dashboard: a point off the screen is no element
-    box = svg.bounding_box()
+    box = _box(svg)
     assert box["height"] >= 30 and box["width"] >= 100  # was 20 × 80 px
     marks = svg.locator("rect.spark-mark")
     assert marks.count() >= 50  # an hour of samples, one a minute
@@ -73,7 +85,7 @@ def test_a_sparkline_is_readable_and_says_each_value_on_hover(ops, live_server, 
     assert all(re.fullmatch(r"\d\d:\d\d — \d+\+? pending", text) for text in texts), texts[:3]
     # what the pointer is over at a point of the line is a sample with its value
     middle = marks.nth(marks.count() // 2)
-    mark_box = middle.bounding_box()
+    mark_box = _box(middle)
     x, y = mark_box["x"] + mark_box["width"] / 2, mark_box["y"] + mark_box["height"] / 2
     page.mouse.move(x, y)
     under = page.evaluate(
@@ -170,14 +182,16 @@ def test_the_queue_list_is_cards_on_a_phone_and_a_table_on_a_desktop(ops, live_s
     page = ops
     page.set_viewport_size(PHONE)
     _go(page, live_server, "/")
+    # the table refreshes itself: nothing may move between a look and a measure
+    page.get_by_role("button", name="Pause updates").click()
     expect(page.locator("#queue-table thead")).to_be_hidden()
     row = page.locator("#queue-table tbody tr").filter(has_text="training-h100")
-    box = row.bounding_box()
+    box = _box(row)
     assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     for label in ("Name", "Pending", "Last hour", "Busy / idle", "Provider", "Description"):
         cell = row.locator(f"td[data-label='{label}']")
         expect(cell).to_be_visible()
-        cell_box = cell.bounding_box()
+        cell_box = _box(cell)
         assert cell_box["x"] + cell_box["width"] <= PHONE["width"], label
     assert (
         row.locator("td[data-label='Last hour']").evaluate(
@@ -418,7 +432,7 @@ def test_the_dashboard_and_the_queue_page_say_what_ended_and_lead_to_the_failure
     for name in ("Jobs that ended per minute on every queue", "How long jobs ran on every queue"):
         chart = dashboard.get_by_role("img", name=re.compile(name))
         expect(chart).to_be_visible()
-        box = chart.bounding_box()
+        box = _box(chart)
         assert box["x"] >= 0 and box["x"] + box["width"] <= size["width"]  # it fits
     _refreshes(page)  # the dashboard refreshes itself
     expect(page.locator("#dashboard")).to_contain_text("The fleet, last hour")
