@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from accounts import audit
+from jobs import search as job_search
 from jobs import serving
 from jobs.models import RETRYABLE_STATES, Invocation, InvocationState, Wire
 from jobs.transitions import kill, submit
@@ -429,6 +430,17 @@ def _known_queue(queue: str | None) -> None:
         raise NotFound(f"Queue '{queue}' does not exist.", fields={"queue": "unknown"})
 
 
+def _start_after(rows, search: str) -> int | None:
+    """Where a bulk action's walk up the ids starts: below its oldest match when it holds
+    a search (found fenced, so a walk never crosses the older rows none match), else at
+    the start; None when a search matches nothing."""
+    if not search:
+        return 0
+    with job_search.bounded(search):
+        oldest = job_search.oldest_id(rows)
+    return None if oldest is None else oldest - 1
+
+
 def selection_text(*, states=(), queue=None, search="", since="") -> str:
     """A bulk action's filter as people read it (its audit event names it)."""
     parts = [f"state {', '.join(states)}"] if states else []
@@ -462,16 +474,18 @@ def invocation_bulk_cancel(
     if since:
         rows = rows.filter(created_at__gte=moment_since(since))
     if dry_run:
-        return rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
+        with job_search.bounded(search):
+            return rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
     why = reason or "bulk-cancel"
     if search or since:  # the batches are found by the one rule of a search (models.py)
-        cancelled, after = 0, 0
-        while True:
-            ids = list(
-                rows.filter(id__gt=after)
-                .order_by("id")
-                .values_list("id", flat=True)[: kill.BULK_BATCH]
-            )
+        cancelled, after = 0, _start_after(rows, search)
+        while after is not None:
+            with job_search.bounded(search):
+                ids = list(
+                    rows.filter(id__gt=after)
+                    .order_by("id")
+                    .values_list("id", flat=True)[: kill.BULK_BATCH]
+                )
             if not ids:
                 break
             with transaction.atomic():
@@ -525,18 +539,22 @@ def invocation_bulk_retry(
         rows = rows.filter(finished_at__gte=moment_since(since))
     where = selection_text(states=states, queue=queue, search=search, since=since)
     if dry_run:  # exactly, or with `cap` at most cap + 1, as a bulk-cancel's dry run
-        matched = rows.count() if cap is None else rows.order_by().values("id")[: cap + 1].count()
+        with job_search.bounded(search):
+            ids = rows.order_by().values("id")
+            matched = ids.count() if cap is None else ids[: cap + 1].count()
         return {"matched": matched, "retried": 0, "dry_run": True, "filter": where}
-    retried, after = 0, 0
+    retried = 0
     try:
-        while True:
+        after = _start_after(rows, search)
+        while after is not None:
             with transaction.atomic():
-                batch = list(
-                    rows.filter(id__gt=after)
-                    .order_by("id")
-                    .select_for_update(of=("self",))
-                    .values_list("id", "queue")[:RETRY_BATCH]
-                )
+                with job_search.bounded(search):
+                    batch = list(
+                        rows.filter(id__gt=after)
+                        .order_by("id")
+                        .select_for_update(of=("self",))
+                        .values_list("id", "queue")[:RETRY_BATCH]
+                    )
                 if not batch:
                     break
                 after = batch[-1][0]

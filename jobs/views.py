@@ -15,7 +15,7 @@ from accounts import heavy
 from accounts.console_access import console_view
 from accounts.models import AuditEvent
 from accounts.roles import can_operate
-from jobs import sdk, services, serving
+from jobs import sdk, search, services, serving
 from jobs.filters import InvocationFilter
 from jobs.log_views import log_context
 from jobs.models import RETRYABLE_STATES, Invocation, InvocationState
@@ -60,6 +60,25 @@ class JobListPage(ConsoleListView):
 
     def get_queryset(self):
         return Invocation.objects.light()
+
+    def searched(self) -> str:
+        return self.filterset.form.cleaned_data.get("search") or ""
+
+    def fetch(self, source, *, after=None, before=None, limit: int) -> list:
+        """A search's pages newest first read as jobs/search.py reads them."""
+        text = self.searched()
+        with search.bounded(text):
+            if text and before is None:
+                return search.newest(source, limit, below=after)
+            return super().fetch(source, after=after, before=before, limit=limit)
+
+    def keys(self, source, *, limit: int) -> list[str]:
+        text = self.searched()
+        if not text:
+            return super().keys(source, limit=limit)
+        with search.bounded(text):
+            ids = search.newest(source.values_list("id", flat=True), limit)
+        return [str(pk) for pk in ids]
 
     def datalists(self):
         return {"queue-names": queue_names()}

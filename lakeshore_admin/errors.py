@@ -8,6 +8,7 @@ listed in CODES, so a typo is caught at once rather than shipped."""
 CODES = {
     # 400 / 404 / 429
     "invalid",
+    "search_too_broad",  # 400: a search's reads passed LAKESHORE_SEARCH_TIMEOUT_SECONDS
     "not_found",
     "backlog_full",
     # 409: the state of something forbids the action

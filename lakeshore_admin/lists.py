@@ -17,6 +17,8 @@ from django.http import QueryDict
 from django.utils.http import urlencode
 from django.views.generic import TemplateView
 
+from lakeshore_admin.errors import DomainError
+
 AFTER, BEFORE = "after", "before"
 BAD_KEY = "That page link is broken or too old; this is the first page."
 BIGINT = 2**63 - 1
@@ -128,14 +130,21 @@ class ConsoleListView(TemplateView):
         )
         self.tune_form(filterset.form)
         self.valid = valid = filterset.is_valid()
-        page = self.page(self.source(filterset)) if valid else {"rows": []}
+        errors = None if valid else filterset.errors
+        page = {"rows": []}
+        if valid:
+            try:
+                page = self.page(self.source(filterset))
+            except DomainError as refused:  # filters the list cannot read (too broad)
+                self.valid = False
+                errors = self.refused(filterset.form, refused)
         self.decorate(page["rows"])
         form = filterset.form
         context = self.get_context_data(
             **page,
             form=form,
             filter_fields=[form[name] for name in self.shown_filters or form.fields],
-            errors=None if valid else filterset.errors,
+            errors=errors,
             datalists=self.datalists(),
             list_url=request.path,
             query=request.GET.urlencode(),
@@ -164,6 +173,15 @@ class ConsoleListView(TemplateView):
             for name in form.errors:
                 if name in form.fields:
                     form.fields[name].widget.attrs["aria-invalid"] = "true"
+
+    def refused(self, form, refused: DomainError) -> dict:
+        """What the list says when reading it was refused: the error on the fields it
+        names (marked as the form's own errors are), else on the whole form."""
+        for name in refused.fields:
+            if name in form.fields:
+                form.add_error(name, refused.message)
+                form.fields[name].widget.attrs["aria-invalid"] = "true"
+        return dict(form.errors) or {"__all__": [refused.message]}
 
     def page(self, source) -> dict:
         """The rows of the page the address asks for, and the pager's links."""

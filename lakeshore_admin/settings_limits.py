@@ -36,6 +36,11 @@ if any(not directory.startswith("/") for directory in LAKESHORE_SLURM_CONF_DIRS)
         "LAKESHORE_SLURM_CONF_DIRS", ",".join(LAKESHORE_SLURM_CONF_DIRS), "absolute directories"
     )
 LAKESHORE_NOOP_RETENTION = env_number("LAKESHORE_NOOP_RETENTION", 86400, minimum=60)
+# How long each read of a jobs search (the list, a bulk action's batch) may take before
+# the search is refused as too broad (jobs/search.py).
+LAKESHORE_SEARCH_TIMEOUT_SECONDS = env_number(
+    "LAKESHORE_SEARCH_TIMEOUT_SECONDS", 10, minimum=0.1, kind=float
+)
 LAKESHORE_RETENTION_DAYS = env_number("LAKESHORE_RETENTION_DAYS", 30, minimum=1)
 # The charts' samples (one per queue a minute; the charts show at most a day) and the
 # audit trail of operator actions have retentions of their own.

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import heavy
-from jobs import logs, services
+from jobs import logs, search, services
 from jobs.api import serializers as s
 from jobs.api.long_poll import LongPollView
 from jobs.filters import InvocationFilter
@@ -43,6 +43,15 @@ class JobList(APIView):
             OpenApiParameter(
                 "cursor", int, description="keyset: only ids below this (from the Link header)"
             ),
+            OpenApiParameter(
+                "search",
+                str,
+                description="3–200 characters found in the function, the key or the error's "
+                "headline (any case); a search too broad to read in time is refused with "
+                "search_too_broad",
+            ),
+            OpenApiParameter("since", str, description="submitted at or after (ISO 8601)"),
+            OpenApiParameter("until", str, description="submitted before (ISO 8601)"),
         ],
         responses={200: s.InvocationSerializer(many=True), **errors(400)},
     )
@@ -50,7 +59,15 @@ class JobList(APIView):
         limit = bounded_int(request, "limit", default=50, low=1, high=200)
         offset = bounded_int(request, "offset", default=0, low=0, high=MAX_OFFSET)
         queryset = filtered(InvocationFilter, request, Invocation.objects.light().order_by("-id"))
-        rows = list(queryset[offset : offset + limit + 1])
+        text = request.query_params.get("search")
+        if text:  # valid by now, as the cursor is
+            cursor = request.query_params.get("cursor")
+            with search.bounded(text):
+                rows = search.newest(
+                    queryset, offset + limit + 1, below=int(cursor) if cursor else None
+                )[offset:]
+        else:
+            rows = list(queryset[offset : offset + limit + 1])
         link = None
         if len(rows) > limit:  # the next page by keyset: fast at any depth
             link = next_link(request, drop=("offset",), limit=limit, cursor=rows[limit - 1].pk)

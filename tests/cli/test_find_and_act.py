@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.models import Invocation
+from tests.jobs.test_search_bounds import fill
 from tests.support import builders
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -78,3 +79,13 @@ def test_bulk_cancel_takes_the_same_filters(sh):
         "train.prep": "killed",
         "train.step": "queued",
     }
+
+
+def test_a_search_too_broad_says_how_to_narrow_it(sh, settings):
+    fill(20_000, retired=5_000)
+    settings.LAKESHORE_SEARCH_TIMEOUT_SECONDS = 0.001  # the server runs in this process
+    refused = sh("lakeshore jobs list --search legacy_sync", exit=1)
+    assert "matches too many jobs to read within 0.001 s" in refused.stderr
+    assert "narrow it with a queue, a state or a time (since, until)" in refused.stderr
+    settings.LAKESHORE_SEARCH_TIMEOUT_SECONDS = 10  # the negative control: time enough
+    assert len(sh.json("lakeshore jobs list --search legacy_sync --json")) == 50
