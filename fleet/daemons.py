@@ -30,6 +30,7 @@ from fleet.models import (
 )
 from fleet.parked import write_every
 from jobs.models import Invocation
+from jobs.sdk import POLL_MAX_SECONDS
 from jobs.transitions import claim, completion, kill, rescue
 from jobs.transitions.states import RUNNING
 from jobs.wakeup import CHANNEL as WORK_CHANNEL
@@ -176,6 +177,7 @@ def heartbeat_due(daemon: Daemon, *, within: float | None = None) -> bool:
 
 
 CLAIM_GRACE_SECONDS = 30  # a claim's answer reaches its daemon well within this
+SDK_POLL_GRACE_SECONDS = 5  # between an SDK worker's polls, beyond their own length
 
 
 def daemon_heartbeat(*, daemon: Daemon, held: list[int] | None = None, drain=False) -> dict:
@@ -380,12 +382,17 @@ def daemons_end_drained(queryset) -> list[int]:
 # ---------------------------------------------------------------------------- reaper
 
 
-# Silent past the heartbeat timeout, except an SDK worker within the lease of a job it
-# runs: it sends nothing while it works, so its last poll or result chunk counts, for
-# the job's timeout_s (its run_config's) or LAKESHORE_SDK_LEASE_SECONDS.
+# Silent past the heartbeat timeout, or an SDK worker with no job silent past
+# sdk_idle_silence(), except an SDK worker within the lease of a job it runs: it sends
+# nothing while it works, so its last poll or result chunk counts, for the job's
+# timeout_s (its run_config's) or LAKESHORE_SDK_LEASE_SECONDS.
 _SILENT_SQL = """
 SELECT d.id FROM fleet_daemon d
- WHERE d.state = ANY(%(live)s) AND d.last_heartbeat_at < %(cutoff)s
+ WHERE d.state = ANY(%(live)s)
+   AND (d.last_heartbeat_at < %(cutoff)s
+        OR (d.worker_id IS NOT NULL AND d.last_heartbeat_at < %(idle_cutoff)s
+            AND NOT EXISTS (SELECT 1 FROM jobs_invocation i
+                             WHERE i.daemon_id = d.id AND i.state = %(running)s)))
    AND NOT (d.worker_id IS NOT NULL AND EXISTS (
         SELECT 1 FROM jobs_invocation i
          WHERE i.daemon_id = d.id AND i.state = %(running)s
@@ -395,15 +402,29 @@ SELECT d.id FROM fleet_daemon d
 """
 
 
+def sdk_idle_silence() -> float:
+    """Seconds an SDK worker with no job may go without a poll. It polls again as soon
+    as a poll ends (each waits at most POLL_MAX_SECONDS, renewed by the time it starts,
+    written at most every write_every()), and it never says goodbye: past this it has
+    stopped, and it is lost well before the heartbeat timeout other daemons get."""
+    return min(POLL_MAX_SECONDS + write_every() + SDK_POLL_GRACE_SECONDS, _heartbeat_timeout())
+
+
+def _heartbeat_timeout() -> float:
+    return float(settings.LAKESHORE_HEARTBEAT_TIMEOUT)
+
+
 def daemons_mark_lost(*, now=None) -> list[int]:
-    """Live daemons silent past LAKESHORE_HEARTBEAT_TIMEOUT become lost (rows another
-    transaction holds — a claim in flight — are looked at next time). An SDK worker
-    running a job is held by its lease instead (_SILENT_SQL)."""
+    """Live daemons silent past LAKESHORE_HEARTBEAT_TIMEOUT become lost, and SDK
+    workers with no job silent past sdk_idle_silence() (rows another transaction holds —
+    a claim in flight — are looked at next time). An SDK worker running a job is held by
+    its lease instead (_SILENT_SQL)."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.LAKESHORE_HEARTBEAT_TIMEOUT)
+    cutoff = now - timedelta(seconds=_heartbeat_timeout())
     params = {
         "live": [str(s) for s in LIVE_DAEMON_STATES],
         "cutoff": cutoff,
+        "idle_cutoff": now - timedelta(seconds=sdk_idle_silence()),
         "now": now,
         "running": RUNNING,
         "lease": settings.LAKESHORE_SDK_LEASE_SECONDS,

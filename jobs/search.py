@@ -26,7 +26,7 @@ from psycopg.errors import QueryCanceled
 from jobs.models import Invocation
 from lakeshore_admin.errors import DomainError
 
-SEARCH_RECENT_ROWS = 20_000  # the newest rows a search reads by walking the ids down
+SEARCH_RECENT_ROWS = 5_000  # the newest rows a search reads by walking the ids down
 
 
 class SearchTooBroad(DomainError):

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import httpx
 import msgpack
@@ -217,3 +218,22 @@ def test_an_sdk_worker_killed_during_a_job_has_it_rerun_after_the_lease_not_befo
         row = Invocation.objects.get(pk=int(inv))
         assert (row.state, row.attempts) == ("queued", 1)  # handed back after it
         assert Daemon.objects.get(worker_id__isnull=False).state == "lost"
+
+
+def test_an_idle_sdk_worker_that_stops_polling_is_lost_well_before_the_heartbeat_timeout(
+    gpu, worker
+):
+    other = builders.daemon(queues=["gpu"])  # a daemon of ours, silent as long
+    first = worker()
+    wait_for(lambda: Daemon.objects.filter(worker_id__isnull=False).exists(), what="a poll")
+    os.killpg(first.pid, signal.SIGKILL)  # no goodbye: the SDK has none
+    silence = daemons.sdk_idle_silence()
+    assert silence < 60  # the heartbeat timeout other daemons get
+    seen = Daemon.objects.get(worker_id__isnull=False).last_heartbeat_at
+    Daemon.objects.filter(pk=other.pk).update(last_heartbeat_at=seen)
+    daemons.reap(now=seen + timedelta(seconds=silence - 1))
+    assert Daemon.objects.get(worker_id__isnull=False).state == "idle"  # not yet
+    daemons.reap(now=seen + timedelta(seconds=silence + 1))
+    assert Daemon.objects.get(worker_id__isnull=False).state == "lost"
+    other.refresh_from_db()
+    assert other.state == "idle"  # the negative control: ours waits for its timeout
