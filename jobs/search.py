@@ -8,13 +8,16 @@ slowest one when they all lie in its oldest part (a function retired a month ago
 walk then reads every newer row first. The planner cannot tell the two apart, since its
 statistics say how many rows match, not where they lie.
 
-So a search page is read in two steps. First the newest SEARCH_RECENT_ROWS rows (by id)
-the plain way: a walk bounded by that many rows. Only if they hold too few matches are
-the older ones read, fenced from the primary key's order (`Unindexed`), so that the
-planner collects them through the trigram index (inv_search) and sorts them: a cost
-that follows how many rows match. Every read of a search also runs under a statement
-timeout (LAKESHORE_SEARCH_TIMEOUT_SECONDS): a search that matches too much to collect
-in that time is refused with `search_too_broad`, which says how to narrow it."""
+So a search page is read in steps. First the newest SEARCH_RECENT_ROWS rows (by id)
+the plain way: a walk bounded by that many rows. If they hold some matches but too few,
+their density says how much further the rest likely lie, and the walk goes on that far
+(twice the guess, at most SEARCH_WALK_STRETCH times the first stretch). Only if the
+walks hold too few matches are the older ones read, fenced from the primary key's order
+(`Unindexed`), so that the planner collects them through the trigram index (inv_search)
+and sorts them: a cost that follows how many rows match. Every read of a search also
+runs under a statement timeout (LAKESHORE_SEARCH_TIMEOUT_SECONDS): a search that matches
+too much to collect in that time is refused with `search_too_broad`, which says how to
+narrow it."""
 
 from contextlib import contextmanager
 
@@ -27,6 +30,7 @@ from jobs.models import Invocation
 from lakeshore_admin.errors import DomainError
 
 SEARCH_RECENT_ROWS = 5_000  # the newest rows a search reads by walking the ids down
+SEARCH_WALK_STRETCH = 20  # how much further a walk may go, in first stretches
 
 
 class SearchTooBroad(DomainError):
@@ -49,14 +53,25 @@ class Unindexed(models.Func):
 
 def newest(queryset, count: int, *, below: int | None = None) -> list:
     """The newest `count` rows of `queryset` (which holds a search) with an id below
-    `below` (or any), newest first: the recent rows walked, then the older ones fenced."""
+    `below` (or any), newest first: the recent rows walked, the walk taken further when
+    they show the matches are near, then the older ones fenced."""
     top = below if below is not None else _next_id()
     edge = top - SEARCH_RECENT_ROWS
-    rows = list(queryset.filter(id__gte=edge, id__lt=top).order_by("-id")[:count])
+    rows = _walk(queryset, edge, top, count)
+    if rows and len(rows) < count:  # how far the rest likely lie, from how dense these are
+        guess = (count - len(rows)) * SEARCH_RECENT_ROWS // len(rows)
+        reach = min(2 * guess, SEARCH_WALK_STRETCH * SEARCH_RECENT_ROWS)
+        rows += _walk(queryset, edge - reach, edge, count - len(rows))
+        edge -= reach
     if len(rows) < count:
         older = queryset.filter(id__lt=edge).order_by(Unindexed().desc())
         rows += list(older[: count - len(rows)])
     return rows
+
+
+def _walk(queryset, low: int, high: int, count: int) -> list:
+    """Up to `count` rows with ids in [low, high), newest first (a walk down the ids)."""
+    return list(queryset.filter(id__gte=low, id__lt=high).order_by("-id")[:count])
 
 
 def oldest_id(queryset) -> int | None:

@@ -134,6 +134,18 @@ def test_a_search_with_matches_among_the_newest_rows_reads_no_further(monkeypatc
     assert rows_read(statements) <= 100 + 1  # the 1: the newest id
 
 
+def test_a_search_with_sparse_recent_matches_walks_on_as_far_as_they_say(monkeypatch):
+    monkeypatch.setattr(search, "SEARCH_RECENT_ROWS", 100)
+    ids = fill(30_000, every=50)  # two matches among the newest 100 rows: 18 more in ~900
+    found = []
+    statements = captured(
+        lambda: found.extend(search.newest(Invocation.objects.matching("dataprep"), 20))
+    )
+    assert [row.pk for row in found] == [pk for pk in ids[::-1] if (pk - ids[0]) % 50 == 0][:20]
+    # walked on twice the guess at most: never the 600 matches fenced, never the table
+    assert rows_read(statements) <= 100 + 1_800 + 1
+
+
 def test_the_api_pages_a_search_newest_first_across_the_recent_edge(viewer, monkeypatch):
     monkeypatch.setattr(search, "SEARCH_RECENT_ROWS", 10)
     ids = fill(60, every=3)
