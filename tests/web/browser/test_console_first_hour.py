@@ -89,9 +89,13 @@ def test_the_first_hour_on_the_console(page, live_server, newcomer, size):
     cell = page.locator("#job-table td[data-label='State']").first
     pill = cell.locator("span.state")
     if phone:
-        aligns = page.locator("#job-table tbody tr").first.locator("td").evaluate_all(
-            "tds => tds.filter((td) => td.offsetParent)"
-            ".map((td) => getComputedStyle(td).textAlign)"
+        aligns = (
+            page.locator("#job-table tbody tr")
+            .first.locator("td")
+            .evaluate_all(
+                "tds => tds.filter((td) => td.offsetParent)"
+                ".map((td) => getComputedStyle(td).textAlign)"
+            )
         )
         assert set(aligns) == {"left"}, aligns
         assert pill.bounding_box()["width"] < 0.5 * cell.bounding_box()["width"]
