@@ -4,6 +4,7 @@ starts and stops, not a line per request. The access log goes to var/log/access.
 admin login and token stay reachable in var/credentials (0600; `make credentials`).
 An idle SDK worker polling the whole time adds no line to the terminal."""
 
+import os
 import stat
 import subprocess
 import sys
@@ -17,7 +18,10 @@ from tests.ops.harness import ROOT, MakeRun, clean_start
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("make-run")]
 
-IDLE_SECONDS = 20  # the SDK's worker polls every 2 s: about ten requests
+# The SDK's worker polls every 2 s: about ten requests in the 20 s `make test` waits.
+# The issue's five minutes, which take in the beat's retention run, once by hand:
+# LAKESHORE_TEST_IDLE_SECONDS=300 pytest tests/ops/test_make_run_terminal.py
+IDLE_SECONDS = float(os.environ.get("LAKESHORE_TEST_IDLE_SECONDS", "20"))
 
 
 @pytest.fixture
