@@ -205,6 +205,8 @@ def _serve(port: int, tmp_path):
 
 
 def test_the_daemon_survives_a_server_restart(tmp_path):
+    """Ours rides it out; the SDK's own worker, attached too, exits at the refused
+    connection (README: what survives a restart) and is lost 30 s after its last poll."""
     builders.queue(name="e2e")
     ledger = tmp_path / "ledger"
     inv, _ = services.invocation_submit(
@@ -218,7 +220,16 @@ def test_the_daemon_survives_a_server_restart(tmp_path):
 
     allowed = {"LAKESHORE_ALLOWED_MODULES": "tests.daemon.jobfuncs", "PYTHONPATH": str(ROOT)}
     proc = _start_daemon(Address, tmp_path, "--queues", "e2e", **allowed)
+    sdk_worker = subprocess.Popen(
+        [sys.executable, "-m", "dreamlake.lakeshore.daemon", "--url", Address.url]
+        + ["--token", builders.token("daemon"), "--queue", "e2e"],
+        env={**os.environ, "LAKESHORE_HOME": str(tmp_path / "sdk")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
+        wait_for(lambda: Daemon.objects.filter(worker_id__isnull=False).exists(), what="a poll")
         # the daemon runs the job (its claim's answer reached it), not only its row says
         # so: a server stopped between the claim and its answer leaves the job to its lease
         wait_for(lambda: jobfuncs.starts(str(ledger)), what="the job running on the daemon")
@@ -238,7 +249,14 @@ def test_the_daemon_survives_a_server_restart(tmp_path):
         assert len(reconnected) == 1, log
         assert log.rindex("retrying in") < log.index("reconnected to the server after ")
         assert proc.poll() is None
+        # the SDK's worker did not ride it out: the reaper marks it lost, not ours
+        assert sdk_worker.wait(15) != 0
+        seen = Daemon.objects.get(worker_id__isnull=False).last_heartbeat_at
+        daemons.reap(now=seen + timedelta(seconds=daemons.sdk_idle_silence() + 1))
+        assert Daemon.objects.get(worker_id__isnull=False).state == "lost"
+        assert Daemon.objects.get(worker_id__isnull=True).state in ("idle", "busy")
     finally:
+        sdk_worker.kill()
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
         server.terminate()
