@@ -63,9 +63,10 @@ def newest(queryset, count: int, *, below: int | None = None) -> list:
         reach = min(2 * guess, SEARCH_WALK_STRETCH * SEARCH_RECENT_ROWS)
         rows += _walk(queryset, edge - reach, edge, count - len(rows))
         edge -= reach
-    if len(rows) < count:
+    if len(rows) < count:  # their ids collected and sorted (narrow), then their rows
         older = queryset.filter(id__lt=edge).order_by(Unindexed().desc())
-        rows += list(older[: count - len(rows)])
+        ids = list(older.values_list("id", flat=True)[: count - len(rows)])
+        rows += list(queryset.filter(id__in=ids).order_by("-id")) if ids else []
     return rows
 
 
