@@ -46,7 +46,7 @@ class CeleryPeer:
     def __init__(self, redis_server: Redis, logs: Path = RUN_DIR / "log"):
         self.redis = redis_server
         self.logs = logs  # the workers' output, a file a worker
-        self.version = ""
+        self.version = celery.__version__
         self.broker: redis.Redis | None = None
         self.results: redis.Redis | None = None
         self.sender: Celery | None = None  # the submit rows': no result backend
@@ -54,7 +54,6 @@ class CeleryPeer:
         self.configs: dict[int, dict[str, list[float]]] = {}
 
     def setup(self) -> None:
-        self.version = celery.__version__
         self.broker = redis.Redis.from_url(self.redis.url(BROKER_DB))
         self.results = redis.Redis.from_url(self.redis.url(RESULTS_DB))
         self.sender = celery_app.make_app(self.redis.kombu_url(BROKER_DB), None)

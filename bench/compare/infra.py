@@ -4,6 +4,7 @@ process tree, stopping a process group, and the venv of its own that procrastina
 installed in."""
 
 import contextlib
+import ctypes
 import os
 import re
 import signal
@@ -79,14 +80,31 @@ def stop_process(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
 NOT_FOR_PEERS = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _own_session_dying_with_parent() -> None:
+    """In the child, before exec: a session of its own, and SIGKILL when the bench dies."""
+    os.setsid()
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def start_group(command: list[str], *, env: dict[str, str], log: Path) -> subprocess.Popen:
     """`command` from the checkout's root with this environment and `env`, without
     Django's (NOT_FOR_PEERS), in a session (and process group) of its own, so that
-    stop_group ends it with every process it forked; output to `log`."""
+    stop_group ends it with every process it forked; output to `log`. Its leader is
+    killed by the kernel if the bench dies first (PR_SET_PDEATHSIG): even a bench
+    killed with SIGKILL leaves no worker polling Redis."""
     env = {k: v for k, v in {**os.environ, **env}.items() if k not in NOT_FOR_PEERS}
     with open(log, "wb") as out:  # this run's
         return subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_own_session_dying_with_parent,  # no other thread runs meanwhile
         )
 
 

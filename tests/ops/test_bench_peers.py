@@ -4,6 +4,7 @@ in every configuration, all their jobs done, and no worker process left behind, 
 when a measurement fails midway. Then the Targets table judges Lakeshore against each
 peer's own column, and against its floors. Skipped without Debian's redis-server."""
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from rq import Queue
 
 from bench.compare import report
 from bench.compare.celery_driver import CONFIGS, CeleryPeer
-from bench.compare.infra import REDIS_SERVER, Redis, start_group, stop_group
+from bench.compare.infra import REDIS_SERVER, ROOT, Redis, start_group, stop_group
 from bench.compare.rowkit import CELERY, JOBS_PER_S, LAKESHORE, PROCRASTINATE, RAW, RQ, Row
 from bench.compare.rq_driver import RQPeer
 
@@ -132,6 +133,38 @@ def test_stop_group_ends_a_child_that_left_the_group(tmp_path):
         time.sleep(0.02)
     else:
         assert not psutil.pid_exists(child), "the child that left the group outlived it"
+
+
+DIE_LEAVING_A_WORKER = """
+import os, sys
+from pathlib import Path
+from bench.compare.infra import start_group
+sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+worker = start_group(sleeper, env={}, log=Path(sys.argv[1]))
+print(worker.pid, flush=True)
+os.kill(os.getpid(), 9)  # the bench killed: no finally, no stop_group
+"""
+
+
+def test_a_worker_dies_with_a_bench_killed_before_it_could_stop_it(tmp_path):
+    bench = subprocess.run(
+        [sys.executable, "-c", DIE_LEAVING_A_WORKER, str(tmp_path / "log")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    worker = int(bench.stdout)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(worker).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    psutil.Process(worker).kill()
+    raise AssertionError("the worker outlived the bench that started it")
 
 
 def _result(key: str, values: dict[str, float], **fields) -> report.RowResult:
