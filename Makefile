@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PORT ?= 8080
 
-.PHONY: install run dev test stop-loop lint format check clean token admin-password credentials shell help bench bench-server screenshots slurm-up slurm-down
+.PHONY: install run dev test stop-loop lint format check clean token admin-password credentials shell help bench bench-quick bench-server screenshots slurm-up slurm-down
 
 help:
 	@echo "make run    install, migrate, serve the console on http://127.0.0.1:$(PORT)"
@@ -111,6 +111,11 @@ slurm-down:
 
 bench: install
 	$(BIN)/python -m bench.compare
+
+# One short round of every row (BENCH_QUICK=1), in minutes: var/bench-run/partial.md.
+# Only the full `make bench` writes bench/results/latest.md.
+bench-quick: install
+	BENCH_QUICK=1 $(BIN)/python -m bench.compare
 
 bench-server: install
 	$(BIN)/python bench/server_bench.py

@@ -1,9 +1,11 @@
 """`make bench`: Lakeshore against raw SQL and procrastinate on one PostgreSQL server
-(var/pg-bench), in one run. Prints a side-by-side table and writes it to
-bench/results/latest.md. Asserts nothing.
+(var/pg-bench), and against Celery and RQ on one Redis server (var/bench-run/redis), in
+one run. Prints a side-by-side table and writes it to bench/results/latest.md. Asserts
+nothing.
 
     python -m bench.compare            the full run (its wall time: bench/results/latest.md)
-    BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run)
+    BENCH_QUICK=1 python -m bench.compare   one short round of every row (a smoke run,
+        `make bench-quick`), written to var/bench-run/partial.md
     python -m bench.compare fleet two-server   only these sections (or BENCH_ONLY=fleet,…),
         printed and written to var/bench-run/partial.md (latest.md is left as the last full
         run wrote it); the keys: submit claim door e2e cancel lists fleet two-server tick
@@ -13,12 +15,13 @@ bench/results/latest.md. Asserts nothing.
     BENCH_FLEET_SIZES=200,1000 …        the "N idle daemons" rows at these sizes
     BENCH_INSIGHT_SIZES=1000000 …       the stats and search rows at these table sizes
 
-Modules: infra (paths, PostgreSQL, processes), systems (the three systems), rows (what
-each row measures), scale_rows and fleet (the idle fleet, two servers; the fleet's
-generator is bench/fleet_swarm.py), insight_rows (stats and search over a table of
-millions of finished rows), report (medians, ratios, targets, Markdown), lines
-(the JSON-lines link to helper processes), procrastinate_driver and django_probes (those
-helpers)."""
+Modules: infra (paths, PostgreSQL, Redis, processes), systems (Lakeshore, raw SQL,
+procrastinate), celery_driver and rq_driver (Celery and RQ, driven from this process;
+what their workers import: celery_app, rq_job), rows (what each row measures),
+scale_rows and fleet (the idle fleet, two servers; the fleet's generator is
+bench/fleet_swarm.py), insight_rows (stats and search over a table of millions of
+finished rows), report (medians, ratios, targets, Markdown), lines (the JSON-lines link
+to helper processes), procrastinate_driver and django_probes (those helpers)."""
 
 import dataclasses
 import os
@@ -27,16 +30,26 @@ import sys
 import time
 
 from bench.compare import report, scale_rows
-from bench.compare.infra import RESULTS, ROOT, RUN_DIR, Postgres, progress, wall_seconds
+from bench.compare.celery_driver import CeleryPeer
+from bench.compare.infra import RESULTS, ROOT, RUN_DIR, Postgres, Redis, progress, wall_seconds
 from bench.compare.insight_rows import InsightTable
 from bench.compare.lines import LineClient
 from bench.compare.rowkit import Budget, Section
 from bench.compare.rows import Rows
+from bench.compare.rq_driver import RQPeer
 from bench.compare.systems import Lakeshore, Procrastinate, RawSQL
 
 
 def run_section(section: Section, rounds: int) -> report.SectionResult:
     """Each row's measurements, round by round, the systems in a rotated order."""
+    started = time.monotonic()
+    result = _run_section(section, rounds)
+    result.seconds = time.monotonic() - started
+    progress(f"  ({result.seconds:.0f} s)")
+    return result
+
+
+def _run_section(section: Section, rounds: int) -> report.SectionResult:
     progress(f"— {section.title}")
     results = [report.RowResult(row) for row in section.rows]
     try:
@@ -129,6 +142,9 @@ def main() -> None:
     pg.start()
     lakeshore, raw = Lakeshore(pg), RawSQL(pg)
     procrastinate: Procrastinate | None = Procrastinate(pg)
+    redis_server = Redis()
+    celery: CeleryPeer | None = None
+    rq: RQPeer | None = None
     probes: LineClient | None = None
     sections: list[report.SectionResult] = []
     skipped: list[str] = []
@@ -152,7 +168,17 @@ def main() -> None:
                 procrastinate = None
         else:  # none of the sections asked for has a procrastinate column
             procrastinate = None
-        rows = Rows(lakeshore, raw, procrastinate, None, budget)
+        if only & {"submit", "e2e"}:
+            progress("Celery and RQ: Redis (var/bench-run/redis)")
+            try:
+                redis_server.start()
+                celery, rq = CeleryPeer(redis_server), RQPeer(redis_server)
+                celery.setup()
+                rq.setup()
+            except Exception as exc:  # noqa: BLE001 - the table goes on without them
+                skipped.append(f"Celery and RQ ({exc}): their columns are empty")
+                celery = rq = None
+        rows = Rows(lakeshore, raw, procrastinate, None, budget, celery=celery, rq=rq)
         insight = InsightTable(lakeshore, budget)
         for section in [
             *rows.sections(),
@@ -180,9 +206,10 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001
                 skipped.append(f"claim per queue kind: {exc}")
     finally:
-        for closable in (probes, procrastinate, raw, lakeshore):
+        for closable in (probes, procrastinate, celery, rq, raw, lakeshore):
             if closable is not None:
                 closable.close()
+        redis_server.stop()
         pg.stop()
     facts = [
         time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -201,10 +228,20 @@ def main() -> None:
         f"{budget.rounds} round(s) a row{' (BENCH_QUICK)' if quick else ''}; "
         f"wall time {wall_seconds():.0f} s",
     ]
+    if celery is not None and rq is not None:
+        facts.insert(
+            -1,
+            f"Celery {celery.version} and RQ {rq.version} on Debian's redis-server "
+            f"{redis_server.version} (started by the bench: a unix socket, no persistence), "
+            "driven from this process, their workers started for each measurement: "
+            "Celery's prefork worker plain and tuned (the faster counts), RQ's default "
+            "worker (a work horse forked per job)",
+        )
     if partial:
         facts.append(f"only the sections {', '.join(sorted(only))} (a partial run)")
     text = report.render(sections, facts=facts, skipped=skipped, extra=extra)
-    out = RUN_DIR / "partial.md" if partial else RESULTS / "latest.md"
+    # Only the full run writes latest.md: a partial or quick one goes to the run's folder.
+    out = RUN_DIR / "partial.md" if partial or quick else RESULTS / "latest.md"
     out.write_text(text)
     print("\n" + text)
     written = out.relative_to(ROOT)

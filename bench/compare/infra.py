@@ -1,9 +1,13 @@
 """What every row stands on: paths, progress lines, the PostgreSQL server and its
-databases, free ports, the CPU time of a process tree, and the venv of its own that
-procrastinate is installed in."""
+databases, the Redis server that Celery and RQ share, free ports, the CPU time of a
+process tree, stopping a process group, and the venv of its own that procrastinate is
+installed in."""
 
 import contextlib
+import ctypes
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +25,8 @@ VAR = ROOT / "var"
 PGDATA = VAR / "pg-bench"  # the bench's own PostgreSQL server
 RUN_DIR = VAR / "bench-run"  # LAKESHORE_VAR_DIR of the bench's server, logs
 BENCH_VENV = VAR / "bench-venv"  # procrastinate, apart from the project's .venv
+REDIS_DIR = RUN_DIR / "redis"  # the bench's own Redis server: its socket and log
+REDIS_SERVER = "/usr/bin/redis-server"  # Debian's, as .ci/run installs it
 RESULTS = ROOT / "bench" / "results"
 BIN = Path(sys.executable).parent  # the project's .venv/bin
 PROCRASTINATE_SPEC = "procrastinate==3.10.*"
@@ -67,6 +73,112 @@ def stop_process(process: subprocess.Popen, *, timeout: float = 20.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
+
+
+# What a peer's process must not inherit: importing embedded_db sets Django's settings
+# module, and Celery's worker would then set Django up (its Django fixup) for every task.
+NOT_FOR_PEERS = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _own_session_dying_with_parent() -> None:
+    """In the child, before exec: a session of its own, and SIGKILL when the bench dies."""
+    os.setsid()
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start_group(command: list[str], *, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`command` from the checkout's root with this environment and `env`, without
+    Django's (NOT_FOR_PEERS), in a session (and process group) of its own, so that
+    stop_group ends it with every process it forked; output to `log`. Its leader is
+    killed by the kernel if the bench dies first (PR_SET_PDEATHSIG): even a bench
+    killed with SIGKILL leaves no worker polling Redis."""
+    env = {k: v for k, v in {**os.environ, **env}.items() if k not in NOT_FOR_PEERS}
+    with open(log, "wb") as out:  # this run's
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_own_session_dying_with_parent,  # no other thread runs meanwhile
+        )
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """End what start_group started, and everything its leader forked, wherever it went:
+    the group is stopped first (SIGSTOP: nothing in it forks any more), its leader's
+    descendants are listed (RQ's work horses start sessions of their own, so the group
+    does not hold them), then the group and each of those get SIGKILL; the leader is
+    reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGSTOP)
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for descendant in descendants:
+        with contextlib.suppress(psutil.Error):
+            descendant.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)
+
+
+class Redis:
+    """Debian's redis-server for Celery and RQ, started by the bench on a unix socket
+    under var/bench-run/redis (no TCP port, as PostgreSQL's own socket), with no
+    persistence (no RDB snapshots, no append-only file), stopped at the end."""
+
+    def __init__(self, folder: Path = REDIS_DIR):
+        self.folder = folder
+        self.socket = folder / "redis.sock"
+        self.process: subprocess.Popen | None = None
+        self.version = ""
+
+    def start(self) -> None:
+        if not Path(REDIS_SERVER).exists():
+            raise RuntimeError(f"{REDIS_SERVER} is missing (Debian's package: redis-server)")
+        said = subprocess.run(
+            [REDIS_SERVER, "--version"], capture_output=True, text=True, check=False
+        )
+        found = re.search(r"v=(\S+)", said.stdout)
+        self.version = found.group(1) if found else "?"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.socket.unlink(missing_ok=True)
+        command = [REDIS_SERVER, "--port", "0", "--unixsocket", str(self.socket)]
+        command += ["--unixsocketperm", "700", "--dir", str(self.folder)]
+        command += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
+        command += ["--databases", "4", "--loglevel", "warning"]
+        with open(self.folder / "redis.log", "wb") as log:  # this run's
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"redis-server exited; see {self.folder / 'redis.log'}")
+            if self.socket.exists():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("redis-server made no socket within 20 s")
+
+    def url(self, db: int = 0) -> str:
+        """redis-py's (and RQ's) URL of database `db`."""
+        return f"unix://{self.socket}?db={db}"
+
+    def kombu_url(self, db: int = 0) -> str:
+        """Celery's broker and result backend URL of database `db`."""
+        return f"redis+socket://{self.socket}?virtual_host={db}"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process, timeout=10)
+        self.process = None
+        self.socket.unlink(missing_ok=True)
 
 
 class Postgres:

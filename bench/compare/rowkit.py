@@ -12,10 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bench.compare.celery_driver import CeleryPeer
+from bench.compare.rq_driver import RQPeer
 from bench.compare.systems import Lakeshore, Procrastinate, RawSQL
 
 LAKESHORE, RAW, PROCRASTINATE = Lakeshore.name, RawSQL.name, Procrastinate.name
-SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE)
+CELERY, RQ = CeleryPeer.name, RQPeer.name
+SYSTEMS = (LAKESHORE, RAW, PROCRASTINATE, CELERY, RQ)
+PEERS = (PROCRASTINATE, CELERY, RQ)  # the job queues Lakeshore is compared with
 JOBS_PER_S = "jobs/s"
 
 
@@ -30,6 +34,9 @@ class Budget:
     claim_backlog: dict = field(default_factory=lambda: {LAKESHORE: 5_000, RAW: 40_000})
     e2e_jobs: int = 1_000  # end to end: this many jobs, or e2e_seconds, whichever first
     e2e_seconds: float = 6.0
+    # Celery's group sends one message a task (no bulk publish on Redis): its batch row
+    # sends groups of at most this many, so that a round stays within the budget.
+    celery_group: int = 1_000
     procrastinate_processes: int = 2  # its expert configuration: worker processes (cores)
     fleet_sizes: tuple[int, ...] = (500, 5_000)  # "N idle daemons" (BENCH_FLEET_SIZES)
     fleet_window: float = 20.0  # one window a round, the rounds back to back
@@ -64,6 +71,7 @@ class Budget:
             claim_backlog={LAKESHORE: 3_000, RAW: 10_000},
             e2e_jobs=50,
             e2e_seconds=3.0,
+            celery_group=200,
             fleet_sizes=(100,),
             fleet_window=6.0,
             fleet_submits=5,
@@ -97,6 +105,9 @@ class Row:
     procrastinate_from: str | None = None
     # Why a target on this row may be missed, from the run's own figures ("" if unknown).
     why: Callable[[], str] | None = None
+    # Lakeshore's figure over its own floor measured in the same run (the median of the
+    # rounds' ratios; None if not measured), for the targets that bound it.
+    floor: Callable[[], float | None] | None = None
 
 
 @dataclass

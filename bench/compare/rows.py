@@ -12,18 +12,22 @@ from collections.abc import Callable
 import httpx
 from psycopg.types.json import Jsonb
 
+from bench.compare.celery_driver import CeleryPeer
 from bench.compare.door_rows import DoorRows
 from bench.compare.lines import LineClient
 from bench.compare.rowkit import (
+    CELERY,
     JOBS_PER_S,
     LAKESHORE,
     PROCRASTINATE,
     RAW,
+    RQ,
     Budget,
     Row,
     Section,
     throughput,
 )
+from bench.compare.rq_driver import RQPeer
 from bench.compare.systems import NOOP, Lakeshore, Procrastinate, RawSQL, stop_gunicorn
 from bench.compare.table_rows import TableRows
 from bench.compare.worker_rows import WorkerRows
@@ -39,10 +43,15 @@ class Rows(WorkerRows, DoorRows, TableRows):
         procrastinate: Procrastinate | None,
         probes: LineClient | None,
         budget: Budget,
+        *,
+        celery: CeleryPeer | None = None,
+        rq: RQPeer | None = None,
     ):
         self.ls = lakeshore
         self.raw = raw
         self.pc = procrastinate
+        self.celery = celery  # the peers on Redis (celery_driver.py, rq_driver.py)
+        self.rq = rq
         self.probes = probes  # django_probes.py, once the HTTP rows are done
         self.budget = budget
         self._floor: dict[str, float] | None = None  # floor_figures, once measured
@@ -53,11 +62,19 @@ class Rows(WorkerRows, DoorRows, TableRows):
         self.pc_configs: dict[int, dict[str, list[float]]] = {}
 
     def _runs(self, **by_system: Callable[[], float]) -> dict[str, Callable[[], float]]:
-        """The measurements of the systems present (procrastinate may be missing)."""
-        names = {"lakeshore": LAKESHORE, "raw": RAW, "procrastinate": PROCRASTINATE}
+        """The measurements of the systems present (procrastinate, Celery and RQ may be
+        missing)."""
+        names = {
+            "lakeshore": LAKESHORE,
+            "raw": RAW,
+            "procrastinate": PROCRASTINATE,
+            "celery": CELERY,
+            "rq": RQ,
+        }
         runs = {names[key]: run for key, run in by_system.items()}
-        if self.pc is None:
-            runs.pop(PROCRASTINATE, None)
+        for system, driver in ((PROCRASTINATE, self.pc), (CELERY, self.celery), (RQ, self.rq)):
+            if driver is None:
+                runs.pop(system, None)
         return runs
 
     def sections(self) -> list[Section]:
@@ -79,18 +96,22 @@ class Rows(WorkerRows, DoorRows, TableRows):
             [
                 Row(
                     "submit-one",
-                    "submit one at a time (HTTP POST · defer · INSERT)",
+                    "submit one at a time (HTTP POST · defer · INSERT · apply_async · enqueue)",
                     JOBS_PER_S,
                     True,
                     self._runs(
                         lakeshore=self.lakeshore_submit_one,
                         raw=self.raw_submit_one,
                         procrastinate=lambda: self.pc.rate("defer_one", seconds=b.submit_seconds),
+                        celery=lambda: self.celery.submit_one(b.submit_seconds),
+                        rq=lambda: self.rq.submit_one(b.submit_seconds),
                     ),
+                    floor=lambda: (self._floor or {}).get("lakeshore_floor"),
                 ),
                 Row(
                     "batch",
-                    "batch submit (HTTP list · batch_defer · INSERT … SELECT unnest)",
+                    "batch submit (HTTP list · batch_defer · INSERT … SELECT unnest · group "
+                    "· enqueue_many)",
                     JOBS_PER_S,
                     True,
                     self._runs(
@@ -99,6 +120,10 @@ class Rows(WorkerRows, DoorRows, TableRows):
                         procrastinate=lambda: self.pc.rate(
                             "batch_defer", size=self.batch_size, seconds=b.batch_seconds
                         ),
+                        celery=lambda: self.celery.batch(
+                            min(self.batch_size, b.celery_group), b.batch_seconds
+                        ),
+                        rq=lambda: self.rq.batch(self.batch_size, b.batch_seconds),
                     ),
                 ),
             ],
@@ -107,12 +132,27 @@ class Rows(WorkerRows, DoorRows, TableRows):
             key="submit",
         )
         section.notes.append(lambda: f"batches of {self.batch_size:,} per request/call")
+        if self.celery is not None or self.rq is not None:
+            section.notes.append(self.submit_peers)
         section.notes.append(self.submit_floor)
         section.rows[0].why = self.submit_why
         return section
 
+    def submit_peers(self) -> str:
+        """How Celery and RQ submit, as a note."""
+        group = min(self.batch_size, self.budget.celery_group)
+        return (
+            "Celery and RQ (on the bench's Redis: see the end-to-end notes) submit from this "
+            "process: Celery's apply_async one at a time, and a group of "
+            f"{group:,} sent with one apply_async (a group publishes one message a task, "
+            f"so a larger one only takes longer: batches of {group:,} keep its rounds "
+            "within the budget), from an app with no result backend (no worker runs, "
+            "nothing waits for a result); RQ's enqueue one at a time, and enqueue_many of "
+            f"{self.batch_size:,} jobs (one pipeline)"
+        )
+
     def submit_why(self) -> str:
-        """Why one submit over HTTP stays under 0.5× defer: the floor, measured now."""
+        """Where the floor under one submit over HTTP stands, measured now."""
         floor = self.floor_figures()
         if "defer" not in floor:
             return "the floor under it was not measured (no procrastinate)"

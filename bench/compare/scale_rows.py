@@ -150,7 +150,8 @@ class TwoServers:
             self.stopping.set()
             self.ls.sql("UPDATE fleet_daemon SET state = 'terminated' WHERE name = 'wake'")
             self.ls.sql("SELECT pg_notify('lakeshore_work', %s)", [WAKE_QUEUE])
-            daemon.join(CLAIM_WAIT + 5)
+            if daemon.ident is not None:  # started: a failure before it keeps its own error
+                daemon.join(CLAIM_WAIT + 5)
             stop_gunicorn(server)
             self.ls.reset()
         if self.failure is not None:

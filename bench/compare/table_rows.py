@@ -18,6 +18,7 @@ class TableRows:
             "s",
             False,
             self._runs(lakeshore=self.lakeshore_cancel, raw=self.raw_cancel),
+            floor=lambda: self._cancel_floor_figures()[1] if self.cancel_floors else None,
         )
         self.cancel_floors: list[tuple[float, float]] = []  # (HTTP, one UPDATE) a round
         row.why = self.cancel_why

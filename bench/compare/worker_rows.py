@@ -1,6 +1,7 @@
 """The rows of the daemon's side: claim + complete over HTTP (no job run) against raw
 SQL, and end to end (a real `lakeshore daemon run` against procrastinate's worker, in
-its two configurations). A mixin of Rows (rows.py), whose state it uses."""
+its two configurations, Celery's worker in its two (the pool rows) and RQ's workers (the
+process rows)). A mixin of Rows (rows.py), whose state it uses."""
 
 import time
 from collections.abc import Callable
@@ -161,6 +162,14 @@ class WorkerRows:
                 runs = {"lakeshore": lambda c=concurrency, m=mode: self.lakeshore_e2e(c, m)}
                 if mode == modes[0]:  # procrastinate's worker once per concurrency
                     runs["procrastinate"] = lambda c=concurrency: self.procrastinate_e2e(c)
+                    # Celery's prefork pool keeps its processes: the pool's peer
+                    runs["celery"] = lambda c=concurrency: self.celery.e2e(
+                        c, self.budget.e2e_jobs, self.budget.e2e_seconds
+                    )
+                if mode == "process":  # RQ forks a work horse per job: a process per job
+                    runs["rq"] = lambda c=concurrency: self.rq.e2e(
+                        c, self.budget.e2e_jobs, self.budget.e2e_seconds
+                    )
                 rows.append(
                     Row(
                         first if mode == modes[0] else f"{first}-{mode}",
@@ -185,17 +194,24 @@ class WorkerRows:
                 )
             )
         b = self.budget
-        section = Section("End to end (real daemon · procrastinate's worker)", rows, key="e2e")
+        section = Section(
+            "End to end (real daemon · procrastinate's worker · Celery's · RQ's)", rows, key="e2e"
+        )
         section.notes.append(
             f"{b.e2e_jobs:,} no-op jobs queued at once in one statement, or "
             f"{b.e2e_seconds:.0f} s, whichever first; timed from the insert to the last "
             "success; Lakeshore runs lakeshore.functions.echo through `lakeshore daemon run`, "
-            "procrastinate a no-op task (see below); the rows of jobs that print run "
+            "procrastinate, Celery and RQ a no-op task each (see below); the rows of jobs "
+            "that print run "
             f"{PRINTER[0]}{tuple(PRINTER[1])} (100 lines, each flushed) instead, their "
             "output captured, shipped and stored per job"
         )
         if self.pc is not None:
             section.notes.append(self.procrastinate_configs)
+        if self.celery is not None:
+            section.notes.append(self.celery.notes)
+        if self.rq is not None:
+            section.notes.append(self.rq.notes)
         if len(modes) > 1:
             section.notes.append(
                 f"procrastinate's figure in the rows of modes other than {modes[0]} is the "
