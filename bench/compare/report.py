@@ -327,6 +327,17 @@ PROFILED = [
     "once and each exchange carries every outcome of its round trip (290 → 520–860 jobs/s, "
     "half the server CPU a job). Two claims in flight, each for the free slots, was tried "
     "first and split the batches (80 jobs/s).",
+    "- **End to end at concurrency 8, where the time goes** (`bench/e2e_profile.py`, py-spy "
+    "of the daemon and each server worker, 3,000 jobs, pool): the daemon keeps one exchange "
+    "in flight, and its claim thread spends 86 % of its time waiting for the answer; the "
+    "server's worker is busy 63 % of the time, two thirds of it waiting on PostgreSQL (the "
+    "completion's UPDATE, the claim, two commits); one exchange costs about 6.5 ms of server "
+    "CPU and 4 ms of PostgreSQL's, plus 0.2 and 0.1 ms a job, of which statement execution "
+    "is about 1 ms; the daemon holds its GIL about 20 % of the time, so the GIL is not the "
+    "limit. In process isolation each job takes 20–50 ms to fork and reap, so batches are "
+    "3–17 jobs and the fixed cost of an exchange dominates (about 2 ms of server CPU a job, "
+    "0.6 ms with the pool). A second claim lane (an exchange while another is in flight) "
+    "showed no clear gain on a shared machine and is not in this run.",
     "- **Bulk-cancel** (100,000 queued; database CPU from /proc, WAL from the LSN): each "
     "batch of 5,000 read the queued rows again from the first id, through every row the "
     "batches before it had killed (950,000 dead rows filtered in all), and shipped a row "
