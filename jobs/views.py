@@ -58,6 +58,8 @@ class JobListPage(ConsoleListView):
         "until": {"label": "To", "widget": forms.DateTimeInput(attrs=MOMENT)},
     }
 
+    _search_ids: list[int] | None = None  # this request's (a view serves one request)
+
     def get_queryset(self):
         return Invocation.objects.light()
 
@@ -65,20 +67,31 @@ class JobListPage(ConsoleListView):
         return self.filterset.form.cleaned_data.get("search") or ""
 
     def fetch(self, source, *, after=None, before=None, limit: int) -> list:
-        """A search's pages newest first read as jobs/search.py reads them."""
+        """A search's pages newest first read as jobs/search.py reads them; its first
+        page from the ids the pager reads anyway (one search a refresh, not two)."""
         text = self.searched()
+        if text and after is None and before is None:
+            ids = self.search_ids(source)[:limit]
+            return list(source.filter(id__in=ids).order_by("-id")) if ids else []
         with search.bounded(text):
             if text and before is None:
                 return search.newest(source, limit, below=after)
             return super().fetch(source, after=after, before=before, limit=limit)
 
     def keys(self, source, *, limit: int) -> list[str]:
-        text = self.searched()
-        if not text:
+        if not self.searched():
             return super().keys(source, limit=limit)
-        with search.bounded(text):
-            ids = search.newest(source.values_list("id", flat=True), limit)
-        return [str(pk) for pk in ids]
+        return [str(pk) for pk in self.search_ids(source)[:limit]]
+
+    def search_ids(self, source) -> list[int]:
+        """The ids of a search's first pages, as many as the pager numbers, newest first:
+        read once a request."""
+        if self._search_ids is None:
+            with search.bounded(self.searched()):
+                self._search_ids = search.newest(
+                    source.values_list("id", flat=True), self.page_size * self.max_pages + 1
+                )
+        return self._search_ids
 
     def datalists(self):
         return {"queue-names": queue_names()}

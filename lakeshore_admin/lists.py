@@ -135,9 +135,9 @@ class ConsoleListView(TemplateView):
         if valid:
             try:
                 page = self.page(self.source(filterset))
-            except DomainError as refused:  # filters the list cannot read (too broad)
+            except DomainError as error:  # filters the list cannot read (too broad)
                 self.valid = False
-                errors = self.refused(filterset.form, refused)
+                errors = self.refused(filterset.form, error)
         self.decorate(page["rows"])
         form = filterset.form
         context = self.get_context_data(
@@ -174,14 +174,14 @@ class ConsoleListView(TemplateView):
                 if name in form.fields:
                     form.fields[name].widget.attrs["aria-invalid"] = "true"
 
-    def refused(self, form, refused: DomainError) -> dict:
+    def refused(self, form, error: DomainError) -> dict:
         """What the list says when reading it was refused: the error on the fields it
         names (marked as the form's own errors are), else on the whole form."""
-        for name in refused.fields:
+        for name in error.fields:
             if name in form.fields:
-                form.add_error(name, refused.message)
+                form.add_error(name, error.message)
                 form.fields[name].widget.attrs["aria-invalid"] = "true"
-        return dict(form.errors) or {"__all__": [refused.message]}
+        return dict(form.errors) or {"__all__": [error.message]}
 
     def page(self, source) -> dict:
         """The rows of the page the address asks for, and the pager's links."""

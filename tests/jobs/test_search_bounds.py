@@ -232,3 +232,24 @@ def test_a_bulk_retry_too_broad_is_refused_before_it_retries_any(operator, hurri
     answer = operator.post("/api/v1/jobs/bulk-retry/", body, format="json")
     assert_error(answer, 400, "search_too_broad", field="search")
     assert not Invocation.objects.filter(retry_of__isnull=False).exists()
+
+
+# ---------------------------------------------------------------------------- statements
+
+
+def test_a_search_page_reads_the_search_once_in_a_bounded_number_of_statements(
+    viewer, ops_client, monkeypatch
+):
+    monkeypatch.setattr(search, "SEARCH_RECENT_ROWS", 10)
+    for every in (2, 7, 0):  # dense, sparse (walked on, then fenced), none
+        Invocation.objects.all().delete()
+        fill(300, every=every)
+        with CaptureQueriesContext(connection) as api:
+            assert viewer.get("/api/v1/jobs/?search=dataprep").status_code == 200
+        with CaptureQueriesContext(connection) as page:
+            assert ops_client.get("/jobs/?search=dataprep").status_code == 200
+        # a search is at most a walk, a walk on, the fenced rest's ids and their rows; the
+        # console's first page and its pager share one search, then read the page by id
+        for captured_queries, most in ((api.captured_queries, 4), (page.captured_queries, 5)):
+            searched = [q["sql"][:80] for q in captured_queries if "'dataprep'" in q["sql"]]
+            assert 1 <= len(searched) <= most, (every, searched)
