@@ -294,10 +294,14 @@ def test_a_refresh_keeps_the_focus_where_it_was(ops, live_server, world, size):
         link.evaluate("el => { el.dataset.old = 'yes'; }")  # only the old element has it
         # the next refresh replaced it; then htmx settles (20 ms) and console.js acts
         page.wait_for_function("() => !document.querySelector('[data-old]')", timeout=10_000)
-        page.wait_for_timeout(150)
-        focused = page.evaluate(
-            "[document.activeElement.tagName, document.activeElement.getAttribute('href')]"
-        )
+        # look until console.js has put it back (a loaded machine settles late), or 5 s
+        for _ in range(100):
+            focused = page.evaluate(
+                "[document.activeElement.tagName, document.activeElement.getAttribute('href')]"
+            )
+            if focused[0] != "BODY":
+                break
+            page.wait_for_timeout(50)
         assert focused == ["A", link.get_attribute("href")], (path, focused)
 
 
