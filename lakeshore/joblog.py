@@ -108,6 +108,7 @@ class Attempt:
     seq: int = 0  # the next chunk's number
     dropped: int = 0  # lines dropped since the last chunk taken
     lines: int = 0  # every line read, for figures and tests
+    in_flight: int = 0  # chunks taken and not landed yet (see LogBook.landed)
 
 
 class LogBook:
@@ -153,15 +154,26 @@ class LogBook:
         self.has_lines.set()
 
     def pending(self, keys: Collection[tuple[int, int]] | None = None) -> bool:
+        """Lines of these attempts (every one by default) not landed yet: waiting, or
+        taken and on their way. An outcome reported while its last lines are on their
+        way could reach the server first, and a reader who saw the job end would miss
+        them."""
         with self.lock:
             return any(  # a count of dropped lines alone waits for a line to carry it
-                a.head or a.waiting for k, a in self.attempts.items() if keys is None or k in keys
+                a.head or a.waiting or a.in_flight
+                for k, a in self.attempts.items()
+                if keys is None or k in keys
             )
+
+    def in_flight(self) -> int:
+        """Chunks taken and not landed yet."""
+        with self.lock:
+            return sum(a.in_flight for a in self.attempts.values())
 
     def take(self, keys: Collection[tuple[int, int]] | None = None) -> list[dict]:
         """Chunks to ship (at most SHIPMENT_MAX_BYTES and SHIPMENT_MAX_LINES), each with
         its attempt's next seq. `keys`: only these attempts. What is taken is no longer
-        waiting: give back what could not be shipped with `give_back`."""
+        waiting but still pending until the shipper says it `landed`."""
         chunks: list[dict] = []
         size = shipped = 0
         with self.lock:
@@ -206,6 +218,7 @@ class LogBook:
                         }
                     )
                     attempt.seq += 1
+                    attempt.in_flight += 1
                     if not from_head:
                         attempt.dropped = 0
                     size += taken
@@ -213,6 +226,15 @@ class LogBook:
             if not any(a.head or a.waiting for a in self.attempts.values()):
                 self.has_lines.clear()
         return chunks
+
+    def landed(self, chunks: list[dict]) -> None:
+        """The chunks `take` gave are done with: the server has them, or refused them,
+        or they went to the daemon's own log."""
+        with self.lock:
+            for chunk in chunks:
+                attempt = self.attempts.get((chunk["invocation"], chunk["attempt"]))
+                if attempt is not None:
+                    attempt.in_flight -= 1
 
     def forget(self, key: tuple[int, int]) -> None:
         """The attempt's log is shipped (or can never be): drop what is left of it."""

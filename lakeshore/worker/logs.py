@@ -1,8 +1,8 @@
 """Shipping what jobs print: the `Shipper` (a thread of its own) sends the log book's
 lines (lakeshore.joblog) to the server at least every SHIP_EVERY seconds while lines
 wait, each registration's to its own POST …/daemons/<id>/logs/. An outcome whose job
-left lines waiting is reported only after they are shipped (`then_report`), so a
-reader who sees the job end has every line it printed, up to a kill.
+left lines waiting or on their way is reported only after they landed (`then_report`),
+so a reader who sees the job end has every line it printed, up to a kill.
 
 A server that cannot be reached is retried with back-off (the book keeps lines up to
 its bound meanwhile, and counts what it drops); a chunk the server calls stale (the
@@ -115,8 +115,11 @@ class Shipper:
         by_daemon: dict[str | None, list[dict]] = {}
         for chunk in chunks:
             by_daemon.setdefault(chunk.pop("daemon_id"), []).append(chunk)
-        for daemon_id, group in by_daemon.items():
-            self._ship(daemon_id, group)
+        try:
+            for daemon_id, group in by_daemon.items():
+                self._ship(daemon_id, group)
+        finally:
+            self.book.landed(chunks)
         return bool(chunks)
 
     def _ship(self, daemon_id: str | None, chunks: list[dict], *, resent: bool = False) -> None:

@@ -81,13 +81,36 @@ def test_an_outcome_waits_for_its_jobs_last_lines():
     shipper.close(2)
 
 
+def test_an_outcome_waits_for_its_last_lines_already_on_their_way():
+    """The lines were taken and sent before the job ended; their request is still out
+    when its outcome comes. The outcome once went at once (nothing waited in the book),
+    reached the server first, and `jobs logs --follow` ended without the last lines."""
+    server, book = Server(), LogBook()
+    released = []
+    shipper = make(server, book, ready=released.extend)
+    server.reachable.clear()  # the request carrying the lines is out and not answered
+    book.add((7, 1), "d1", "o", ["tick 14"])
+    wait_for(lambda: book.in_flight() == 1)
+    outcome = Outcome(item(7), "succeeded", None, "", 0.1)
+    assert shipper.then_report(outcome) and outcome.ready is False
+    time.sleep(0.3)
+    assert released == []  # not reported before its lines landed
+    server.reachable.set()
+    wait_for(lambda: released == [outcome])
+    assert server.lines() == ["tick 14"]
+    # the control: once the lines have landed, the next outcome of that attempt goes at once
+    again = Outcome(item(7), "succeeded", None, "", 0.1)
+    assert not shipper.then_report(again) and again.ready
+    shipper.close(2)
+
+
 def test_while_the_server_is_away_it_keeps_a_bounded_buffer_and_says_what_it_dropped():
     server, book = Server(), LogBook(max_bytes=200, head_keep=30)  # 3 lines
     said = []
     shipper = make(server, book, log=said.append)
     server.reachable.clear()
     book.add((7, 1), "d1", "o", ["000000000"])  # taken at once, then stuck in flight
-    wait_for(lambda: not book.pending())
+    wait_for(lambda: book.in_flight() == 1)
     for i in range(1, 101):
         book.add((7, 1), "d1", "o", [f"{i:09d}"])
     assert book.bytes <= 200
