@@ -7,7 +7,8 @@ processes) starts what was claimed as slots free up, the pool's monitor ends wha
 and the heartbeat and operators' orders find and stop invocations.
 
 Claiming ahead: while the last jobs ran shorter than AHEAD_BELOW on average, a claim
-may ask for more than the free slots (see the package's docstring)."""
+may ask for more than the free slots, and waits for a batch's room while every slot
+has its next job (see the package's docstring)."""
 
 import threading
 import time
@@ -23,6 +24,7 @@ from lakeshore.worker.stopping import Stopping
 AHEAD_BELOW = 0.1  # claim ahead of free slots while jobs run shorter than this (s)
 AHEAD_WAIT = 0.05  # ... as many as the slots run in about this long (s), at least one each
 CLAIM_LIMIT_MAX = 100  # the most one claim may ask for (the server's limit)
+BATCH_WAIT = 0.025  # seconds a claim waits for a batch's room while every slot has work
 
 
 class Slots:
@@ -143,10 +145,23 @@ class Slots:
 
     def reserve(self) -> tuple[int, bool]:
         """Waits until a claim may ask for some, and reserves them: (how many, whether
-        anything is held or asked for already). (0, …) when the daemon stops."""
+        anything is held or asked for already). (0, …) when the daemon stops. While
+        every slot has its next job waiting, it waits for a batch's room (`_batch`),
+        BATCH_WAIT at most from when some was free."""
         with self.lock:
-            while self._free() <= 0 and not self.stopping.any():
-                self.changed.wait(1.0)
+            since: float | None = None  # when some room was first free
+            while not self.stopping.any():
+                free = self._free()
+                if free <= 0:
+                    self.changed.wait(1.0)
+                    continue
+                if free >= self._batch() or len(self.arrived) < self.concurrency:
+                    break
+                now = time.monotonic()
+                since = now if since is None else since
+                if now - since >= BATCH_WAIT:
+                    break
+                self.changed.wait(since + BATCH_WAIT - now)
             free = min(self._free(), CLAIM_LIMIT_MAX)
             busy = bool(self.running) or self.reserved > 0
             if self.stopping.any() or free <= 0:
@@ -175,6 +190,12 @@ class Slots:
             return 0
         through = int(self.concurrency * AHEAD_WAIT / max(average, 0.0005))
         return min(max(self.concurrency, through), CLAIM_LIMIT_MAX)
+
+    def _batch(self) -> int:
+        """How much room a claim waits for while every slot has its next job waiting (lock
+        held): half of what the slots and the claims ahead hold. A claim for a few at a time
+        would cost a request each few jobs."""
+        return max(1, (self.concurrency + self._ahead()) // 2)
 
     def _free(self) -> int:
         """How many a claim may ask for now (lock held): free slots plus what may be
