@@ -37,8 +37,12 @@ PRINTER = ("lakeshore.functions.count", [100, 0])  # 100 lines, at once: a chatt
 
 
 def stop_gunicorn(server: subprocess.Popen) -> None:
+    """SIGTERM, gunicorn's graceful stop: the app ends its parked waits at once and the
+    workers exit within a second or two. Its quick stop (SIGINT) sends the workers
+    SIGQUIT, on which they wait out graceful_timeout (25 s) before the arbiter kills
+    them."""
     if server.poll() is None:
-        server.send_signal(signal.SIGINT)  # quick shutdown: no 25 s grace
+        server.send_signal(signal.SIGTERM)
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
