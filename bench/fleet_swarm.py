@@ -25,7 +25,8 @@ daemon's own constants and rules (imported, not copied):
 - on 409 daemon_lost it registers again (Worker._not_live); on daemon_terminated or
   a revoked token it stops.
 
-Daemons register at random moments of the first `ramp` seconds (a fleet coming up).
+Daemons register at random moments of the first `ramp` seconds (a fleet coming up),
+at most REGISTERING_AT_ONCE at a time a process (the others wait their turn).
 From `start_at`, which the parent writes to `start_file` once the whole fleet has
 registered (time.monotonic(), which is system-wide on Linux, so the parent and
 several generators share it), come `windows` windows of `window` seconds; each event
@@ -67,6 +68,11 @@ from lakeshore.worker.reporting import Outcome
 HEARTBEAT_DEFAULT = next(p.default for p in daemon_run_command.params if p.name == "heartbeat")
 CLAIM_WAIT = inspect.signature(Worker).parameters["claim_wait"].default
 LATE = 2.0  # a poll answered later than its wait plus this was not answered in time
+# Registrations a generator process has in flight at once, at most: the rest of its
+# daemons wait their turn. Without a bound, a server slower than the ramp queued the
+# registrations past the client's timeout, each daemon registered again (a row no one
+# renews), and 5,000 daemons took minutes to come up, hundreds marked lost meanwhile.
+REGISTERING_AT_ONCE = 8
 
 
 def renew_interval(heartbeat_timeout) -> float:
@@ -116,6 +122,7 @@ class Fleet:
         self.submits: list[dict] = []  # {"sent", "answered", "id"}: the submitter's
         self.claimed: dict[str, float] = {}  # invocation id → the claim answer carrying it
         self.registered = 0
+        self.registering = asyncio.Semaphore(REGISTERING_AT_ONCE)
         self.ids: list = []  # every daemon id a register answer gave (again after lost)
         self.renewed: dict[int, float] = {}  # daemon → its last renewal (monotonic)
         self.polling: dict[int, float] = {}  # daemon → when its poll in flight was sent
@@ -208,7 +215,8 @@ class Fleet:
         await asyncio.sleep(random.uniform(0, self.args["ramp"]))  # noqa: S311
         async with self.client(self.args["token"]) as client:
             while True:
-                me = await self.register(client, index)
+                async with self.registering:
+                    me = await self.register(client, index)
                 self.registered += 1
                 self.ids.append(me["id"])
                 self.renew(index, time.monotonic())

@@ -14,7 +14,7 @@ import httpx
 from bench.compare.fleet import FleetResult, run_fleet
 from bench.compare.rowkit import Budget, Row, Section
 from bench.compare.systems import NOOP, Lakeshore, stop_gunicorn
-from bench.fleet_swarm import CLAIM_WAIT, percentile
+from bench.fleet_swarm import CLAIM_WAIT, REGISTERING_AT_ONCE, percentile
 from lakeshore.pool.job_process import Running
 from lakeshore.worker.claim_loop import WIRES
 from lakeshore.worker.reporting import Outcome
@@ -87,7 +87,9 @@ def fleet_section(lakeshore: Lakeshore, budget: Budget, daemons: int) -> Section
     section = Section(f"{daemons:,} idle daemons", rows, prepare=prepare, key="fleet")
     section.notes.append(
         f"one fleet run: the daemons register over max(5 s, N ÷ "
-        f"{budget.fleet_ramp_per_second:g}/s); 10 s after the whole fleet has registered "
+        f"{budget.fleet_ramp_per_second:g}/s), at most {REGISTERING_AT_ONCE} at a time per "
+        "generator process (the others wait their turn, so none times out and registers "
+        "again); 10 s after the whole fleet has registered "
         f"(the moment is in the note below), one {budget.fleet_window:.0f} s window a round "
         "(the rounds back to back); each claims and heartbeats as the "
         "daemon's own code says (bench/fleet_swarm.py imports its defaults and rules); "
