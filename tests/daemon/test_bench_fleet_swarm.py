@@ -131,3 +131,39 @@ def test_an_idle_daemon_whose_poll_was_answered_skips_its_heartbeat(state, sends
 
 def test_the_fleet_skips_by_the_daemons_own_rule():
     assert fleet_swarm.claims_renew is heartbeat.claims_renew
+
+
+class _Registered(Exception):
+    """Ends a daemon of the test fleet right after its registration."""
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_generator_has_at_most_its_bound_of_registrations_in_flight(monkeypatch, bounded):
+    """A fleet that comes up faster than the server registers waits its turn: without
+    the bound (the control) every daemon's registration is in flight at once."""
+    if not bounded:
+        monkeypatch.setattr(fleet_swarm, "REGISTERING_AT_ONCE", 1_000)
+    daemons = 4 * fleet_swarm.REGISTERING_AT_ONCE if bounded else 40
+    fleet = Fleet(
+        {"base": "http://127.0.0.1:9", "token": "t", "ramp": 0, "windows": 1, "window": 1.0}
+    )
+    in_flight, most = 0, 0
+
+    async def register(client, index):
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)  # the server's answer
+        in_flight -= 1
+        raise _Registered
+
+    monkeypatch.setattr(fleet, "register", register)
+
+    async def come_up():
+        return await asyncio.gather(
+            *(fleet.daemon(i) for i in range(daemons)), return_exceptions=True
+        )
+
+    ended = asyncio.run(come_up())
+    assert all(isinstance(outcome, _Registered) for outcome in ended)
+    assert most == (fleet_swarm.REGISTERING_AT_ONCE if bounded else daemons)
