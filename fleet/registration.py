@@ -139,10 +139,12 @@ def daemon_register(
     `token` is the API token it spoke with, which must be scoped to those queues.
 
     Answers the daemon and its own credential (raw, shown once): a daemon token bound to
-    this one daemon, revoked when it ends. The token that registered (a bootstrap
-    token) may register more daemons but never acts as them. When `token` is already a
-    daemon's own credential (one a provider minted for the daemon it launched), it
-    registers only that daemon, and the credential is None: it keeps the one it has.
+    this one daemon, revoked when it ends. A new daemon comes back as made, its
+    `current_invocation_id` None: the answer needs no second read of it. The token that
+    registered (a bootstrap token) may register more daemons but never acts as them.
+    When `token` is already a daemon's own credential (one a provider minted for the
+    daemon it launched), it registers only that daemon, and the credential is None: it
+    keeps the one it has.
     Either way `admit_registration` decides first."""
 
     names = _served(queues)
@@ -152,17 +154,18 @@ def daemon_register(
     with transaction.atomic():
         if token is not None and token.bound:
             return _register_own(token, names), None
+        registered_with = admit_registration(token=token)
+        credential, raw = credential_issue(user=owner, name=name, queues=names)
         daemon = _create(
             owner=owner,
             name=name,
             names=names,
             provider=_provider_for(provider),
             instance_type=instance_type,
-            registered_with=admit_registration(token=token),
+            registered_with=registered_with,
+            token=credential,
         )
-        credential, raw = credential_issue(user=owner, name=name, queues=names)
-        Daemon.objects.filter(pk=daemon.pk).update(token=credential)
-        daemon.token = credential
+        daemon.current_invocation_id = None  # a row made just now runs nothing yet
         return daemon, raw
 
 

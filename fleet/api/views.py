@@ -108,7 +108,9 @@ class DaemonRegisterView(APIView):
         daemon, credential = registration.daemon_register(
             owner=request.user, token=request.auth, **data.validated_data
         )
-        registered = services.daemon_get(daemon.pk)
+        # A new daemon (its credential issued just now) is answered as made; one whose
+        # own credential registered it was updated in place: read again.
+        registered = daemon if credential is not None else services.daemon_get(daemon.pk)
         registered.credential = credential
         return Response(
             s.RegisteredDaemonSerializer(registered).data, status=status.HTTP_201_CREATED

@@ -16,10 +16,12 @@ from datetime import timedelta
 import msgpack
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.services import token_create
-from fleet import daemons, registration
+from fleet import daemons, registration, services
+from fleet.api.serializers import RegisteredDaemonSerializer
 from fleet.models import Daemon
 from lakeshore_admin import hooks
 from lakeshore_admin.errors import QuotaReached
@@ -260,3 +262,28 @@ def test_control_if_those_far_from_it_held_nothing_the_limit_is_passed(monkeypat
     monkeypatch.setattr(registration, "share_registrar", lambda token_id: None)
     seen = _second_during_the_first(settings, limit=2, others=1)
     assert (seen["waited"], isinstance(seen["second"], int), seen["live"]) == (False, True, 3)
+
+
+def test_a_registration_takes_its_statements_and_answers_the_daemon_as_stored(api):
+    """A new daemon is answered as it was made, not read again: the answer is what a
+    read of its row gives. The statements: the queues, the token's row in share and its
+    count (in a savepoint), the credential, the daemon, and the transaction's own."""
+    builders.queue(name="w")
+    _, bootstrap = token_create(username="robots", role="daemon")
+    register(api, bootstrap, "warm")  # the first request of a test reads what it caches
+    with CaptureQueriesContext(connection) as ran:
+        answer = register(api, bootstrap, "counted")
+    assert answer.status_code == 201, answer.json()
+    statements = [q["sql"].split()[0].upper() for q in ran.captured_queries]
+    assert len(statements) == REGISTRATION_STATEMENTS, statements
+    assert not [s for s in statements if s == "UPDATE"]  # the credential is set as it is made
+    stored = services.daemon_get(answer.json()["id"])
+    stored.credential = answer.json()["token"]
+    assert answer.json() == RegisteredDaemonSerializer(stored).data
+
+
+# The token and its groups, the queues, a savepoint for the request's transaction (the
+# test's own holds it) and one for the count, the token's row and the count, the
+# credential and the daemon: 11 (13 when the daemon took its credential in an UPDATE
+# and the answer read it again)
+REGISTRATION_STATEMENTS = 11
