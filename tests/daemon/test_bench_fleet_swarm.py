@@ -164,6 +164,6 @@ def test_a_generator_has_at_most_its_bound_of_registrations_in_flight(monkeypatc
             *(fleet.daemon(i) for i in range(daemons)), return_exceptions=True
         )
 
-    ended = asyncio.run(come_up())
+    ended = builders.run_async(come_up())
     assert all(isinstance(outcome, _Registered) for outcome in ended)
     assert most == (fleet_swarm.REGISTERING_AT_ONCE if bounded else daemons)
