@@ -229,11 +229,12 @@ class LogBook:
 
     def landed(self, chunks: list[dict]) -> None:
         """The chunks `take` gave are done with: the server has them, or refused them,
-        or they went to the daemon's own log."""
+        or they went to the daemon's own log. An attempt forgotten meanwhile (its
+        invocation abandoned) and begun again by a late line counts none of them."""
         with self.lock:
             for chunk in chunks:
                 attempt = self.attempts.get((chunk["invocation"], chunk["attempt"]))
-                if attempt is not None:
+                if attempt is not None and attempt.in_flight > 0:
                     attempt.in_flight -= 1
 
     def forget(self, key: tuple[int, int]) -> None:

@@ -31,8 +31,8 @@ claimed ahead is held (heartbeats name it) and is started even while draining. L
 are never claimed ahead: one would wait behind another's whole run while another daemon
 might be idle. One claim is in flight at a time: two at once, each for the slots free,
 made the batches small (the same record). While every slot has its next job waiting,
-a claim waits for half the room to be free (BATCH_WAIT, 25 ms, at most): it would
-otherwise go for the few that just ended, one request every few jobs.
+a claim waits for half the room to be free (BATCH_WAIT at most): it would otherwise
+go for the few that just ended, one request every few jobs.
 
 Dispatch safety: a job process must never outlive the daemon that claimed it, or the
 reaper would hand the work to another daemon while the first copy still runs.

@@ -98,3 +98,19 @@ def test_an_attempt_whose_lines_were_all_dropped_does_not_wait_on_the_shipper():
     assert book.attempts[(2, 1)].dropped == 1
     assert not book.pending({(2, 1)})
     assert book.pending({(1, 1)})  # the control: lines waiting keep an attempt pending
+
+
+def test_a_chunk_landing_after_its_attempt_was_forgotten_leaves_no_count_behind():
+    """An abandoned invocation's lines are forgotten while a chunk of them is out; a late
+    line begins the attempt again. That chunk's landing must not count against it, or
+    its lines would seem on their way for ever."""
+    book = LogBook()
+    book.add((1, 1), "d1", "o", ["a"])
+    out = book.take()
+    book.forget((1, 1))
+    book.add((1, 1), "d1", "o", ["late"])
+    book.landed(out)
+    late = book.take()
+    assert book.pending()  # the late line is on its way
+    book.landed(late)
+    assert not book.pending()
