@@ -12,14 +12,19 @@ with time as they do in a live table. The searches look for a rare text, a commo
 one common in the table but absent from its newer part (a function retired a month
 ago), and a common one among the failures (state=failed).
 
-Each size is filled afresh by INSERT … SELECT generate_series in chunks; the old rows
+Each size is filled afresh by INSERT … SELECT generate_series in chunks, on LANES
+connections at once (a bulk load uses every core; each row's id is its number g, so ids
+still grow with time whichever lane wrote it), the secondary indexes of the old rows
+built after them, LANES at once too; the old rows
 are then vacuumed (as autovacuum would have done long ago), the last day's only
 analysed (as a live table's newest rows are). Once measured, every statement on
 jobs_invocation that each request runs is explained (EXPLAIN (ANALYZE, BUFFERS),
 through the views themselves in django_probes.py) into the run's log directory, and
 the indexes each one read are named in a note."""
 
+import queue
 import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -33,6 +38,7 @@ from bench.compare.systems import Lakeshore
 QUEUES = 4  # the rows are dealt over insight-0 … insight-3 in turn
 STATS_QUEUE = "insight-0"
 FILL_CHUNK = 250_000
+LANES = 2  # connections filling, and building indexes, at once: one a core
 RARE_ROWS = 6  # failed rows whose error says RARE_TEXT, spread over the old rows
 RARE_TEXT = "checksum mismatch"
 COMMON_TEXT = "bad shard 17"  # one of the 20 errors: a twentieth of the failures
@@ -55,9 +61,9 @@ OLD = (timedelta(days=31), timedelta(days=1))
 # those before they started), a few hundred functions (the retired one up to row
 # retired_until), a key on one row in ten; finished_at = start + (g - first) × step.
 _FILL_SQL = r"""
-INSERT INTO jobs_invocation (queue, function, args, kwargs, priority, state, attempts,
+INSERT INTO jobs_invocation (id, queue, function, args, kwargs, priority, state, attempts,
         max_attempts, timeout_s, key, reason, error, created_at, started_at, finished_at)
-SELECT 'insight-' || g %% 4,
+SELECT g, 'insight-' || g %% 4,
        CASE WHEN g <= %(retired_until)s THEN 'ledger.tasks.legacy_sync'
             ELSE (ARRAY['reports.tasks.build_', 'billing.tasks.charge_', 'mail.tasks.send_',
                         'export.tasks.dump_'])[1 + k %% 4] || k / 4 END,
@@ -274,16 +280,21 @@ class InsightTable:
             self._write(oldest, size)
         finally:
             build_started = time.perf_counter()
-            self.ls.sql("SET maintenance_work_mem = '512MB'")
-            for name, definition in indexes:
-                progress(f"  insight fill: building {name}")
-                self.ls.sql(definition)
+            # The trigram index takes the longest: first, so the other lane builds the rest.
+            builds = sorted(indexes, key=lambda index: " gin " not in index[1].lower())
+            self._in_lanes(
+                [(f"building {name}", definition, None) for name, definition in builds],
+                setup=f"SET maintenance_work_mem = '{512 // LANES}MB'",
+            )
             built = time.perf_counter() - build_started
         vacuum_started = time.perf_counter()
         self.ls.sql("VACUUM ANALYZE jobs_invocation")
         vacuumed = time.perf_counter() - vacuum_started
         self._write(Segment(old_end + 1, day_end, *self._span(DAY, day_end - old_end)), size)
         self._write(Segment(day_end + 1, size, *self._span(HOUR, size - day_end)), size)
+        self.ls.sql(  # the ids were given: the next row made takes the one after
+            "SELECT setval(pg_get_serial_sequence('jobs_invocation', 'id'), %s)", [size]
+        )
         self.ls.sql("ANALYZE jobs_invocation")
         took = time.perf_counter() - started
         table = self.ls.sql("SELECT pg_size_pretty(pg_total_relation_size('jobs_invocation'))")
@@ -305,25 +316,56 @@ class InsightTable:
         return datetime.now(UTC) - since, (since - until) / rows
 
     def _write(self, segment: Segment, size: int) -> None:
-        low = segment.first
-        while low <= segment.last:
+        chunks = []
+        for low in range(segment.first, segment.last + 1, FILL_CHUNK):
             high = min(low + FILL_CHUNK - 1, segment.last)
-            started = time.perf_counter()
-            self.ls.sql(
-                _FILL_SQL,
-                {
-                    "low": low,
-                    "high": high,
-                    "first": segment.first,
-                    "start": segment.start,
-                    "step": segment.step,
-                    "rare_every": segment.rare_every,
-                    "retired_until": segment.retired_until,
-                },
-            )
-            rate = (high - low + 1) / (time.perf_counter() - started)
-            progress(f"  insight fill: {high:,} of {size:,} rows ({rate:,.0f} rows/s)")
-            low = high + 1
+            params = {
+                "low": low,
+                "high": high,
+                "first": segment.first,
+                "start": segment.start,
+                "step": segment.step,
+                "rare_every": segment.rare_every,
+                "retired_until": segment.retired_until,
+            }
+            chunks.append((f"rows {low:,}–{high:,} of {size:,}", _FILL_SQL, params))
+        self._in_lanes(chunks)
+
+    def _in_lanes(self, statements: list[tuple[str, str, dict | None]], setup: str = "") -> None:
+        """Run (label, sql, params) statements on LANES connections of their own, each
+        lane taking the next statement as it finishes one, in the order given; each
+        statement's end is reported. Raises the first failure, once every lane stopped."""
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for statement in statements:
+            todo.put(statement)
+        failures: list[BaseException] = []
+
+        def lane() -> None:
+            try:
+                with self.ls.pg.connect(self.ls.database) as conn:
+                    if setup:
+                        conn.execute(setup)
+                    while not failures:
+                        try:
+                            label, sql, params = todo.get_nowait()
+                        except queue.Empty:
+                            return
+                        started = time.perf_counter()
+                        conn.execute(sql, params)
+                        took = time.perf_counter() - started
+                        progress(f"  insight fill: {label} ({took:,.1f} s)")
+            except BaseException as failure:  # noqa: BLE001 - raised again in the caller
+                failures.append(failure)
+
+        threads = [threading.Thread(target=lane) for _ in range(min(LANES, len(statements)))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+        if not todo.empty():
+            raise RuntimeError("a fill lane stopped with statements left undone")
 
     def _expect(self, size: int, *, old_end: int, day_end: int) -> None:
         """What each probe should find: the rows ended in its window, or its matches."""
