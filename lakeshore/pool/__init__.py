@@ -13,7 +13,10 @@ Isolation:
   invocation, and when it dies or is killed (timeout, stop). Replacements are started
   by the claim loop's thread before it claims (or when it hands out work).
 - "process": a fresh process per invocation, started when the invocation is handed
-  out, which ends when its process exits. It is forked from the job template
+  out, which ends when its process exits. The invocations handed out together have
+  their processes forked together, just before (`Pool.fork_ahead`: every request sent
+  to the template before its first answer is read); each runs one invocation, whose id
+  the runner sets as a pool process's. It is forked from the job template
   (`template`, `forkserver`: an interpreter started once, which imported the runner
   and what the allowed modules import) and runs the same runner; it is the daemon's
   own child all the same (clone with CLONE_PARENT), so everything below holds for it.

@@ -75,34 +75,53 @@ class JobProcess:
     def start(cls, env: dict, *, once: bool, template: "Template | None" = None) -> "JobProcess":
         """A new `lakeshore.runner` process: a fresh interpreter, or (once, with a
         template) a child forked from the warm template, which runs the same runner."""
-        runner_in, to_runner = os.pipe()
-        from_runner, runner_out = os.pipe()
-        out_read, out_write = os.pipe()  # the job's stdout and stderr: its log
-        err_read, err_write = os.pipe()
-        command = [sys.executable, "-m", RUNNER, "--in", str(runner_in), "--out", str(runner_out)]
+        pipes = _Pipes()
+        command = [sys.executable, "-m", RUNNER, "--in", str(pipes.runner_in)]
+        command += ["--out", str(pipes.runner_out)]
         process: JobHandle
         try:
             if template is not None and once:
-                process = template.fork(env, (runner_in, runner_out, out_write, err_write))
+                process = template.fork(env, pipes.child_ends)
             else:
                 process = start_job_process(
                     [*command, "--once"] if once else command,
                     env,
                     stdin=subprocess.DEVNULL,  # a job that reads stdin finds nothing
-                    stdout=out_write,
-                    stderr=err_write,
-                    pass_fds=(runner_in, runner_out),
+                    stdout=pipes.out_write,
+                    stderr=pipes.err_write,
+                    pass_fds=(pipes.runner_in, pipes.runner_out),
                 )
         except BaseException:
-            for fd in (to_runner, from_runner, out_read, err_read):
-                os.close(fd)
+            pipes.close_ours()
             raise
         finally:
-            for fd in (runner_in, runner_out, out_write, err_write):
-                os.close(fd)
-        for fd in (from_runner, out_read, err_read):
-            os.set_blocking(fd, False)
-        return cls(process, to_runner, from_runner, once, {OUT: out_read, ERR: err_read})
+            pipes.close_child_ends()
+        return pipes.job_process(process, once)
+
+    @classmethod
+    def fork_many(cls, envs: list[dict], template: Template) -> list:
+        """A job process (once) for each env, forked from the warm template in one
+        exchange with it (Template.fork_many). Answers each one's JobProcess, or the
+        OSError that says why it could not be made, in the order of `envs`."""
+        pipes = [_Pipes() for _ in envs]
+        try:
+            requests = [(env, made.child_ends) for env, made in zip(envs, pipes, strict=True)]
+            forked = template.fork_many(requests)
+        except BaseException:
+            for made in pipes:
+                made.close_ours()
+            raise
+        finally:
+            for made in pipes:
+                made.close_child_ends()
+        processes: list = []
+        for made, process in zip(pipes, forked, strict=True):
+            if isinstance(process, OSError):
+                made.close_ours()
+                processes.append(process)
+            else:
+                processes.append(made.job_process(process, True))
+        return processes
 
     @property
     def pid(self) -> int:
@@ -202,3 +221,33 @@ class JobProcess:
                 if fd is not None and fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+
+
+class _Pipes:
+    """The pipes of one new job process: the runner's input and output, and its stdout
+    and stderr (the job's log). The child's ends are closed once it has them (or could
+    not be made); ours become its JobProcess's."""
+
+    def __init__(self) -> None:
+        self.runner_in, self.to_runner = os.pipe()
+        self.from_runner, self.runner_out = os.pipe()
+        self.out_read, self.out_write = os.pipe()
+        self.err_read, self.err_write = os.pipe()
+
+    @property
+    def child_ends(self) -> tuple[int, int, int, int]:
+        return (self.runner_in, self.runner_out, self.out_write, self.err_write)
+
+    def close_child_ends(self) -> None:
+        for fd in self.child_ends:
+            os.close(fd)
+
+    def close_ours(self) -> None:
+        for fd in (self.to_runner, self.from_runner, self.out_read, self.err_read):
+            os.close(fd)
+
+    def job_process(self, process: JobHandle, once: bool) -> JobProcess:
+        for fd in (self.from_runner, self.out_read, self.err_read):
+            os.set_blocking(fd, False)
+        output = {OUT: self.out_read, ERR: self.err_read}
+        return JobProcess(process, self.to_runner, self.from_runner, once, output)

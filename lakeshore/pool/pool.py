@@ -125,19 +125,17 @@ class Pool(Monitor):
             message["wire"] = "envelope"
             message["args_blob"] = item.invocation.get("args_blob")
             message["allow_pickled"] = self.allow_pickled
-        process = None
-        if self.isolation == "pool":
-            with self.lock:
-                process = next((p for p in self.processes if p.current is None), None)
-                if process is not None:
-                    self._assign(process, item)
+        with self.lock:
+            process = next((p for p in self.processes if self._idle(p)), None)
             if process is not None:
-                if process.send(message, item.id) or not self._take_back(process, item):
-                    return
-                self.debug(f"job process {process.pid} was gone; starting another")
-                if item.abandoned:  # stopped meanwhile: nothing to run
-                    self.done(item, "failed", None, "stopped before it started")
-                    return
+                self._assign(process, item)
+        if process is not None:
+            if process.send(message, item.id) or not self._take_back(process, item):
+                return
+            self.debug(f"job process {process.pid} was gone; starting another")
+            if item.abandoned:  # stopped meanwhile: nothing to run
+                self.done(item, "failed", None, "stopped before it started")
+                return
         process = self._spawn(item.invocation if self.isolation == "process" else None)
         with self.lock:
             self._assign(process, item)
@@ -147,6 +145,37 @@ class Pool(Monitor):
         code = process.process.wait()
         why = f"the job process exited before it got the invocation (code {code})"
         self.done(item, "failed", None, why)
+
+    def fork_ahead(self, count: int) -> None:
+        """`count` invocations are about to start (spawner only). Process isolation
+        forks their job processes now, in one exchange with the template (each
+        `start` then takes one that has run nothing), rather than one exchange each
+        as they start. A process that could not be made is left to `start`, which
+        tries again and fails its invocation, saying why, if it cannot either."""
+        self._check_spawner()
+        if self.isolation != "process" or count <= 0 or self.closing:
+            return
+        self._prepare_template()
+        if self.template is None or self.template_failed:
+            return
+        with self.lock:
+            count -= sum(1 for p in self.processes if self._idle(p))
+        if count <= 0:
+            return
+        envs = [self.environment(None) for _ in range(count)]  # the runner sets the id
+        try:
+            made = JobProcess.fork_many(envs, self.template)
+        except OSError as exc:  # no template, no descriptors: each start tries alone
+            self.debug(f"could not fork job processes ahead ({exc})")
+            return
+        for process in made:
+            if isinstance(process, JobProcess):
+                self._add(process)
+
+    def _idle(self, process: JobProcess) -> bool:
+        """Whether `process` may take an invocation now (lock held): a pool process
+        between invocations, or a process forked ahead that has run none."""
+        return process.current is None and (self.isolation == "pool" or process.tasks == 0)
 
     def _take_back(self, process: JobProcess, item: Running) -> bool:
         """After a send that failed: True if `item` is still this process's (no one
@@ -172,15 +201,19 @@ class Pool(Monitor):
             self._prepare_template()
         template = self.template if once and not self.template_failed else None
         process = JobProcess.start(self.environment(invocation), once=once, template=template)
+        self._add(process)
+        if self.isolation == "pool":
+            self.debug(f"job process {process.pid} started")
+        return process
+
+    def _add(self, process: JobProcess) -> None:
+        """A new process in service, watched by the monitor."""
         with self.lock:
             self.started += 1
             self.processes.append(process)
             self.watched.add(process)
             self.incoming.append(process)
         self._wake()
-        if self.isolation == "pool":
-            self.debug(f"job process {process.pid} started")
-        return process
 
     # ------------------------------------------------------------------ any thread
 

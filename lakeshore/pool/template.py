@@ -158,30 +158,88 @@ class Template:
             self.log(f"job template {self.pid} exited (code {code}){when}; starting another")
         self.start()
 
-    def _fork(self, env: dict, fds: tuple[int, int, int, int]) -> Forked:
-        said, say = os.pipe()
+    def fork_many(self, requests: list[tuple[dict, tuple[int, int, int, int]]]) -> list:
+        """A job process for each (env, fds) request, as `fork` makes one, in one exchange
+        with the template: every request is sent before the first answer is read, so
+        the template forks them back to back. Answers, in the requests' order, each one's
+        Forked or its TemplateError. A request the template could not serve without
+        saying why (it died, or went silent) is asked once more, alone, of a template
+        started again if need be, as `fork` does."""
+        self.ensure()
+        sent: list[int] = []  # each sent request's `said` (read end)
+        results: list = []
         try:
-            message = json.dumps({"env": env}).encode()
+            for env, fds in requests:
+                try:
+                    sent.append(self._ask(env, fds))
+                except TemplateError:
+                    break  # the template is gone: the rest are asked alone below
+            gone = False  # after a silence its socket is not read again: a late answer
+            for said in sent:  # there would be taken for the next request's
+                if gone:
+                    pid = self._pid(said)
+                    died = TemplateError("the job template died while forking")
+                    results.append(died if pid is None else Forked(pid))
+                    continue
+                try:
+                    results.append(self._answered(said))
+                except TemplateError as exc:
+                    results.append(exc)
+                    gone = not exc.said
+        finally:
+            for said in sent:
+                os.close(said)
+        for index, (env, fds) in enumerate(requests):
+            result = results[index] if index < len(results) else None
+            if isinstance(result, Forked) or (result is not None and result.said):
+                continue
             try:
-                if self.control is None:  # ended since `ensure` started it
-                    raise OSError("its control socket is closed")
-                socket.send_fds(self.control, [message], [*fds, say])
-            except OSError as exc:
-                self._end()
-                raise TemplateError(f"the job template is gone ({exc})") from None
-            finally:
-                os.close(say)
-            answer = self._answer(FORK_TIMEOUT) or {}
-            if isinstance(answer.get("pid"), int):
-                return Forked(answer["pid"])
-            if answer.get("error"):  # alive, and it said why it could not fork
-                error = TemplateError(str(answer["error"]))
-                error.said = True
-                raise error
-            self._end()  # it died or does not answer: it is done with
-            pid = self._pid(said)  # a child may have been made all the same
+                self.ensure(" while forking a job process")
+                result = self._fork(env, fds)
+            except TemplateError as exc:
+                result = exc
+            if index < len(results):
+                results[index] = result
+            else:
+                results.append(result)
+        return results
+
+    def _fork(self, env: dict, fds: tuple[int, int, int, int]) -> Forked:
+        said = self._ask(env, fds)
+        try:
+            return self._answered(said)
         finally:
             os.close(said)
+
+    def _ask(self, env: dict, fds: tuple[int, int, int, int]) -> int:
+        """Sends one fork request; answers the read end of the pipe the new process
+        writes its pid on (the caller closes it)."""
+        said, say = os.pipe()
+        message = json.dumps({"env": env}).encode()
+        try:
+            if self.control is None:  # ended since `ensure` started it
+                raise OSError("its control socket is closed")
+            socket.send_fds(self.control, [message], [*fds, say])
+        except OSError as exc:
+            os.close(said)
+            self._end()
+            raise TemplateError(f"the job template is gone ({exc})") from None
+        finally:
+            os.close(say)
+        return said
+
+    def _answered(self, said: int) -> Forked:
+        """The template's answer to the oldest request not yet answered (`said`, its
+        pipe): the new process, or TemplateError."""
+        answer = self._answer(FORK_TIMEOUT) or {}
+        if isinstance(answer.get("pid"), int):
+            return Forked(answer["pid"])
+        if answer.get("error"):  # alive, and it said why it could not fork
+            error = TemplateError(str(answer["error"]))
+            error.said = True
+            raise error
+        self._end()  # it died or does not answer: it is done with
+        pid = self._pid(said)  # a child may have been made all the same
         if pid is None:
             raise TemplateError("the job template died while forking")
         return Forked(pid)

@@ -94,6 +94,8 @@ class Slots:
                     self.changed.wait(0.5)
             if not startable:
                 return
+            if self.pool is not None:
+                self.pool.fork_ahead(len(startable))
             for item in startable:
                 self._start(item)
             with self.lock:

@@ -108,7 +108,7 @@ def harness():
         h.pool.close()
 
 
-def _gone(pid: int, within: float = 20.0) -> bool:
+def gone(pid: int, within: float = 20.0) -> bool:
     deadline = time.monotonic() + within
     while alive(pid):
         if time.monotonic() > deadline:
@@ -143,14 +143,14 @@ def test_a_failed_invocation_replaces_the_process(harness):
     after = h.ok("get_global")
     assert after["value"] is None  # a new process: the module was imported afresh
     assert after["pid"] != first["pid"]
-    assert _gone(first["pid"])
+    assert gone(first["pid"])
 
 
 def test_a_process_is_replaced_after_max_tasks(harness):
     h = harness(max_tasks=2)
     pids = [h.ok("pid") for _ in range(5)]
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
-    assert _gone(pids[0]) and _gone(pids[2])
+    assert gone(pids[0]) and gone(pids[2])
 
 
 def test_no_task_limit_with_zero(harness):
@@ -165,7 +165,7 @@ def test_a_process_above_the_memory_limit_is_replaced(harness):
     big = h.ok("allocate", 100)
     assert big == small[0]  # it ran there, and the process is replaced after it
     assert h.ok("pid") != big
-    assert _gone(big)
+    assert gone(big)
 
 
 def test_a_timeout_kills_and_replaces_the_process(harness, tmp_path):
@@ -174,7 +174,7 @@ def test_a_timeout_kills_and_replaces_the_process(harness, tmp_path):
     state, _, error = h.run("write_pid_then_sleep", str(pidfile), 300, timeout_s=0.5)
     assert (state, error) == ("timeout", "stopped after timeout_s=0.5 s")
     old = int(_text(pidfile))
-    assert _gone(old)
+    assert gone(old)
     assert h.ok("pid") != old
 
 
@@ -206,9 +206,9 @@ def test_what_an_invocation_left_running_is_killed_and_its_process_replaced(
     pidfile = tmp_path / "left"
     runner = h.ok(function, str(pidfile))
     left = int(_text(pidfile))
-    assert _gone(left), f"process {left} left by the invocation still runs"
+    assert gone(left), f"process {left} left by the invocation still runs"
     assert h.ok("pid") != runner
-    assert _gone(runner)
+    assert gone(runner)
 
 
 def test_a_thread_left_running_replaces_the_process(harness):
@@ -281,7 +281,7 @@ def test_close_kills_idle_and_busy_processes(harness, tmp_path):
     h.start("write_pid_then_sleep", str(pidfile), 300)
     busy = int(_text(pidfile))
     h.pool.close()
-    assert all(_gone(pid) for pid in idle_pids | {busy})
+    assert all(gone(pid) for pid in idle_pids | {busy})
 
 
 def test_an_idle_process_that_died_is_replaced_and_the_invocation_runs_elsewhere(harness):
@@ -290,7 +290,7 @@ def test_an_idle_process_that_died_is_replaced_and_the_invocation_runs_elsewhere
         h.pool.prepare()
         (pid,) = h.pool.pids()
         os.kill(pid, signal.SIGKILL)
-        assert _gone(pid)
+        assert gone(pid)
         state, result, error = h.wait(h.start("pid"))
         assert state == "succeeded", error
         assert result != pid

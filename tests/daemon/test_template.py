@@ -14,7 +14,7 @@ from lakeshore.pool.forkserver import top_level_imports
 from lakeshore.pool.template import Template
 from lakeshore.worker.environment import job_environment
 from tests.daemon.jobfuncs import alive
-from tests.daemon.test_pool import ROOT, harness  # noqa: F401 - the fixture
+from tests.daemon.test_pool import ROOT, gone, harness  # noqa: F401 - the fixture
 
 TOKEN = "lsk_template_test_0123456789abcdef"  # stands for the daemon's token
 
@@ -185,3 +185,62 @@ def test_a_library_whose_import_starts_a_thread_is_left_out(tmp_path):
         assert len(os.listdir(f"/proc/{template.pid}/task")) == 1  # it can fork
     finally:
         template.stop()
+
+
+def test_jobs_about_to_start_get_processes_forked_ahead_each_used_once(harness):  # noqa: F811
+    """The spawner forks the processes of the jobs it is about to start in one exchange
+    with the template (Pool.fork_ahead); each job then takes one that ran nothing, sees
+    its own invocation's id, and the process ends with it: a job never gets a process
+    another job ran in."""
+    h = _process(harness, size=3)
+    h.pool.prepare()
+    h.pool.fork_ahead(3)
+    ahead = {p.pid for p in h.pool.processes}
+    assert len(ahead) == 3 and h.pool.template.starts == 1
+    items = [h.start("environment") for _ in range(3)]
+    seen = []
+    for item in items:
+        state, result, error = h.wait(item)
+        assert state == "succeeded", error
+        assert result["env"]["LAKESHORE_INVOCATION_ID"] == item.id
+        seen.append(result["pid"])
+    assert set(seen) == ahead  # each job took a process forked ahead, one each
+    assert all(gone(pid) for pid in seen)  # and it ended with its job
+    after = h.ok("pid")
+    assert after not in ahead
+
+
+def test_control_without_forking_ahead_each_job_forks_its_own_process(harness):  # noqa: F811
+    """The negative control: no process waits before the jobs start, and each still gets
+    a fresh one. In pool isolation forking ahead adds nothing (a pool process runs one
+    invocation after another)."""
+    h = _process(harness, size=3)
+    h.pool.prepare()
+    assert h.pool.processes == []
+    pids = [h.ok("pid") for _ in range(3)]
+    assert len(set(pids)) == 3
+    pooled = harness(size=2)
+    pooled.pool.fork_ahead(2)
+    assert pooled.pool.processes == []
+
+
+def test_a_template_that_stops_answering_mid_batch_is_replaced_and_every_job_runs(harness):  # noqa: F811
+    """A batch of fork requests sent to a template that then dies without answering: no
+    process was made for any, each is asked again of a new template, and every job runs
+    in a process of its own."""
+    h = _process(harness, size=3)
+    h.pool.prepare()
+    first = h.pool.template.pid
+    os.kill(first, signal.SIGSTOP)  # it takes the requests but cannot fork
+    threading.Timer(0.3, os.kill, (first, signal.SIGKILL)).start()
+    h.pool.fork_ahead(3)
+    assert h.pool.template.pid != first and h.pool.template.starts == 2
+    ahead = {p.pid for p in h.pool.processes}
+    assert len(ahead) == 3
+    results = [h.wait(h.start("pid")) for _ in range(3)]
+    assert all(state == "succeeded" for state, _, _ in results), results
+    assert {pid for _, pid, _ in results} == ahead
+    assert (
+        f"job template {first} exited (code -9) while forking a job process; starting another"
+        in h.logged
+    )
