@@ -19,6 +19,7 @@ import subprocess
 import time
 
 import httpx
+import psutil
 import psycopg
 
 from bench.compare.infra import (
@@ -31,6 +32,12 @@ from bench.compare.infra import (
     tree_cpu_seconds,
 )
 from bench.compare.lines import LineClient
+
+RUNNER = "lakeshore.runner"  # a pool's job process
+TEMPLATE = "lakeshore.pool.forkserver"  # process isolation's job template
+READY_WITHIN = 60.0  # seconds for a daemon to be ready for work
+IDLE_LOOK = 0.2  # seconds between two looks at the daemon's process tree
+IDLE_CPU = 0.01  # CPU seconds it may spend between two looks and be idle
 
 NOOP = "lakeshore.functions.echo"  # the cheapest function a daemon runs
 PRINTER = ("lakeshore.functions.count", [100, 0])  # 100 lines, at once: a chatty job
@@ -277,6 +284,31 @@ class Lakeshore:
             time.sleep(0.05)
         raise RuntimeError(f"daemon {name} did not register within {timeout:.0f} s")
 
+    def wait_ready(
+        self, name: str, process: subprocess.Popen, *, concurrency: int, isolation: str | None
+    ) -> None:
+        """Returns once the daemon is ready for work, as a Celery worker says it is
+        (worker_ready): registered, its job processes up (pool: one a slot, each a
+        runner; process: the job template, its modules imported) and its process tree
+        gone idle (it waits in its first claim). Raises past `READY_WITHIN` seconds."""
+        self.wait_registered(name, process)
+        wanted = (TEMPLATE, 1) if isolation == "process" else (RUNNER, concurrency)
+        log = self.logs / f"{name}.log"
+        deadline = time.monotonic() + READY_WITHIN
+        spent = tree_cpu_seconds(process.pid)
+        while time.monotonic() < deadline:
+            time.sleep(IDLE_LOOK)
+            if process.poll() is not None:
+                raise RuntimeError(f"daemon {name} exited; see {log}")
+            children = psutil.Process(process.pid).children()
+            up = sum(1 for child in children if wanted[0] in " ".join(_cmdline(child)))
+            imported = isolation != "process" or "job template" in log.read_text()
+            now = tree_cpu_seconds(process.pid)
+            if up >= wanted[1] and imported and now - spent < IDLE_CPU:
+                return
+            spent = now
+        raise RuntimeError(f"daemon {name} was not ready within {READY_WITHIN:.0f} s; see {log}")
+
 
 class RawSQL:
     """The floor: what PostgreSQL itself does for the same work, no framework."""
@@ -357,3 +389,10 @@ class Procrastinate:
     def close(self) -> None:
         if self.driver is not None:
             self.driver.close()
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return []

@@ -200,9 +200,13 @@ class WorkerRows:
         section.notes.append(
             f"{b.e2e_jobs:,} no-op jobs queued at once in one statement, or "
             f"{b.e2e_seconds:.0f} s, whichever first; timed from the insert to the last "
-            "success; Lakeshore runs lakeshore.functions.echo through `lakeshore daemon run`, "
-            "procrastinate, Celery and RQ a no-op task each (see below); the rows of jobs "
-            "that print run "
+            "success, each system's workers ready before it: Lakeshore's daemon registered, "
+            "its job processes up (one a slot; process isolation: the job template, its "
+            "modules imported) and idle in its first claim (Lakeshore.wait_ready); Celery's "
+            "worker from its worker_ready signal; RQ's workers registered; procrastinate's "
+            "0.5 s after its worker started; Lakeshore runs lakeshore.functions.echo "
+            "through `lakeshore daemon run`, procrastinate, Celery and RQ a no-op task each "
+            "(see below); the rows of jobs that print run "
             f"{PRINTER[0]}{tuple(PRINTER[1])} (100 lines, each flushed) instead, their "
             "output captured, shipped and stored per job"
         )
@@ -234,7 +238,7 @@ class WorkerRows:
             queue="e2e", concurrency=concurrency, isolation=isolation, name=name
         )
         try:
-            self.ls.wait_registered(name, daemon)
+            self.ls.wait_ready(name, daemon, concurrency=concurrency, isolation=isolation)
             started = time.perf_counter()
             if printing:
                 function, args = PRINTER
