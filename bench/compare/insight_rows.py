@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 from bench.compare.infra import ROOT, RUN_DIR, progress
 from bench.compare.report import SectionResult, number, times
-from bench.compare.rowkit import LAKESHORE, Budget, Row, Section, median_ms
+from bench.compare.rowkit import LAKESHORE, Budget, Row, Section, median_ms, run_threads
 from bench.compare.systems import Lakeshore
 
 QUEUES = 4  # the rows are dealt over insight-0 … insight-3 in turn
@@ -338,14 +338,14 @@ class InsightTable:
         todo: queue.SimpleQueue = queue.SimpleQueue()
         for statement in statements:
             todo.put(statement)
-        failures: list[BaseException] = []
+        failed = threading.Event()  # one lane failed: the others start nothing more
 
         def lane() -> None:
             try:
                 with self.ls.pg.connect(self.ls.database) as conn:
                     if setup:
                         conn.execute(setup)
-                    while not failures:
+                    while not failed.is_set():
                         try:
                             label, sql, params = todo.get_nowait()
                         except queue.Empty:
@@ -354,18 +354,11 @@ class InsightTable:
                         conn.execute(sql, params)
                         took = time.perf_counter() - started
                         progress(f"  insight fill: {label} ({took:,.1f} s)")
-            except BaseException as failure:  # noqa: BLE001 - raised again in the caller
-                failures.append(failure)
+            except BaseException:
+                failed.set()
+                raise
 
-        threads = [threading.Thread(target=lane) for _ in range(min(LANES, len(statements)))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
-        if not todo.empty():
-            raise RuntimeError("a fill lane stopped with statements left undone")
+        run_threads([lane] * min(LANES, len(statements)))
 
     def _expect(self, size: int, *, old_end: int, day_end: int) -> None:
         """What each probe should find: the rows ended in its window, or its matches."""

@@ -127,28 +127,38 @@ def throughput(steps: list[Callable[[], int]], seconds: float) -> float:
     """Run each step in a thread of its own, again and again, for `seconds`; a step
     returns how many jobs it did (0: nothing left). Jobs per second, all threads."""
     counts = [0] * len(steps)
-    failures: list[Exception] = []
     started = time.perf_counter()
     deadline = started + seconds
 
     def work(i: int) -> None:
+        while time.perf_counter() < deadline:
+            done = steps[i]()
+            if not done:
+                return
+            counts[i] += done
+
+    run_threads([lambda i=i: work(i) for i in range(len(steps))])
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def run_threads(works: list[Callable[[], object]]) -> None:
+    """Each callable in a thread of its own, all at once; returns once every one has
+    ended, raising the first exception any of them raised."""
+    failures: list[BaseException] = []
+
+    def run(work: Callable[[], object]) -> None:
         try:
-            while time.perf_counter() < deadline:
-                done = steps[i]()
-                if not done:
-                    return
-                counts[i] += done
-        except Exception as exc:  # noqa: BLE001 - raised again below, in the caller
+            work()
+        except BaseException as exc:  # noqa: BLE001 - raised again below, in the caller
             failures.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(steps))]
+    threads = [threading.Thread(target=run, args=(work,)) for work in works]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     if failures:
         raise failures[0]
-    return sum(counts) / (time.perf_counter() - started)
 
 
 def median_ms(call: Callable[[], object], samples: int, seconds: float = 2.0) -> float:

@@ -139,15 +139,12 @@ class Template:
 
     def fork(self, env: dict, fds: tuple[int, int, int, int]) -> Forked:
         """A new job process with `env`, the runner's input and output pipes and its
-        stdout and stderr (`fds`, the child's ends; the caller closes them after)."""
-        self.ensure()
-        try:
-            return self._fork(env, fds)
-        except TemplateError as exc:
-            if exc.said:  # alive, and it said why it could not fork
-                raise
-        self.ensure(" while forking a job process")
-        return self._fork(env, fds)
+        stdout and stderr (`fds`, the child's ends; the caller closes them after).
+        Raises TemplateError when none could be made (see fork_many)."""
+        (forked,) = self.fork_many([(env, fds)])
+        if isinstance(forked, TemplateError):
+            raise forked
+        return forked
 
     def ensure(self, when: str = "") -> None:
         """A template running: this one, or a new one if it died."""
