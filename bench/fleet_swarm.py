@@ -28,22 +28,26 @@ daemon's own constants and rules (imported, not copied):
 Daemons register at random moments of the first `ramp` seconds (a fleet coming up),
 at most REGISTERING_AT_ONCE at a time a process (the others wait their turn).
 From `start_at`, which the parent writes to `start_file` once the whole fleet has
-registered (time.monotonic(), which is system-wide on Linux, so the parent and
-several generators share it), come `windows` windows of `window` seconds; each event
-counts in the window it happens in. `submits` jobs a window are submitted to `queue`,
-one at a time, evenly spaced, with the `operator` token, by the generator whose `first`
-daemon is 0. After the last window the daemons go on for one more wait (+ LATE), so
-that the polls sent in it get their answers; then everything stops, and one JSON object
-is printed. Per window: of the polls sent in it, how many were answered, held (let wait:
-no Retry-After) and answered within their wait + LATE, answered late, refused with
-Retry-After, or never answered; errors by kind, the latencies of the heartbeats sent
-and how many were skipped, the gaps between a daemon's renewals (its register, each
-answered poll or exchange, each answered heartbeat: what keeps it alive on the server)
-and the longest silence of any daemon. And each submit (sent, answered, its invocation)
-and each claim's moment by invocation id (bench/compare/fleet.py pairs them:
-submit-to-claim latency)."""
+registered (time.monotonic(), which is system-wide on Linux, so the parent and several
+generators share it), come `windows` windows of `window` seconds; each event counts in
+the window it happens in. `submits` jobs a window are submitted to `queue`, one at a
+time, evenly spaced, with the `operator` token, by the generator that runs daemon 0 (its
+`first`). After the last window every daemon stops as `lakeshore daemon run` does at its
+first SIGTERM: it sends no new poll, and says so in a heartbeat (`drain`), which answers
+its waiting poll at once (each within DRAIN_SPREAD seconds, at random, as a fleet told
+to stop does not stop in one instant); the fleet waits for every poll and heartbeat
+still out (one wait + LATE at most, so a poll never answered is still seen); then
+everything stops, and one JSON object is printed. Per window: of the polls sent in it,
+how many were answered, held (let wait: no Retry-After) and answered within their wait +
+LATE, answered late, refused with Retry-After, or never answered; errors by kind, the
+latencies of the heartbeats sent and how many were skipped, the gaps between a daemon's
+renewals (its register, each answered poll or exchange, each answered heartbeat: what
+keeps it alive on the server) and the longest silence of any daemon. And each submit
+(sent, answered, its invocation) and each claim's moment by invocation id
+(bench/compare/fleet.py pairs them: submit-to-claim latency)."""
 
 import asyncio
+import contextlib
 import inspect
 import json
 import math
@@ -73,6 +77,7 @@ LATE = 2.0  # a poll answered later than its wait plus this was not answered in 
 # registrations past the client's timeout, each daemon registered again (a row no one
 # renews), and 5,000 daemons took minutes to come up, hundreds marked lost meanwhile.
 REGISTERING_AT_ONCE = 8
+DRAIN_SPREAD = 2.0  # seconds over which the daemons say they stop, after the last window
 
 
 def renew_interval(heartbeat_timeout) -> float:
@@ -118,7 +123,8 @@ class Fleet:
             self.begin(args["start_at"])
         self.windows = [Window() for _ in range(args["windows"])]
         self.warm = Window()  # before start_at (the ramp): kept apart
-        self.after = Window()  # after the last window: not counted
+        self.after = Window()  # after the last window: not counted, but its errors
+        self.ending = asyncio.Event()  # the last window is over: each daemon stops
         self.submits: list[dict] = []  # {"sent", "answered", "id"}: the submitter's
         self.claimed: dict[str, float] = {}  # invocation id → the claim answer carrying it
         self.registered = 0
@@ -190,7 +196,7 @@ class Fleet:
         last = self.windows[-1]
         for moment in self.renewed.values():  # silences still running at the end
             last.silence = max(last.silence, self.end - moment)
-        await asyncio.sleep(CLAIM_WAIT + LATE)  # the last polls' answers
+        await self.stop_all()
         for sent in self.polling.values():
             self.at(sent).unanswered += 1
         for sent in self.beating.values():  # never answered: never renewed
@@ -207,7 +213,16 @@ class Fleet:
             "claimed": self.claimed,
             "heartbeat_interval": self.interval,
             "claim_wait": CLAIM_WAIT,
+            "drain_errors": self.after.errors,
         }
+
+    async def stop_all(self) -> None:
+        """Every daemon stops (see `heartbeats`); waits until no poll or heartbeat is out,
+        or one wait + LATE has passed (what is still out then was never answered)."""
+        self.ending.set()
+        deadline = time.monotonic() + CLAIM_WAIT + LATE
+        while (self.polling or self.beating) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     interval = HEARTBEAT_DEFAULT
 
@@ -268,7 +283,7 @@ class Fleet:
         url = f"/api/v1/daemons/{state['id']}/claim/"
         body = {"limit": 1, "wait": CLAIM_WAIT, "wires": WIRES}
         delay = BACKOFF_START
-        while True:
+        while not self.ending.is_set():  # a stopping daemon sends no new poll
             sent = time.monotonic()
             self.at(sent).sent += 1
             self.polling[index] = sent
@@ -344,7 +359,11 @@ class Fleet:
     async def heartbeats(self, client: httpx.AsyncClient, index: int, state: dict) -> None:
         url = f"/api/v1/daemons/{state['id']}/heartbeat/"
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ending.wait(), self.interval)
+            if self.ending.is_set():
+                await self.drain(client, index, url)
+                return
             idle, now = not state["busy"], time.monotonic()
             if claims_renew(
                 idle=idle,
@@ -376,6 +395,20 @@ class Fleet:
                 continue
             window.beats.append(now - sent)
             self.renew(index, now)
+
+    async def drain(self, client: httpx.AsyncClient, index: int, url: str) -> None:
+        """The daemon says it is stopping (its first SIGTERM: `drain`), at a random moment
+        of DRAIN_SPREAD: the server sets it draining and answers its waiting poll."""
+        await asyncio.sleep(random.uniform(0, DRAIN_SPREAD))  # noqa: S311
+        self.beating[index] = time.monotonic()
+        try:
+            answer = await client.post(url, json={"held": [], "drain": True})
+            if answer.status_code != 200:
+                self.failed(f"drain {answer.status_code} {_code(answer)}".rstrip())
+        except httpx.HTTPError as exc:
+            self.failed(f"drain {type(exc).__name__}")
+        finally:
+            self.beating.pop(index, None)
 
     async def submitter(self) -> None:
         """`submits` jobs a window, one at a time, evenly spaced, from the first window."""

@@ -58,6 +58,7 @@ class FleetResult:
     claim_wait: float = 0.0
     taken: dict[str, int] = field(default_factory=dict)  # metric → windows handed out
     warm_errors: dict[str, int] = field(default_factory=dict)  # during the ramp and settling
+    drain_errors: dict[str, int] = field(default_factory=dict)  # as the daemons stopped
 
     def next(self, metric: str) -> float | None:
         """The metric's figure for the next round: window by window; daemons lost: the
@@ -98,9 +99,10 @@ class FleetResult:
             f"daemon's own defaults and rule); {per}; {self.unclaimed} submitted jobs never "
             f"claimed, {self.early} claimed before their submit's answer arrived (timed from "
             f"the submit's send instead); errors before the first window (the ramp and "
-            f"settling): {_errors(self.warm_errors)}; {self.lost_at_end} daemons lost when "
-            "the generators "
-            f"stopped (one wait after the last window), and {self.orphans_lost} rows of "
+            f"settling): {_errors(self.warm_errors)}; after the last window each daemon "
+            "stopped as at its first SIGTERM (its drain answers its waiting poll; errors: "
+            f"{_errors(self.drain_errors)}); {self.lost_at_end} daemons lost when the "
+            f"generators stopped, and {self.orphans_lost} rows of "
             "registrations whose answer never arrived (the daemon registered again)"
         )
 
@@ -348,6 +350,8 @@ def _merge(result: FleetResult, outputs: list[dict], samples, start_at, window) 
         result.claim_wait = out["claim_wait"]
         for kind, n in out["warm"]["errors"].items():
             result.warm_errors[kind] = result.warm_errors.get(kind, 0) + n
+        for kind, n in out["drain_errors"].items():
+            result.drain_errors[kind] = result.drain_errors.get(kind, 0) + n
     # By the window it was sent in: from its answer to its claim's answer; a submit never
     # answered, or never claimed before the fleet stopped, counts as infinitely late.
     waits: list[list[float]] = [[] for _ in range(len(samples) - 1)]

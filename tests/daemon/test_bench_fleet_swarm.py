@@ -5,6 +5,7 @@ belongs to, and reads percentiles by nearest rank. No Lakeshore server: a Worker
 but never run; the heartbeats go to a small real HTTP server that answers 200."""
 
 import asyncio
+import json
 import math
 import time
 
@@ -167,3 +168,65 @@ def test_a_generator_has_at_most_its_bound_of_registrations_in_flight(monkeypatc
     ended = builders.run_async(come_up())
     assert all(isinstance(outcome, _Registered) for outcome in ended)
     assert most == (fleet_swarm.REGISTERING_AT_ONCE if bounded else daemons)
+
+
+async def _stopping(end: bool, monkeypatch) -> tuple[list[dict], int, bool, bool]:
+    """A fleet daemon's heartbeat and claim loops against a real HTTP server that records
+    each body and answers each 50 ms later (a claim: empty); the last window ends
+    (`stop_all`) after 0.3 s, or never (the control). Answers (the bodies, how many polls
+    reached the server more than 0.1 s after the end (0.3 s: the control), whether the
+    heartbeat loop ended, whether the claim loop did)."""
+    monkeypatch.setattr(fleet_swarm, "DRAIN_SPREAD", 0.0)
+    received: list[tuple[float, dict]] = []
+
+    async def record(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+        received.append((time.monotonic(), json.loads(await reader.readexactly(length))))
+        await asyncio.sleep(0.05)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(record, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    fleet = Fleet({"base": base, "start_at": time.monotonic(), "windows": 1, "window": 60})
+    fleet.interval = 30.0  # no heartbeat falls due in the test
+    state = {"id": 1, "answered": math.inf, "busy": False, "again": False}
+    async with server, fleet.client("token") as client:
+        beating = asyncio.create_task(fleet.heartbeats(client, 0, state))
+        claiming = asyncio.create_task(fleet.claims(client, 0, state))
+        await asyncio.sleep(0.3)
+        ended_at = time.monotonic()
+        if end:
+            await fleet.stop_all()
+        await asyncio.sleep(0.5)
+        ended = (beating.done(), claiming.done())
+        for task in (beating, claiming):
+            task.cancel()
+        await asyncio.gather(beating, claiming, return_exceptions=True)
+    late = [at for at, body in received if "drain" not in body and at > ended_at + 0.1]
+    return [body for _, body in received], len(late), *ended
+
+
+def test_after_the_last_window_each_daemon_drains_and_polls_no_more(monkeypatch):
+    bodies, polls_after, beats_ended, claims_ended = builders.run_async(
+        _stopping(True, monkeypatch)
+    )
+    assert [body for body in bodies if "drain" in body] == [{"held": [], "drain": True}]
+    assert polls_after == 0
+    assert beats_ended and claims_ended
+
+
+def test_control_without_the_end_the_daemon_keeps_polling_and_never_drains(monkeypatch):
+    bodies, polls_after, beats_ended, claims_ended = builders.run_async(
+        _stopping(False, monkeypatch)
+    )
+    assert not any("drain" in body for body in bodies)
+    assert polls_after >= 3  # a poll every 50 ms or so, on and on
+    assert not beats_ended and not claims_ended
