@@ -36,15 +36,18 @@ time, evenly spaced, with the `operator` token, by the generator that runs daemo
 first SIGTERM: it sends no new poll, and says so in a heartbeat (`drain`), which answers
 its waiting poll at once (each within DRAIN_SPREAD seconds, at random, as a fleet told
 to stop does not stop in one instant); the fleet waits for every poll and heartbeat
-still out (one wait + LATE at most, so a poll never answered is still seen); then
-everything stops, and one JSON object is printed. Per window: of the polls sent in it,
-how many were answered, held (let wait: no Retry-After) and answered within their wait +
-LATE, answered late, refused with Retry-After, or never answered; errors by kind, the
-latencies of the heartbeats sent and how many were skipped, the gaps between a daemon's
-renewals (its register, each answered poll or exchange, each answered heartbeat: what
-keeps it alive on the server) and the longest silence of any daemon. And each submit
-(sent, answered, its invocation) and each claim's moment by invocation id
-(bench/compare/fleet.py pairs them: submit-to-claim latency)."""
+still out (one wait + LATE at most, so a poll never answered is still seen). Then
+everything stops, and one JSON object is printed. A poll is timed until its answer or
+the end of the last window, whichever comes first: one still within its wait at the end
+was held as asked, and what its answer then waits for is the stop's burst of drains, not
+the server's hold. Per window: of the polls sent in it, how many were answered, held
+(let wait: no Retry-After) and answered within their wait + LATE, answered late, refused
+with Retry-After, or never answered; errors by kind, the latencies of the heartbeats
+sent and how many were skipped, the gaps between a daemon's renewals (its register, each
+answered poll or exchange, each answered heartbeat: what keeps it alive on the server)
+and the longest silence of any daemon. And each submit (sent, answered, its invocation)
+and each claim's moment by invocation id (bench/compare/fleet.py pairs them:
+submit-to-claim latency)."""
 
 import asyncio
 import contextlib
@@ -310,7 +313,10 @@ class Fleet:
             state["answered"] = now  # as ClaimLoop._claimed: the server saw us
             self.renew(index, now)  # the claim renewed the daemon's liveness
             pause = retry_after(answer)
-            if now - sent > CLAIM_WAIT + LATE:
+            # Timed until its answer or the fleet's end, whichever first: the stop's
+            # drains come all at once, and the answers they bring (a poll within its
+            # wait at the end) would be late for the stop's sake, not the server's.
+            if min(now, self.end) - sent > CLAIM_WAIT + LATE:
                 window.late += 1
             elif not pause:
                 window.held += 1

@@ -230,3 +230,42 @@ def test_control_without_the_end_the_daemon_keeps_polling_and_never_drains(monke
     assert not any("drain" in body for body in bodies)
     assert polls_after >= 3  # a poll every 50 ms or so, on and on
     assert not beats_ended and not claims_ended
+
+
+async def _one_slow_poll(window: float, monkeypatch) -> Fleet:
+    """One poll, sent as the only window starts, that the server answers 0.6 s later,
+    with a wait of 0.2 s (+ LATE 0.1 s): the fleet ends `window` seconds after it starts."""
+    monkeypatch.setattr(fleet_swarm, "CLAIM_WAIT", 0.2)
+    monkeypatch.setattr(fleet_swarm, "LATE", 0.1)
+    monkeypatch.setattr(fleet_swarm, "DRAIN_SPREAD", 0.0)
+
+    async def slow(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(0.6)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    fleet = Fleet({"base": base, "start_at": time.monotonic(), "windows": 1, "window": window})
+    state = {"id": 1, "answered": -math.inf, "busy": False, "again": False}
+    async with server, fleet.client("token") as client:
+        claiming = asyncio.create_task(fleet.claims(client, 0, state))
+        await asyncio.sleep(0.3)
+        fleet.ending.set()  # the first poll is out; no other is sent
+        await asyncio.wait_for(claiming, 5)
+    return fleet
+
+
+def test_a_poll_within_its_wait_when_the_fleet_stops_counts_as_held_in_time(monkeypatch):
+    # Out 0.25 s when the window ends, within its 0.3 s; answered 0.6 s after it was sent.
+    window = builders.run_async(_one_slow_poll(0.25, monkeypatch)).windows[0]
+    assert (window.sent, window.answered, window.held, window.late) == (1, 1, 1, 0)
+
+
+def test_control_a_poll_past_its_wait_before_the_end_counts_late(monkeypatch):
+    # The fleet ends at 1 s: the poll's 0.6 s were all before it, past its 0.3 s.
+    window = builders.run_async(_one_slow_poll(1.0, monkeypatch)).windows[0]
+    assert (window.sent, window.answered, window.held, window.late) == (1, 1, 0, 1)
