@@ -1,8 +1,10 @@
 """bench/fleet_swarm.py's own logic (the load generator of `make bench`'s idle-fleet
 rows): it beats at the interval a real daemon picks and skips a heartbeat by the
 daemon's own rule, counts each event (and each gap between renewals) in the window it
-belongs to, and reads percentiles by nearest rank. No Lakeshore server: a Worker is built
-but never run; the heartbeats go to a small real HTTP server that answers 200."""
+belongs to, reads percentiles by nearest rank, and after the last window stops as a
+daemon does at its first SIGTERM (one drain, no new poll), a poll timed until its answer
+or that end. No Lakeshore server: a Worker is built but never run; the heartbeats and
+polls go to a small real HTTP server that answers 200."""
 
 import asyncio
 import json
@@ -77,30 +79,37 @@ def test_gaps_between_renewals_count_in_the_window_they_end_in():
     assert fleet.warm.gaps == [] and fleet.after.gaps == []
 
 
-async def _answer_every_request(reader, writer):
-    """A real HTTP server's answer to each heartbeat: 200 {}, then the connection closes."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        ),
-        0,
-    )
-    await reader.readexactly(length)
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-    await writer.drain()
-    writer.close()
+async def _http_server(answer: bytes, *, after: float = 0.0, received: list | None = None):
+    """A real HTTP server on a free port: each request's JSON body goes to `received`
+    (with the moment it came), and `after` seconds later the server answers 200
+    `answer` and closes the connection. Answers (the server, its base URL)."""
+
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            ),
+            0,
+        )
+        body = await reader.readexactly(length)
+        if received is not None:
+            received.append((time.monotonic(), json.loads(body)))
+        await asyncio.sleep(after)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n" % len(answer))
+        writer.write(b"Connection: close\r\n\r\n" + answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
 async def _heartbeats_for(seconds: float, state: dict) -> Fleet:
-    server = await asyncio.start_server(_answer_every_request, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    start = time.monotonic()
-    fleet = Fleet(
-        {"base": f"http://127.0.0.1:{port}", "start_at": start, "windows": 1, "window": 60}
-    )
+    server, base = await _http_server(b"{}")
+    fleet = Fleet({"base": base, "start_at": time.monotonic(), "windows": 1, "window": 60})
     fleet.interval = 0.05
     async with server, fleet.client("token") as client:
         beating = asyncio.create_task(fleet.heartbeats(client, 0, {"id": 1, **state}))
@@ -179,22 +188,7 @@ async def _stopping(end: bool, monkeypatch) -> tuple[list[dict], int, bool, bool
     monkeypatch.setattr(fleet_swarm, "DRAIN_SPREAD", 0.0)
     received: list[tuple[float, dict]] = []
 
-    async def record(reader, writer):
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = next(
-            int(line.split(b":")[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )
-        received.append((time.monotonic(), json.loads(await reader.readexactly(length))))
-        await asyncio.sleep(0.05)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(record, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
+    server, base = await _http_server(b"[]", after=0.05, received=received)
     fleet = Fleet({"base": base, "start_at": time.monotonic(), "windows": 1, "window": 60})
     fleet.interval = 30.0  # no heartbeat falls due in the test
     state = {"id": 1, "answered": math.inf, "busy": False, "again": False}
@@ -239,16 +233,7 @@ async def _one_slow_poll(window: float, monkeypatch) -> Fleet:
     monkeypatch.setattr(fleet_swarm, "LATE", 0.1)
     monkeypatch.setattr(fleet_swarm, "DRAIN_SPREAD", 0.0)
 
-    async def slow(reader, writer):
-        await reader.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(0.6)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n[]")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(slow, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    base = f"http://127.0.0.1:{port}"
+    server, base = await _http_server(b"[]", after=0.6)
     fleet = Fleet({"base": base, "start_at": time.monotonic(), "windows": 1, "window": window})
     state = {"id": 1, "answered": -math.inf, "busy": False, "again": False}
     async with server, fleet.client("token") as client:
