@@ -245,6 +245,8 @@ class Fleet:
                 beat = asyncio.create_task(self.heartbeats(client, index, state))
                 try:
                     await self.claims(client, index, state)
+                    if self.ending.is_set():  # its poll may have come back first:
+                        await beat  # its heartbeat loop still says drain, then ends
                 finally:
                     beat.cancel()
                 if not state["again"]:
@@ -404,10 +406,11 @@ class Fleet:
 
     async def drain(self, client: httpx.AsyncClient, index: int, url: str) -> None:
         """The daemon says it is stopping (its first SIGTERM: `drain`), at a random moment
-        of DRAIN_SPREAD: the server sets it draining and answers its waiting poll."""
-        await asyncio.sleep(random.uniform(0, DRAIN_SPREAD))  # noqa: S311
+        of DRAIN_SPREAD: the server sets it draining and answers its waiting poll. Out
+        (`beating`) from the stop on, so the fleet waits for it."""
         self.beating[index] = time.monotonic()
         try:
+            await asyncio.sleep(random.uniform(0, DRAIN_SPREAD))  # noqa: S311
             answer = await client.post(url, json={"held": [], "drain": True})
             if answer.status_code != 200:
                 self.failed(f"drain {answer.status_code} {_code(answer)}".rstrip())

@@ -254,3 +254,50 @@ def test_control_a_poll_past_its_wait_before_the_end_counts_late(monkeypatch):
     # The fleet ends at 1 s: the poll's 0.6 s were all before it, past its 0.3 s.
     window = builders.run_async(_one_slow_poll(1.0, monkeypatch)).windows[0]
     assert (window.sent, window.answered, window.held, window.late) == (1, 1, 0, 1)
+
+
+async def _stop_after_the_poll_came_back(monkeypatch) -> tuple[list[tuple[float, dict]], float]:
+    """One whole fleet daemon (its registration skipped) whose polls come back 50 ms after
+    they are sent, while its drain comes at the end of a DRAIN_SPREAD of 0.3 s: its claim
+    loop ends first. Answers what the server received, and when the claim loop ended."""
+    monkeypatch.setattr(fleet_swarm, "DRAIN_SPREAD", 0.3)
+    monkeypatch.setattr(fleet_swarm.random, "uniform", lambda low, high: high)
+    received: list[tuple[float, dict]] = []
+    server, base = await _http_server(b"[]", after=0.05, received=received)
+    fleet = Fleet(
+        {
+            "base": base,
+            "token": "t",
+            "ramp": 0,
+            "start_at": time.monotonic(),
+            "windows": 1,
+            "window": 60,
+        }
+    )
+
+    async def register(client, index):
+        return {"id": 1}
+
+    monkeypatch.setattr(fleet, "register", register)
+    claims_ended = math.inf
+    claims = fleet.claims
+
+    async def timed_claims(*args):
+        nonlocal claims_ended
+        await claims(*args)
+        claims_ended = time.monotonic()
+
+    monkeypatch.setattr(fleet, "claims", timed_claims)
+    async with server:
+        daemon = asyncio.create_task(fleet.daemon(0))
+        await asyncio.sleep(0.2)
+        await fleet.stop_all()
+        await asyncio.wait_for(daemon, 5)
+    return received, claims_ended
+
+
+def test_a_daemon_whose_poll_came_back_before_its_drain_still_drains(monkeypatch):
+    received, claims_ended = builders.run_async(_stop_after_the_poll_came_back(monkeypatch))
+    drains = [at for at, body in received if body == {"held": [], "drain": True}]
+    assert len(drains) == 1
+    assert claims_ended < drains[0]  # the interleaving: the claim loop had ended first
